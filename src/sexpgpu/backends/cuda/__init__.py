@@ -1,0 +1,1 @@
+"""backends/cuda"""

@@ -1,0 +1,68 @@
+"""The one error type users see.
+
+Every bad input (a file, a flag, a checkpoint, a tensor) becomes a `SexpgpuError`: a code
+listed in docs/errors.md, a one-paragraph message, and where it applies the file, line and
+column. The command line prints it and exits with status 2; nothing else reaches the user
+as a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in an experiment file. Lines and columns count from 1."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+class SexpgpuError(Exception):
+    """A user-facing error: `code` names the rule broken, `message` says what was expected."""
+
+    def __init__(self, code: str, message: str, location: Location | None = None, hint: str | None = None):
+        self.code = code
+        self.message = message
+        self.location = location
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        where = f"{self.location}: " if self.location else ""
+        text = f"{where}error {self.code}: {self.message}"
+        if self.hint:
+            text += f" {self.hint}"
+        return text
+
+
+def nearest_name(name: str, candidates) -> str | None:
+    """The candidate closest to `name` by edit distance, if it is close enough to suggest."""
+    best, best_distance = None, None
+    for candidate in sorted(candidates):
+        distance = _edit_distance(name, candidate)
+        if best_distance is None or distance < best_distance:
+            best, best_distance = candidate, distance
+    if best is None or best_distance > max(2, len(name) // 3):
+        return None
+    return best
+
+
+def did_you_mean(name: str, candidates) -> str | None:
+    suggestion = nearest_name(name, candidates)
+    return f"Did you mean '{suggestion}'?" if suggestion else None
+
+
+def _edit_distance(a: str, b: str) -> int:
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, 1):
+        current = [i]
+        for j, char_b in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
+        previous = current
+    return previous[-1]

@@ -1,0 +1,173 @@
+"""Text to syntax. Reading never executes anything.
+
+Grammar (docs/language.md has the whole language):
+
+    file    := datum*
+    datum   := list | atom
+    list    := '(' datum* ')'
+    atom    := integer | float | string | keyword | symbol
+    comment := ';' to end of line
+
+Numbers: `12`, `-3`, `+7`, `1_000`, `0.5`, `-0.5`, `1e-3`, `2.5E+4`. `inf`, `+inf`, `-inf` and
+`nan` are symbols; the forms that accept them say so. Strings take the escapes \\n \\t \\\\ \\" .
+"""
+
+from __future__ import annotations
+
+import re
+
+from sexpgpu.errors import Location, SexpgpuError
+from sexpgpu.lang.syntax import Float, Integer, Keyword, SList, String, Symbol
+
+_DELIMITERS = set("()\";") | set(" \t\r\n\f\v")
+_INTEGER = re.compile(r"[+-]?[0-9](_?[0-9])*\Z")
+_FLOAT = re.compile(r"[+-]?([0-9](_?[0-9])*\.[0-9]*|\.[0-9]+|[0-9](_?[0-9])*)([eE][+-]?[0-9]+)?\Z")
+_LOOKS_NUMERIC = re.compile(r"[+-]?\.?[0-9]")
+_SYMBOL = re.compile(r"[A-Za-z_*+\-/<>=!?&%.$^~][A-Za-z0-9_*+\-/<>=!?&%.$^~:']*\Z")
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "r": "\r", "0": "\0"}
+
+
+def read_text(text: str, file: str = "<string>") -> list:
+    """Every datum in `text`, in order."""
+    return _Reader(text, file).read_all()
+
+
+def read_file(path: str) -> list:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise SexpgpuError("E-FILE-001", f"no experiment file at '{path}'.") from None
+    except IsADirectoryError:
+        raise SexpgpuError("E-FILE-001", f"'{path}' is a directory, not an experiment file.") from None
+    except UnicodeDecodeError as error:
+        raise SexpgpuError("E-READ-006", f"'{path}' is not UTF-8 text (byte {error.start}).") from None
+    except OSError as error:
+        raise SexpgpuError("E-FILE-001", f"cannot read '{path}': {error.strerror}.") from None
+    return read_text(text, path)
+
+
+class _Reader:
+    def __init__(self, text: str, file: str):
+        self.text = text
+        self.file = file
+        self.pos = 0
+        self.line = 1
+        self.column = 1
+
+    def here(self) -> Location:
+        return Location(self.file, self.line, self.column)
+
+    def advance(self, count: int = 1) -> None:
+        for _ in range(count):
+            if self.text[self.pos] == "\n":
+                self.line += 1
+                self.column = 1
+            else:
+                self.column += 1
+            self.pos += 1
+
+    def skip_space_and_comments(self) -> None:
+        while self.pos < len(self.text):
+            char = self.text[self.pos]
+            if char == ";":
+                while self.pos < len(self.text) and self.text[self.pos] != "\n":
+                    self.advance()
+            elif char in _DELIMITERS and char not in "()\"":
+                self.advance()
+            else:
+                return
+
+    def read_all(self) -> list:
+        data = []
+        while True:
+            self.skip_space_and_comments()
+            if self.pos >= len(self.text):
+                return data
+            if self.text[self.pos] == ")":
+                raise SexpgpuError("E-READ-002", "unexpected ')': there is no open '(' for it to close.", self.here())
+            data.append(self.read_datum())
+
+    def read_datum(self):
+        char = self.text[self.pos]
+        if char == "(":
+            return self.read_list()
+        if char == '"':
+            return self.read_string()
+        return self.read_atom()
+
+    def read_list(self) -> SList:
+        start = self.here()
+        self.advance()
+        items = []
+        while True:
+            self.skip_space_and_comments()
+            if self.pos >= len(self.text):
+                raise SexpgpuError(
+                    "E-READ-001",
+                    f"the '(' opened here is never closed: expected ')' before the end of the file.",
+                    start,
+                )
+            if self.text[self.pos] == ")":
+                end = self.here()
+                self.advance()
+                return SList(tuple(items), start, end)
+            items.append(self.read_datum())
+
+    def read_string(self) -> String:
+        start = self.here()
+        self.advance()
+        chars = []
+        while True:
+            if self.pos >= len(self.text):
+                raise SexpgpuError("E-READ-003", "the string opened here is never closed: expected '\"'.", start)
+            char = self.text[self.pos]
+            if char == '"':
+                self.advance()
+                return String("".join(chars), start)
+            if char == "\\":
+                escape_at = self.here()
+                self.advance()
+                if self.pos >= len(self.text):
+                    raise SexpgpuError("E-READ-003", "the string opened here is never closed: expected '\"'.", start)
+                code = self.text[self.pos]
+                if code not in _ESCAPES:
+                    raise SexpgpuError(
+                        "E-READ-004",
+                        f"unknown escape '\\{code}' in a string: expected one of \\n \\t \\r \\0 \\\\ \\\".",
+                        escape_at,
+                    )
+                chars.append(_ESCAPES[code])
+                self.advance()
+                continue
+            chars.append(char)
+            self.advance()
+
+    def read_atom(self):
+        start = self.here()
+        begin = self.pos
+        while self.pos < len(self.text) and self.text[self.pos] not in _DELIMITERS:
+            self.advance()
+        token = self.text[begin : self.pos]
+        return _classify(token, start)
+
+
+def _classify(token: str, loc: Location):
+    if _INTEGER.match(token):
+        return Integer(int(token.replace("_", "")), loc)
+    if _FLOAT.match(token):
+        return Float(float(token.replace("_", "")), token, loc)
+    if token.startswith(":"):
+        name = token[1:]
+        if not name or not _SYMBOL.match(name):
+            raise SexpgpuError("E-READ-005", f"'{token}' is not a keyword: expected ':' followed by a name.", loc)
+        return Keyword(name, loc)
+    if _LOOKS_NUMERIC.match(token):
+        raise SexpgpuError(
+            "E-READ-005",
+            f"'{token}' is not a number: expected an integer like 12 or a float like 0.5 or 1e-3.",
+            loc,
+        )
+    if not _SYMBOL.match(token):
+        raise SexpgpuError("E-READ-005", f"'{token}' is not a valid symbol.", loc)
+    return Symbol(token, loc)
