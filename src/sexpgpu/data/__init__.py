@@ -1,1 +1,9 @@
-"""data"""
+"""Where microbatches come from: record files, the built-in pydoc corpus, and generators.
+
+A data source is a pure function of the global record index, so the data position of a run
+is its step and nothing else needs saving to resume it.
+"""
+
+from sexpgpu.data.sources import DataSource, FieldSpec, open_source, record_indices
+
+__all__ = ["DataSource", "FieldSpec", "open_source", "record_indices"]

@@ -1,0 +1,5 @@
+import sys
+
+from sexpgpu.cli.main import main
+
+sys.exit(main())

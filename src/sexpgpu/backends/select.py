@@ -1,0 +1,65 @@
+"""Which backend runs a program: `--device auto|cpu|cuda`.
+
+`auto` takes the GPU when one is usable and the CPU interpreter otherwise. Each backend
+states the facts its lowering report ends with: its determinism level and its choices.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+from sexpgpu import __version__
+from sexpgpu.errors import SexpgpuError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def cpu_facts() -> dict:
+    return {
+        "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
+        "determinism": "2: the CPU interpreter decides nothing from the machine and calls no platform math "
+                       "library, so any machine repeats these bits for this file, selection, flags and "
+                       f"sexpgpu {__version__}",
+        "choices": "none: stacking 1, sequential folds in a documented order, portable float32 math",
+    }
+
+
+def cuda_problem() -> str | None:
+    """Why the CUDA backend cannot run here, or None when it can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install torch with CUDA support)"
+    if not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            return f"this torch ({torch.__version__}) was built without CUDA"
+        return "no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (8, 0):
+        name = torch.cuda.get_device_name()
+        return f"the GPU {name} has compute capability {major}.{minor}; sexpgpu needs 8.0 or newer"
+    try:
+        import sexpgpu.backends.cuda.backend  # noqa: F401
+    except ImportError as error:
+        return f"the CUDA backend cannot be loaded: {error}"
+    return None
+
+
+def select_backend(device: str):
+    """(backend, facts) for a device name."""
+    if device not in DEVICES:
+        raise SexpgpuError("E-CLI-002", f"unknown device '{device}': expected one of {', '.join(DEVICES)}.")
+    if device == "cuda" or (device == "auto" and cuda_problem() is None):
+        problem = cuda_problem()
+        if problem is not None:
+            raise SexpgpuError("E-DEVICE-001", f"--device cuda cannot run: {problem}.",
+                               hint="Use --device cpu to run on the CPU interpreter.")
+        from sexpgpu.backends.cuda.backend import CudaBackend
+
+        backend = CudaBackend()
+        return backend, backend.facts()
+    from sexpgpu.backends.cpu import Interpreter
+
+    return Interpreter(), cpu_facts()

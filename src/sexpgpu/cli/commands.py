@@ -1,0 +1,53 @@
+"""One function a subcommand: each turns parsed arguments into calls of the run and store
+stages and returns the exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# Settings that change a run's bits by design (determinism.md, "What the run's configuration decides").
+BIT_SETTINGS = ("SEXPGPU_OPTIMIZE", "SEXPGPU_PATTERNS", "SEXPGPU_DETERMINISTIC", "SEXPGPU_CHOICES",
+                "SEXPGPU_NODE_GRADIENTS")
+
+
+def _flags(args) -> dict:
+    flags = {"device": args.device}
+    flags["environment"] = {name: os.environ[name] for name in BIT_SETTINGS if name in os.environ}
+    return flags
+
+
+def run(args) -> int:
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.session import RunOptions, execute
+
+    experiment = load_experiment(args.file, args.selection)
+    options = RunOptions(run_dir=args.run_dir, device=args.device, resume=args.resume,
+                         checkpoint_to=args.checkpoint_to, allow_layout_change=args.allow_layout_change,
+                         flags=_flags(args))
+    result = execute(experiment, options)
+    return 130 if result.interrupted else 0
+
+
+def check(args) -> int:
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.report import lowering_report
+    from sexpgpu.run.setup import build_run
+
+    experiment = load_experiment(args.file, args.selection)
+    built = build_run(experiment, args.device, read_loads=False)
+    print(lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity))
+    return 0
+
+
+def checkpoint(args) -> int:
+    from sexpgpu.store import describe_checkpoint, format_checkpoint
+
+    description = describe_checkpoint(args.path)
+    if args.json:
+        json.dump(description, sys.stdout, indent=2, sort_keys=True)
+        print()
+    else:
+        print(format_checkpoint(description))
+    return 0

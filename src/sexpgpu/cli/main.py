@@ -1,0 +1,118 @@
+"""The `sexpgpu` command: argv in, exit status out. Bad input of any kind exits with status
+2 and a one-paragraph message on stderr, never a Python traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from sexpgpu import __version__
+from sexpgpu.errors import SexpgpuError
+
+DESCRIPTION = """\
+SexpGPU trains neural networks from S-expression experiment files. A run's bits are a
+function of the file, its selection and its flags; every run states its determinism level.
+
+examples:
+  sexpgpu run examples/tiny-adam.sexp              train on the default device
+  sexpgpu run examples/char-lm.sexp --device cpu   train on the CPU interpreter
+  sexpgpu check examples/char-lm.sexp              check and compile a file without running it
+  sexpgpu run FILE --run-dir runs/a --resume latest
+                                                   continue a run from its newest checkpoint
+  sexpgpu checkpoint runs/a/step-100               show what a checkpoint holds
+
+Documentation: docs/language.md (the experiment language), docs/errors.md (error codes).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sexpgpu", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sexpgpu {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(commands)
+    _add_check(commands)
+    _add_checkpoint(commands)
+    return parser
+
+
+def _add_selection(parser) -> None:
+    parser.add_argument("file", metavar="FILE", help="an experiment file (.sexp)")
+    parser.add_argument("selection", metavar="SELECTION", nargs="?",
+                        help="the defrun to use; may be left out when the file has one")
+
+
+def _add_run(commands) -> None:
+    parser = commands.add_parser(
+        "run", help="train a defrun", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compile a defrun, print its lowering report, and train it. The run directory gets "
+                    "experiment.json, report.txt, metrics.jsonl (one line a step: loss, learning rate, "
+                    "gradient norm, SHA-256 digest of the parameters) and checkpoints.")
+    _add_selection(parser)
+    parser.add_argument("--run-dir", metavar="DIR", help="the run directory (default: a new folder under runs/)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where to run: auto takes a GPU when one is usable (default: auto)")
+    parser.add_argument("--resume", metavar="PATH|latest",
+                        help="continue from a checkpoint: a step-<n> directory, an s3:// prefix, or 'latest' "
+                             "(the newest committed checkpoint of the run directory or checkpoint destination)")
+    parser.add_argument("--checkpoint-to", metavar="DIR|s3://BUCKET/PREFIX",
+                        help="write checkpoints here instead of the run directory or the file's :to")
+    parser.add_argument("--allow-layout-change", action="store_true",
+                        help="resume even though the microbatch layout changed; the bits will then differ "
+                             "from the uninterrupted run's")
+
+
+def _add_check(commands) -> None:
+    parser = commands.add_parser(
+        "check", help="check and compile a file, print the lowering report, run nothing",
+        description="Read, check and compile a defrun, then print its lowering report. Exits with status 2 "
+                    "and a message naming the file, line and column when the file is malformed.")
+    _add_selection(parser)
+    parser.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                        help="the backend whose report to print (default: cpu)")
+
+
+def _add_checkpoint(commands) -> None:
+    parser = commands.add_parser(
+        "checkpoint", help="show a checkpoint",
+        description="Print a checkpoint's step, experiment name and digest, selection, flags, choices, "
+                    "load pins, and each tensor's shape and dtype.")
+    parser.add_argument("path", metavar="PATH", help="a step-<n> directory or s3://bucket/prefix/step-<n>")
+    parser.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return _dispatch(args)
+    except SexpgpuError as error:
+        print(error.render(), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stopped by Ctrl-C.", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("memory: allocation failed; the run stopped. Use a smaller :batch or more :microbatches.",
+              file=sys.stderr)
+        return 2
+    except Exception as error:  # an internal bug: say so in one paragraph, traceback on request
+        if os.environ.get("SEXPGPU_DEBUG"):
+            raise
+        print(f"internal error in sexpgpu {__version__}: {type(error).__name__}: {error}. This is a bug; "
+              "run again with SEXPGPU_DEBUG=1 for the traceback and report it.", file=sys.stderr)
+        return 3
+
+
+def _dispatch(args) -> int:
+    from sexpgpu.cli import commands
+
+    return getattr(commands, args.command)(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The run loop's side of checkpoints: when to write one, what it records, and how a resume
+checks that it continues the same run with the same bits. Storage itself is `sexpgpu.store`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.lang.forms import experiment_to_json
+from sexpgpu.run.state import TrainingState
+
+CHECKPOINT_FORMAT = "sexpgpu-checkpoint/1"
+# Parts of the resolved run that do not change a training step's bits. The microbatch layout
+# is checked on its own (it decides which data a global microbatch index holds).
+_NOT_BIT_RELEVANT = ("checkpoint", "passes", "microbatches", "path", "loc")
+WORLD_SIZE = 1
+
+
+@dataclass
+class Resumed:
+    state: TrainingState
+    path: str
+    annotation: str
+
+
+def due(run, step: int) -> bool:
+    spec = run.checkpoint
+    if spec is None:
+        return False
+    return step % spec.every == 0 or step == run.steps
+
+
+def bit_identity(experiment) -> dict:
+    """The resolved run without what cannot change its bits, and its digest."""
+    resolved = experiment_to_json(experiment)
+    run = dict(resolved["run"]) if "run" in resolved else dict(resolved)
+    for key in _NOT_BIT_RELEVANT:
+        run.pop(key, None)
+    identity = dict(resolved)
+    identity["run"] = run
+    identity.pop("path", None)
+    return identity
+
+
+def identity_digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def checkpoint_record(built, state: TrainingState, options) -> dict:
+    run = built.experiment.run
+    identity = bit_identity(built.experiment)
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "experiment": experiment_to_json(built.experiment),
+        "identity": identity,
+        "experiment_digest": identity_digest(identity),
+        "selection": run.name,
+        "flags": options.flags,
+        "step": state.step,
+        "data_position": {"next_step": state.step + 1,
+                          "next_record": state.step * run.microbatches * run.batch},
+        "microbatches": run.microbatches,
+        "world_size": WORLD_SIZE,
+        "choices": None,
+        "backend": built.backend_facts["name"],
+        "loads": [pin.to_json() for pin in built.load_pins],
+    }
+
+
+def save(built, state: TrainingState, root: str, options) -> str:
+    from sexpgpu.store import write_checkpoint
+
+    keep = built.experiment.run.checkpoint.keep if built.experiment.run.checkpoint else None
+    host = {name: built.backend.to_host(value) for name, value in state.tensors().items()}
+    return write_checkpoint(root, state.step, host, checkpoint_record(built, state, options), keep=keep)
+
+
+def resume_state(built, options, run_dir: str) -> Resumed:
+    from sexpgpu.store import check_same_experiment, read_checkpoint, resolve_checkpoint, verify_load_pin
+    from sexpgpu.run.setup import checkpoint_root
+
+    root = checkpoint_root(built.experiment.run, options, run_dir)
+    path = resolve_checkpoint(options.resume, root)
+    checkpoint = read_checkpoint(path)
+    recorded = checkpoint.experiment
+    check_same_experiment(recorded.get("identity", {}), bit_identity(built.experiment))
+    layout_note = _check_layout(recorded, built.experiment.run, options)
+    pins = [verify_load_pin(pin, current_source=_current_source(built, pin)) for pin in recorded.get("loads", [])]
+    built.load_pins = pins
+    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
+    state.params = {path: built.backend.from_host(value) for path, value in state.params.items()}
+    state.optimizer = {name: built.backend.from_host(value) for name, value in state.optimizer.items()}
+    annotation = f"  {'resumed from':<20}{path} at step {checkpoint.step}"
+    for pin in pins:
+        annotation += f"; {pin.describe()}"
+    if layout_note:
+        annotation += "\n" + layout_note
+    return Resumed(state, path, annotation)
+
+
+def _current_source(built, pin) -> str | None:
+    """The source the file now names for a pinned parameter: a copy of the same bytes
+    elsewhere resumes, and the annotation names the new path."""
+    path = pin["parameter"] if isinstance(pin, dict) else pin.parameter
+    spec = built.program.params.get(path)
+    return spec.load.source if spec is not None and spec.load is not None else None
+
+
+def _check_layout(recorded: dict, run, options) -> str | None:
+    before = (recorded.get("microbatches"), recorded.get("world_size"))
+    now = (run.microbatches, WORLD_SIZE)
+    if before == now:
+        return None
+    described = (f"the checkpoint was written with {before[0]} microbatches a step on {before[1]} GPU(s); "
+                 f"this run has {now[0]} on {now[1]}")
+    if not options.allow_layout_change:
+        raise SexpgpuError(
+            "E-RESUME-001",
+            f"resuming would change which data a global microbatch index holds: {described}.",
+            hint="Restore the file's :microbatches, or pass --allow-layout-change to continue "
+                 "with bits that differ from the uninterrupted run's.",
+        )
+    return f"  {'layout changed':<20}{described}: the bits will differ from the uninterrupted run's"

@@ -1,0 +1,98 @@
+"""The run loop: one step is the microbatches in order, their gradients summed in order,
+then the update. Passes and checkpoints follow the step that triggers them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu.run.digest import parameters_digest
+from sexpgpu.run.metrics import float_bits
+from sexpgpu.run.schedule import learning_rate
+from sexpgpu.run.state import TrainingState
+
+
+class Trainer:
+    """Drives a compiled program on a backend. It owns no policy about where output goes:
+    `on_step`, `on_pass` and `on_checkpoint` callbacks receive each record."""
+
+    def __init__(self, run, program, backend, feeder):
+        self.run = run
+        self.program = program
+        self.backend = backend
+        self.feeder = feeder
+
+    def step(self, state: TrainingState) -> dict:
+        """Apply step state.step + 1 and return its metrics record."""
+        step = state.step + 1
+        micro = self.program.training.micro
+        grads, losses = None, []
+        for microbatch in range(self.run.microbatches):
+            inputs = self._micro_inputs(state, step, microbatch)
+            outputs = self.backend.run(micro, inputs)
+            losses.append(outputs["loss"])
+            grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
+        lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
+        update_inputs = dict(_prefixed("param/", state.params))
+        update_inputs.update(grads)
+        update_inputs.update(state.optimizer)
+        update_inputs.update({"step": np.int32(step), "lr": lr})
+        outputs = self.backend.run(self.program.training.update, _only(self.program.training.update, update_inputs))
+        state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
+        state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
+        state.step = step
+        loss = _mean_in_order(losses)
+        return {
+            "step": step,
+            "loss": float(loss),
+            "loss_bits": float_bits(loss),
+            "lr": float(lr),
+            "grad_norm": float(outputs["grad_norm"]),
+            "digest": parameters_digest(state.params),
+        }
+
+    def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
+        """One pass: the pass graph on `batches` batches, losses and metrics averaged in order."""
+        graph = self.program.passes[name]
+        totals: dict[str, list] = {}
+        for batch_index in range(pass_spec.batches):
+            inputs = dict(_prefixed("param/", state.params))
+            inputs.update(self.feeder.eval_batch(pass_spec, name, state.step, batch_index))
+            outputs = self.backend.run(graph, _only(graph, inputs))
+            for key, value in outputs.items():
+                totals.setdefault(key, []).append(value)
+        prefix = f"eval/{pass_spec.name}/" if pass_spec.name else "eval/"
+        record = {"step": state.step}
+        for key in sorted(totals):
+            metric = key[len("metric/"):] if key.startswith("metric/") else key
+            record[prefix + metric] = float(_mean_in_order(totals[key]))
+        return record
+
+    def _micro_inputs(self, state: TrainingState, step: int, microbatch: int) -> dict:
+        micro = self.program.training.micro
+        inputs = dict(_prefixed("param/", state.params))
+        inputs.update(self.feeder.train_batch(step, microbatch))
+        inputs.update({"step": np.int32(step), "microbatch": np.int32(microbatch)})
+        return _only(micro, inputs)
+
+
+def _prefixed(prefix: str, values: dict) -> dict:
+    return {prefix + name: value for name, value in values.items()}
+
+
+def _only(graph, inputs: dict) -> dict:
+    """The inputs a graph declares; a graph that does not read `microbatch` is not given it."""
+    return {name: inputs[name] for name in graph.inputs}
+
+
+def _sum_in_order(total: dict | None, grads: dict) -> dict:
+    """Microbatch gradients summed left to right: ((g0 + g1) + g2) + ..."""
+    if total is None:
+        return dict(grads)
+    return {name: total[name] + grads[name] for name in total}
+
+
+def _mean_in_order(values: list) -> np.float32:
+    total = np.float32(0)
+    for value in values:
+        total = np.float32(total + np.float32(value))
+    return np.float32(total / np.float32(len(values)))

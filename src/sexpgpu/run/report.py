@@ -1,0 +1,55 @@
+"""The lowering report, printed before step 1 and kept in the run directory.
+
+It ends with the spec's two closing lines: `determinism` (the run's level and why) and
+`choices` (what the run chose from the machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import sexpgpu
+
+
+def _bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
+
+
+def _line(label: str, text: str) -> str:
+    return f"  {label:<20}{text}"
+
+
+def lowering_report(experiment, program, backend_facts: dict, memory: dict, source_identity: dict) -> str:
+    run = experiment.run
+    training = program.training
+    param_values = sum(int(np.prod(spec.shape)) for spec in program.params.values())
+    lines = [
+        f"sexpgpu {sexpgpu.__version__}: run {run.name} from {experiment.path} (sha256 {experiment.source_sha256[:16]})",
+        _line("backend", backend_facts["name"]),
+        _line("graph", f"{len(training.micro.nodes)} nodes a microbatch, {len(training.update.nodes)} in the update; "
+                       f"{len(program.passes)} passes"),
+        _line("parameters", f"{len(program.params)} tensors, {param_values:,} values"),
+        _line("memory plan", ", ".join(f"{name} peak {_bytes(peak)}" for name, peak in memory.items())),
+        _line("data", _describe_data(source_identity)),
+        _line("steps", f"{run.steps} steps of {run.microbatches} x {run.batch} records, "
+                       f"{run.optimizer.kind}, {run.schedule.kind} schedule"),
+        _line("determinism", backend_facts["determinism"]),
+        _line("choices", backend_facts["choices"]),
+    ]
+    return "\n".join(lines)
+
+
+def _describe_data(identity: dict) -> str:
+    kind = identity.get("kind")
+    if kind == "records":
+        return f"{identity['records']:,} records from {identity['path']} (sha256 {identity['sha256'][:16]})"
+    if kind == "text":
+        return (f"{identity['corpus']} corpus, {identity['bytes']:,} bytes, context {identity['context']} "
+                f"(sha256 {identity['sha256'][:16]})")
+    if kind == "generator":
+        return f"generator {identity['name']}"
+    return str(identity)
+

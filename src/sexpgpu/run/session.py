@@ -1,0 +1,130 @@
+"""A whole run: compile, report, initialise or resume, train, evaluate, checkpoint.
+
+The run directory holds `experiment.json` (the resolved experiment and flags),
+`report.txt` (the lowering report), `metrics.jsonl`, and `step-<n>/` checkpoints unless the
+file or the command line sends them elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.lang.forms import experiment_to_json
+from sexpgpu.run.loop import Trainer
+from sexpgpu.run.metrics import MetricsLog, truncate_after_step
+from sexpgpu.run.progress import Progress
+from sexpgpu.run.report import lowering_report
+from sexpgpu.run.setup import build_run, checkpoint_root
+from sexpgpu.run import checkpointing
+
+
+@dataclass
+class RunOptions:
+    run_dir: str | None = None
+    device: str = "auto"
+    resume: str | None = None
+    checkpoint_to: str | None = None
+    allow_layout_change: bool = False
+    flags: dict = field(default_factory=dict)
+    out: object = None  # where the report goes (stdout)
+    err: object = None  # where progress goes (stderr)
+
+
+@dataclass
+class RunResult:
+    run_dir: str
+    final_step: int
+    interrupted: bool
+    last_checkpoint: str | None
+
+
+def default_run_dir(run_name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = os.path.join("runs", f"{run_name}-{stamp}")
+    candidate, suffix = base, 1
+    while os.path.exists(candidate):
+        suffix += 1
+        candidate = f"{base}-{suffix}"
+    return candidate
+
+
+def execute(experiment, options: RunOptions) -> RunResult:
+    out = options.out or sys.stdout
+    err = options.err or sys.stderr
+    run_dir = options.run_dir or default_run_dir(experiment.run.name)
+    built = build_run(experiment, options.device)
+    resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
+    os.makedirs(run_dir, exist_ok=True)
+    report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity)
+    if resumed is not None:
+        report += "\n" + resumed.annotation
+    _write_run_files(run_dir, experiment, built, options, report)
+    print(report, file=out, flush=True)
+    state = resumed.state if resumed is not None else built.initial_state()
+    return _train(experiment, built, state, run_dir, options, err)
+
+
+def _write_run_files(run_dir, experiment, built, options, report) -> None:
+    resolved = {
+        "experiment": experiment_to_json(experiment),
+        "flags": options.flags,
+        "data": built.data_identity,
+        "loads": [pin.to_json() for pin in built.load_pins],
+    }
+    with open(os.path.join(run_dir, "experiment.json"), "w", encoding="utf-8") as handle:
+        json.dump(resolved, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    with open(os.path.join(run_dir, "report.txt"), "w", encoding="utf-8") as handle:
+        handle.write(report + "\n")
+
+
+def _train(experiment, built, state, run_dir, options, err) -> RunResult:
+    run = experiment.run
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    truncate_after_step(metrics_path, state.step) if options.resume else None
+    metrics = MetricsLog(metrics_path, append=bool(options.resume))
+    trainer = Trainer(run, built.program, built.backend, built.feeder)
+    progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err)
+    root = checkpoint_root(run, options, run_dir)
+    last_checkpoint = None
+    try:
+        while state.step < run.steps:
+            record = trainer.step(state)
+            metrics.write(record)
+            progress.update(state.step, record["loss"])
+            for pass_spec in run.passes:
+                if state.step % pass_spec.every == 0 or state.step == run.steps:
+                    evaluation = trainer.evaluate(state, pass_spec, built.pass_name(pass_spec))
+                    metrics.write(evaluation)
+                    progress.note(_describe_evaluation(evaluation))
+            if checkpointing.due(run, state.step):
+                metrics.sync()
+                last_checkpoint = checkpointing.save(built, state, root, options)
+                progress.note(f"checkpoint step {state.step} -> {last_checkpoint}")
+    except KeyboardInterrupt:
+        progress.finish()
+        metrics.close()
+        print(_interrupted_message(experiment, state.step, run.steps, last_checkpoint, run_dir), file=err, flush=True)
+        return RunResult(run_dir, state.step, True, last_checkpoint)
+    progress.finish()
+    metrics.close()
+    print(f"done: {state.step} steps; run directory {run_dir}", file=err, flush=True)
+    return RunResult(run_dir, state.step, False, last_checkpoint)
+
+
+def _describe_evaluation(record: dict) -> str:
+    values = ", ".join(f"{key} {value:.6g}" for key, value in record.items() if key != "step")
+    return f"step {record['step']}: {values}"
+
+
+def _interrupted_message(experiment, step, total, last_checkpoint, run_dir) -> str:
+    where = f"stopped by Ctrl-C after step {step} of {total}; the metrics log in {run_dir} is complete to that step."
+    if last_checkpoint:
+        return (f"{where} The last checkpoint is {last_checkpoint}; continue with: "
+                f"sexpgpu run {experiment.path} {experiment.run.name} --run-dir {run_dir} --resume latest")
+    return f"{where} No checkpoint was written, so a new run starts from step 0."

@@ -1,0 +1,74 @@
+"""From a checked experiment to everything a run needs before its first step: the data, the
+compiled program, the backend, the memory plan and the starting parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sexpgpu.backends.select import select_backend
+from sexpgpu.graph import compile_program
+from sexpgpu.plan.memory import plan_memory
+from sexpgpu.run.feed import Feeder
+from sexpgpu.run.state import TrainingState, initial_value, zero_optimizer_state
+
+
+@dataclass
+class BuiltRun:
+    experiment: object
+    program: object
+    backend: object
+    backend_facts: dict
+    feeder: Feeder
+    memory: dict
+    data_identity: dict
+    load_pins: list = field(default_factory=list)
+    loaded: dict = field(default_factory=dict)  # path -> array read from a :load source
+
+    def initial_state(self) -> TrainingState:
+        seed = self.experiment.run.seed
+        params = {}
+        for path, spec in self.program.params.items():
+            params[path] = self.loaded[path] if path in self.loaded else initial_value(spec, seed)
+            params[path] = self.backend.cast_parameter(params[path], spec.dtype)
+        return TrainingState(0, params, zero_optimizer_state(self.program.training))
+
+    def pass_name(self, pass_spec) -> str:
+        return pass_spec.name or "eval"
+
+
+def build_run(experiment, device: str, read_loads: bool = True) -> BuiltRun:
+    run = experiment.run
+    backend, facts = select_backend(device)
+    feeder = Feeder(run, backend)
+    program = compile_program(experiment, feeder.field_specs())
+    feeder.attach(program)
+    memory = {
+        "microbatch": plan_memory(program.training.micro).peak_bytes,
+        "update": plan_memory(program.training.update).peak_bytes,
+    }
+    built = BuiltRun(experiment, program, backend, facts, feeder, memory, feeder.identity())
+    if read_loads:
+        _read_loads(built)
+    return built
+
+
+def _read_loads(built: BuiltRun) -> None:
+    from sexpgpu.store import load_parameter
+
+    for path, spec in built.program.params.items():
+        if spec.load is None:
+            continue
+        array, pin = load_parameter(spec.load.source, spec.load.tensor, tuple(spec.shape), path)
+        built.loaded[path] = np.ascontiguousarray(array, dtype=np.float32)
+        built.load_pins.append(pin)
+
+
+def checkpoint_root(run, options, run_dir: str) -> str:
+    """Where checkpoints go: the command line's --checkpoint-to, the file's :to, or the run directory."""
+    if options.checkpoint_to:
+        return options.checkpoint_to
+    if run.checkpoint is not None and run.checkpoint.to:
+        return run.checkpoint.to
+    return run_dir
