@@ -22,6 +22,12 @@ class GraphDef:
     body: tuple  # syntax: (let NAME EXPR)... then the result expression
     is_generator: bool
     loc: Location
+    option_locs: dict = field(default_factory=dict)  # option name -> Location of its keyword
+    record_fields: tuple[str, ...] = ()  # a generator: the fields of its final (record ...)
+
+    @property
+    def kind(self) -> str:
+        return "defgenerator" if self.is_generator else "defgraph"
 
 
 @dataclass(frozen=True)
@@ -30,14 +36,24 @@ class Call:
 
     name: str
     args: tuple[str, ...]
-    options: dict
+    options: dict  # every option of the graph, in definition order: the call's value or the default
     loc: Location
+    arg_locs: tuple = ()  # Location of each of args
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    """A parameter's initializer: `zeros`, `(normal :std 0.02)`, ... (docs/language.md)."""
+
+    kind: str  # "zeros" | "ones" | "normal" | "uniform" | "truncated-normal" | "glorot-uniform" | ...
+    args: dict  # keyword (with '-' as '_') -> float, every keyword of the kind, defaults filled
+    loc: Location | None = None
 
 
 @dataclass(frozen=True)
 class DataSpec:
     kind: str  # "records" | "text" | "generator"
-    path: str | None = None  # records: the file
+    path: str | None = None  # records: the file, relative paths joined to the experiment file's folder
     shuffle: bool = False
     corpus: str | None = None  # text: "pydoc"
     context: int | None = None  # text: bytes per record
@@ -51,6 +67,7 @@ class LossSpec:
     fields: tuple[str, ...]  # the record fields the loss reads after the model output
     graph: Call | None = None
     loc: Location | None = None
+    field_locs: tuple = ()  # Location of each of fields
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,7 @@ class ScheduleSpec:
     kind: str = "constant"  # "constant" | "warmup" | "cosine"
     warmup: int = 0
     min_lr: float = 0.0
+    loc: Location | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +99,7 @@ class PassSpec:
     batches: int = 1
     data: DataSpec | None = None  # None: the run's own data
     name: str | None = None
+    loc: Location | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,7 @@ class CheckpointSpec:
     every: int
     keep: int | None = None  # None: keep all
     to: str | None = None  # None: the run directory
+    loc: Location | None = None
 
 
 @dataclass(frozen=True)

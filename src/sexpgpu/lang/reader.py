@@ -9,11 +9,14 @@ Grammar (docs/language.md has the whole language):
     comment := ';' to end of line
 
 Numbers: `12`, `-3`, `+7`, `1_000`, `0.5`, `-0.5`, `1e-3`, `2.5E+4`. `inf`, `+inf`, `-inf` and
-`nan` are symbols; the forms that accept them say so. Strings take the escapes \\n \\t \\\\ \\" .
+`nan` are symbols; the forms that accept them say so. Strings take the escapes
+\\n \\t \\r \\0 \\\\ \\" . Lines and columns count characters from 1; a tab is one column.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 
 from sexpgpu.errors import Location, SexpgpuError
@@ -25,26 +28,47 @@ _FLOAT = re.compile(r"[+-]?([0-9](_?[0-9])*\.[0-9]*|\.[0-9]+|[0-9](_?[0-9])*)([e
 _LOOKS_NUMERIC = re.compile(r"[+-]?\.?[0-9]")
 _SYMBOL = re.compile(r"[A-Za-z_*+\-/<>=!?&%.$^~][A-Za-z0-9_*+\-/<>=!?&%.$^~:']*\Z")
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "r": "\r", "0": "\0"}
+_BYTE_ORDER_MARK = "\ufeff"
 
 
 def read_text(text: str, file: str = "<string>") -> list:
     """Every datum in `text`, in order."""
+    if text.startswith(_BYTE_ORDER_MARK):
+        text = text[1:]
     return _Reader(text, file).read_all()
 
 
-def read_file(path: str) -> list:
+def read_source(path: str) -> tuple[str, str]:
+    """The text of the file at `path` and the SHA-256 (hex) of its bytes."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except FileNotFoundError:
         raise SexpgpuError("E-FILE-001", f"no experiment file at '{path}'.") from None
     except IsADirectoryError:
         raise SexpgpuError("E-FILE-001", f"'{path}' is a directory, not an experiment file.") from None
-    except UnicodeDecodeError as error:
-        raise SexpgpuError("E-READ-006", f"'{path}' is not UTF-8 text (byte {error.start}).") from None
     except OSError as error:
         raise SexpgpuError("E-FILE-001", f"cannot read '{path}': {error.strerror}.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SexpgpuError(
+            "E-READ-006",
+            f"the file is not UTF-8 text: byte {error.start} (0x{raw[error.start]:02x}) does not decode.",
+            _location_of_byte(raw, error.start, path),
+        ) from None
+    return text, hashlib.sha256(raw).hexdigest()
+
+
+def read_file(path: str) -> list:
+    text, _ = read_source(path)
     return read_text(text, path)
+
+
+def _location_of_byte(raw: bytes, offset: int, path: str) -> Location:
+    before = raw[:offset].decode("utf-8", errors="replace")
+    line = before.count("\n") + 1
+    return Location(path, line, len(before) - (before.rfind("\n") + 1) + 1)
 
 
 class _Reader:
@@ -58,14 +82,13 @@ class _Reader:
     def here(self) -> Location:
         return Location(self.file, self.line, self.column)
 
-    def advance(self, count: int = 1) -> None:
-        for _ in range(count):
-            if self.text[self.pos] == "\n":
-                self.line += 1
-                self.column = 1
-            else:
-                self.column += 1
-            self.pos += 1
+    def advance(self) -> None:
+        if self.text[self.pos] == "\n":
+            self.line += 1
+            self.column = 1
+        else:
+            self.column += 1
+        self.pos += 1
 
     def skip_space_and_comments(self) -> None:
         while self.pos < len(self.text):
@@ -105,8 +128,9 @@ class _Reader:
             if self.pos >= len(self.text):
                 raise SexpgpuError(
                     "E-READ-001",
-                    f"the '(' opened here is never closed: expected ')' before the end of the file.",
+                    "the '(' opened here is never closed: expected ')' before the end of the file.",
                     start,
+                    _missing_paren_hint(self.text, start),
                 )
             if self.text[self.pos] == ")":
                 end = self.here()
@@ -126,41 +150,55 @@ class _Reader:
                 self.advance()
                 return String("".join(chars), start)
             if char == "\\":
-                escape_at = self.here()
-                self.advance()
-                if self.pos >= len(self.text):
-                    raise SexpgpuError("E-READ-003", "the string opened here is never closed: expected '\"'.", start)
-                code = self.text[self.pos]
-                if code not in _ESCAPES:
-                    raise SexpgpuError(
-                        "E-READ-004",
-                        f"unknown escape '\\{code}' in a string: expected one of \\n \\t \\r \\0 \\\\ \\\".",
-                        escape_at,
-                    )
-                chars.append(_ESCAPES[code])
-                self.advance()
+                chars.append(self.read_escape(start))
                 continue
             chars.append(char)
             self.advance()
+
+    def read_escape(self, string_start: Location) -> str:
+        escape_at = self.here()
+        self.advance()
+        if self.pos >= len(self.text):
+            raise SexpgpuError("E-READ-003", "the string opened here is never closed: expected '\"'.", string_start)
+        code = self.text[self.pos]
+        if code not in _ESCAPES:
+            raise SexpgpuError(
+                "E-READ-004",
+                f"unknown escape '\\{code}' in a string: expected one of \\n \\t \\r \\0 \\\\ \\\".",
+                escape_at,
+            )
+        self.advance()
+        return _ESCAPES[code]
 
     def read_atom(self):
         start = self.here()
         begin = self.pos
         while self.pos < len(self.text) and self.text[self.pos] not in _DELIMITERS:
             self.advance()
-        token = self.text[begin : self.pos]
-        return _classify(token, start)
+        return _classify(self.text[begin : self.pos], start)
+
+
+def _missing_paren_hint(text: str, start: Location) -> str | None:
+    """Point at the first later line that starts a form in column 1: usually where a ')' is missing."""
+    lines = text.split("\n")
+    for number in range(start.line + 1, len(lines) + 1):
+        if lines[number - 1].startswith("("):
+            return f"A form starts in column 1 on line {number} while it is still open: is a ')' missing before it?"
+    return None
 
 
 def _classify(token: str, loc: Location):
     if _INTEGER.match(token):
         return Integer(int(token.replace("_", "")), loc)
     if _FLOAT.match(token):
-        return Float(float(token.replace("_", "")), token, loc)
+        value = float(token.replace("_", ""))
+        if math.isinf(value):
+            raise SexpgpuError("E-READ-005", f"'{token}' is too large for a float: the largest is about 1.8e308.", loc)
+        return Float(value, token, loc)
     if token.startswith(":"):
         name = token[1:]
         if not name or not _SYMBOL.match(name):
-            raise SexpgpuError("E-READ-005", f"'{token}' is not a keyword: expected ':' followed by a name.", loc)
+            raise SexpgpuError("E-READ-007", f"'{token}' is not a keyword: expected ':' followed by a name.", loc)
         return Keyword(name, loc)
     if _LOOKS_NUMERIC.match(token):
         raise SexpgpuError(
@@ -169,5 +207,9 @@ def _classify(token: str, loc: Location):
             loc,
         )
     if not _SYMBOL.match(token):
-        raise SexpgpuError("E-READ-005", f"'{token}' is not a valid symbol.", loc)
+        raise SexpgpuError(
+            "E-READ-007",
+            f"'{token}' is not a valid symbol: a symbol starts with a letter or one of _*+-/<>=!?&%.$^~.",
+            loc,
+        )
     return Symbol(token, loc)

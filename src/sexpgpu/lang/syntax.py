@@ -93,3 +93,11 @@ def kind_name(value) -> str:
         String: "a string",
         SList: "a list",
     }.get(type(value), type(value).__name__)
+
+
+def describe(value, limit: int = 40) -> str:
+    """`a string "ten"`: what a message says it found, shortened past `limit` characters."""
+    text = str(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{kind_name(value)} {text}"
