@@ -125,9 +125,8 @@ def _check_let(binding, where: str, bound: dict) -> None:
             binding.loc,
         )
     if len(binding.items) != 3:
-        raise SexpgpuError(
-            "E-FORM-009", f"(let ...) takes a name and one expression, found {len(binding.items) - 1} items.", binding.loc
-        )
+        found = _count(len(binding.items) - 1, "item")
+        raise SexpgpuError("E-FORM-009", f"(let ...) takes a name and one expression, found {found}.", binding.loc)
     name = binding.items[1]
     if not isinstance(name, Symbol):
         raise type_error("a symbol", "the name of a let", name)
@@ -222,3 +221,7 @@ def _check_shape(shape) -> None:
                 raise range_error("a dimension of a param", "at least 1", dim)
         elif not isinstance(dim, Symbol):
             raise type_error("an integer or an option's name", "a dimension of a param", dim)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")

@@ -124,25 +124,23 @@ def _with(key: Key, default) -> Key:
     return replace(key, default=default)
 
 
-_COMMON = {
-    "lr": Key(number(0, above=True), REQUIRED, "a learning rate greater than 0"),
-    "clip": Key(number(0, above=True, infinite=True), float("inf"), "a norm greater than 0, or inf"),
-}
+_LR = {"lr": Key(number(0, above=True), REQUIRED, "a learning rate greater than 0")}
+_CLIP = {"clip": Key(number(0, above=True, infinite=True), float("inf"), "a norm greater than 0, or inf")}
 _ADAM = {
-    **_COMMON,
+    **_LR,
     "beta1": _with(_UNIT, 0.9),
     "beta2": _with(_UNIT, 0.999),
     "eps": Key(number(0, above=True), 1e-8, "a number greater than 0"),
 }
 OPTIMIZERS = {
-    "sgd": FormSpec(_optimizer("sgd"), keys=_COMMON),
+    "sgd": FormSpec(_optimizer("sgd"), keys={**_LR, **_CLIP}),
     "momentum": FormSpec(
         _optimizer("momentum"),
-        keys={**_COMMON, "momentum": _with(_UNIT, 0.9), "nesterov": Key(boolean, False, "true or false")},
+        keys={**_LR, "momentum": _with(_UNIT, 0.9), "nesterov": Key(boolean, False, "true or false"), **_CLIP},
     ),
-    "adam": FormSpec(_optimizer("adam"), keys=_ADAM),
+    "adam": FormSpec(_optimizer("adam"), keys={**_ADAM, **_CLIP}),
     "adamw": FormSpec(
-        _optimizer("adamw"), keys={**_ADAM, "weight-decay": Key(number(0), 0.01, "a number at least 0")}
+        _optimizer("adamw"), keys={**_ADAM, "weight-decay": Key(number(0), 0.01, "a number at least 0"), **_CLIP}
     ),
 }
 

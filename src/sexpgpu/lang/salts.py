@@ -1,7 +1,7 @@
 """Salts: what picks another stream for a draw (docs/language.md, "Draws").
 
-A SALT is `:step`, `:microbatch`, `(field NAME)`, or a list of these. `read_salt` gives a
-tuple of parts, each "step", "microbatch" or "field/NAME", in the order written.
+A SALT is `:step`, `:microbatch`, `:trip`, `(field NAME)`, or a list of these. `read_salt` gives a
+tuple of parts, each "step", "microbatch", "trip" or "field/NAME", in the order written.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from sexpgpu.errors import SexpgpuError, nearest_name
 from sexpgpu.lang.syntax import Keyword, SList, Symbol
 from sexpgpu.lang.values import type_error
 
-SALT_KEYWORDS = ("step", "microbatch")
-_EXPECTED = "a salt: :step, :microbatch, (field NAME) or a list of these"
+SALT_KEYWORDS = ("step", "microbatch", "trip")
+_EXPECTED = "a salt: :step, :microbatch, :trip, (field NAME) or a list of these"
 
 
 def read_salt(value, label: str = ":salt") -> tuple[str, ...]:
@@ -28,7 +28,7 @@ def _read_part(value, label: str) -> str:
             suggestion = nearest_name(value.name, SALT_KEYWORDS)
             raise SexpgpuError(
                 "E-FORM-002",
-                f"unknown salt {value} for {label}: expected :step, :microbatch or (field NAME).",
+                f"unknown salt {value} for {label}: expected :step, :microbatch, :trip or (field NAME).",
                 value.loc,
                 f"Did you mean ':{suggestion}'?" if suggestion else None,
             )

@@ -1,0 +1,16 @@
+; expect: E-FORM-005 at 5:21
+; message: given twice
+(defgenerator teacher
+  (let a (normal (batch 4)))
+  (record :x a :y a :x a))
+(defgraph mlp (x) :hidden 32 :classes 3
+  (let h (relu (linear x :out hidden :as fc1)))
+  (linear h :out classes :as head))
+(defrun tiny
+  :seed 1
+  :data (generator teacher)
+  :model (mlp x)
+  :loss (cross-entropy y)
+  :optimizer (adam :lr 0.01)
+  :batch 4
+  :steps 10)

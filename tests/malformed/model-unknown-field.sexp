@@ -1,0 +1,14 @@
+; expect: E-FORM-014 at 10:15
+; message: 'z'
+; message: x, y
+(defgraph mlp (x) :hidden 32 :classes 3
+  (let h (relu (linear x :out hidden :as fc1)))
+  (linear h :out classes :as head))
+(defrun tiny
+  :seed 1
+  :data (text pydoc :context 8)
+  :model (mlp z)
+  :loss (cross-entropy y)
+  :optimizer (adam :lr 0.01)
+  :batch 4
+  :steps 10)

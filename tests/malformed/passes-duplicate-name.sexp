@@ -1,0 +1,14 @@
+; expect: E-FORM-006 at 14:38
+; message: named 'val'
+(defgraph mlp (x) :hidden 32 :classes 3
+  (let h (relu (linear x :out hidden :as fc1)))
+  (linear h :out classes :as head))
+(defrun tiny
+  :seed 1
+  :data (text pydoc :context 8)
+  :model (mlp x)
+  :loss (cross-entropy y)
+  :optimizer (adam :lr 0.01)
+  :batch 4
+  :steps 10
+  :passes ((eval :every 5 :name val) (eval :every 2 :name val)))

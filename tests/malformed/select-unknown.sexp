@@ -1,0 +1,24 @@
+; expect: E-SELECT-001
+; message: no defrun named 'tiyn'
+; message: tiny, longer
+; message: Did you mean 'tiny'?
+; select: tiyn
+(defgraph mlp (x) :hidden 32 :classes 3
+  (let h (relu (linear x :out hidden :as fc1)))
+  (linear h :out classes :as head))
+(defrun tiny
+  :seed 1
+  :data (text pydoc :context 8)
+  :model (mlp x)
+  :loss (cross-entropy y)
+  :optimizer (adam :lr 0.01)
+  :batch 4
+  :steps 10)
+(defrun longer
+  :seed 1
+  :data (text pydoc :context 8)
+  :model (mlp x)
+  :loss (cross-entropy y)
+  :optimizer (adam :lr 0.01)
+  :batch 4
+  :steps 20)
