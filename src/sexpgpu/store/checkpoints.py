@@ -1,0 +1,257 @@
+"""Writing, finding and reading checkpoints, on a local disk or on S3.
+
+A checkpoint is a directory or S3 prefix `<root>/step-<n>/` holding:
+
+- `model.safetensors`: every tensor named `param/<path>`, stored under `<path>`;
+- `optimizer.safetensors`: every other tensor (optimizer state), under its full name;
+- `experiment.json`: the caller's record plus `format`, `step` and `tensors`, the SHA-256 and
+  byte count of each tensor file;
+- `COMMITTED`: written last; it holds the SHA-256 of experiment.json. Without it the
+  directory or prefix is not a checkpoint.
+
+See docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.store import crash_points, local_steps, s3_steps, safetensors_io
+from sexpgpu.store.digests import BackgroundSha256, chunks
+from sexpgpu.store.uris import MissingFile, basename, is_s3, join, parent
+
+FORMAT = "sexpgpu-checkpoint/1"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+EXPERIMENT_FILE = "experiment.json"
+MARKER = "COMMITTED"
+PARAM_PREFIX = "param/"
+RESERVED_KEYS = ("format", "step", "tensors")
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    tensors: dict[str, np.ndarray]
+    experiment: dict
+    path: str
+    stored_dtypes: dict[str, str] = field(default_factory=dict)  # e.g. {"param/w": "BF16"}
+
+
+def _steps_module(path: str):
+    return s3_steps if is_s3(path) else local_steps
+
+
+def write_checkpoint(dest_root: str, step: int, tensors: dict[str, np.ndarray], experiment: dict,
+                     keep: int | None = None, bf16=()) -> str:
+    """Write `<dest_root>/step-<step>/` atomically and return its path.
+
+    `bf16` names float32 tensors that hold bf16 values (low 16 bits zero); they are stored
+    as BF16. With `keep=K`, once this checkpoint is committed, older ones beyond the K newest
+    (this one included) are deleted. A committed checkpoint at this step is never replaced:
+    if it holds the same tensor bytes it is kept and its path returned, else E-CKPT-004.
+    """
+    _check_arguments(step, experiment, keep)
+    steps = _steps_module(dest_root)
+    files = _encode_files(tensors, bf16)
+    existing = steps.committed_steps(dest_root).get(step)
+    if existing is not None:
+        return _same_or_refuse(existing, files)
+    writer = steps.Writer(dest_root, step)
+    try:
+        digests = {name: {"sha256": writer.write(name, enc.buffers, enc.nbytes), "bytes": enc.nbytes}
+                   for name, enc in files.items()}
+        text = _experiment_text(experiment, step, digests)
+        sha = writer.write(EXPERIMENT_FILE, [text], len(text))
+        marker = json.dumps({"format": FORMAT, "step": step, EXPERIMENT_FILE: {"sha256": sha, "bytes": len(text)}},
+                            sort_keys=True).encode() + b"\n"
+        path = writer.commit(marker)
+    except BaseException:
+        writer.abort()
+        raise
+    crash_points.reached("committed")
+    if keep is not None:
+        _retain(steps, dest_root, step, keep)
+    steps.remove_partials(dest_root, step)
+    return path
+
+
+def _check_arguments(step, experiment, keep) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, not {step!r}")
+    if keep is not None and (not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"keep must be a positive integer or None, not {keep!r}")
+    clash = [key for key in RESERVED_KEYS if key in experiment and not (key == "step" and experiment[key] == step)]
+    if clash:
+        raise ValueError(f"the experiment record may not set {clash}: the checkpoint writes them")
+    json.dumps(experiment, allow_nan=False)  # fail before writing anything, not after the tensors
+
+
+def _encode_files(tensors, bf16) -> dict[str, safetensors_io.Encoded]:
+    bf16 = set(bf16)
+    model = {name[len(PARAM_PREFIX):]: array for name, array in tensors.items() if name.startswith(PARAM_PREFIX)}
+    optimizer = {name: array for name, array in tensors.items() if not name.startswith(PARAM_PREFIX)}
+    model_bf16 = [name[len(PARAM_PREFIX):] for name in bf16 if name.startswith(PARAM_PREFIX)]
+    files = {MODEL_FILE: safetensors_io.encode(model, model_bf16)}
+    if optimizer:
+        files[OPTIMIZER_FILE] = safetensors_io.encode(optimizer, [name for name in bf16 if not name.startswith(PARAM_PREFIX)])
+    return files
+
+
+def _experiment_text(experiment: dict, step: int, digests: dict) -> bytes:
+    record = {**experiment, "format": FORMAT, "step": step, "tensors": digests}
+    return json.dumps(record, indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
+
+
+def _same_or_refuse(existing: str, files: dict[str, safetensors_io.Encoded]) -> str:
+    steps = _steps_module(existing)
+    try:
+        recorded = json.loads(steps.read_small(join(existing, EXPERIMENT_FILE))).get("tensors")
+    except (MissingFile, ValueError, AttributeError):
+        recorded = None
+    ours = {name: {"sha256": _digest(enc), "bytes": enc.nbytes} for name, enc in files.items()}
+    if recorded == ours:
+        return existing
+    raise SexpgpuError("E-CKPT-004", f"a different checkpoint is already committed at {existing}; it was left as it is.",
+                       hint="Resume from it, or write this run's checkpoints somewhere else.")
+
+
+def _digest(encoded: safetensors_io.Encoded) -> str:
+    with BackgroundSha256() as digest:
+        for piece in chunks(encoded.buffers):
+            digest.update(piece)
+        return digest.hexdigest()
+
+
+def _retain(steps, root: str, new_step: int, keep: int) -> None:
+    """Keep `new_step` and the keep-1 newest committed steps below it; never touch later steps."""
+    committed = steps.committed_steps(root)
+    older = [s for s in committed if s < new_step]
+    for step in older[: max(0, len(older) - (keep - 1))]:
+        steps.remove_step(committed[step])
+
+
+def list_checkpoints(run_root: str) -> list[tuple[int, str]]:
+    """[(step, path)] of every committed checkpoint under `run_root`, oldest first."""
+    return list(_steps_module(run_root).committed_steps(run_root).items())
+
+
+def resolve_checkpoint(spec: str, run_root: str) -> str:
+    """The checkpoint `spec` names: a path or s3:// URI of a `step-<n>`, or `latest`.
+
+    `latest` is the newest committed checkpoint under `run_root`. Anything that is not a
+    committed checkpoint is E-CKPT-003, naming the steps that do exist.
+    """
+    if spec == "latest":
+        found = list_checkpoints(run_root)
+        if not found:
+            raise SexpgpuError("E-CKPT-003", f"there is no committed checkpoint under {run_root} to resume from.",
+                               hint="Start the run without --resume, or name the directory that holds its checkpoints.")
+        return found[-1][1]
+    candidates = [spec]
+    if local_steps.STEP_NAME.fullmatch(spec):
+        candidates.append(join(run_root, spec))
+    for candidate in candidates:
+        if _steps_module(candidate).is_committed(candidate):
+            return candidate
+    raise _missing_step(spec)
+
+
+def _missing_step(spec: str) -> SexpgpuError:
+    inside = list_checkpoints(spec)
+    if inside:
+        return SexpgpuError("E-CKPT-003", f"{spec} holds checkpoints, not one: name a step, such as "
+                            f"{inside[-1][1]}, or use latest.")
+    beside = [step for step, _ in list_checkpoints(parent(spec))]
+    where = f"{parent(spec)} has committed steps {beside}" if beside else f"{parent(spec)} has no committed checkpoint"
+    return SexpgpuError("E-CKPT-003", f"there is no committed checkpoint at {spec}; {where}.",
+                        hint="A step-<n> without a COMMITTED marker was interrupted while being written.")
+
+
+def read_checkpoint(path: str) -> Checkpoint:
+    """Read and verify a committed checkpoint: every file must match its recorded digest."""
+    steps = _steps_module(path)
+    record = read_record(path)
+    tensors, dtypes = {}, {}
+    for name, expected in sorted(record["tensors"].items()):
+        file = join(path, name)
+        try:
+            data, sha = steps.read_whole(file)
+        except MissingFile:
+            raise _corrupt(path, f"{name} is missing") from None
+        _check_digest(path, name, data, sha, expected)
+        header = _parse(path, name, data)
+        prefix = PARAM_PREFIX if name == MODEL_FILE else ""
+        for key, array in safetensors_io.decode_all(header, data).items():
+            tensors[prefix + key] = array
+            dtypes[prefix + key] = header.entries[key].dtype
+    return Checkpoint(record["step"], dict(sorted(tensors.items())), record, path, dtypes)
+
+
+def read_record(path: str) -> dict:
+    """A committed checkpoint's experiment.json, verified against its commit marker."""
+    steps = _steps_module(path)
+    try:
+        marker = steps.read_small(join(path, MARKER))
+    except MissingFile:
+        raise _missing_step(path) from None
+    try:
+        expected = json.loads(marker)[EXPERIMENT_FILE]
+    except (ValueError, KeyError, TypeError):
+        raise _corrupt(path, f"its {MARKER} marker is not one sexpgpu writes") from None
+    try:
+        data, sha = steps.read_whole(join(path, EXPERIMENT_FILE))
+    except MissingFile:
+        raise _corrupt(path, f"{EXPERIMENT_FILE} is missing") from None
+    _check_digest(path, EXPERIMENT_FILE, data, sha, expected)
+    record = json.loads(data)
+    if record.get("format") != FORMAT or not isinstance(record.get("tensors"), dict):
+        raise _corrupt(path, f"{EXPERIMENT_FILE} is not in the {FORMAT} format")
+    return record
+
+
+def _check_digest(path: str, name: str, data, sha: str, expected: dict) -> None:
+    if len(data) != expected.get("bytes"):
+        raise _corrupt(path, f"{name} has {len(data)} bytes where {expected.get('bytes')} were written (truncated?)")
+    if sha != expected.get("sha256"):
+        raise _corrupt(path, f"{name} has SHA-256 {sha} where {expected.get('sha256')} was written")
+
+
+def _parse(path: str, name: str, data) -> safetensors_io.Header:
+    try:
+        return safetensors_io.parse_header(data, len(data))
+    except safetensors_io.SafetensorsFormatError as error:
+        raise _corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
+
+
+def _corrupt(path: str, what: str) -> SexpgpuError:
+    return SexpgpuError("E-CKPT-001", f"the checkpoint {path} is damaged: {what}.",
+                        hint="Resume from an earlier checkpoint; this one was left as it is.")
+
+
+def tensor_headers(path: str, record: dict) -> dict[str, safetensors_io.Header]:
+    """{file: header} of a checkpoint's tensor files, reading only their headers."""
+    steps = _steps_module(path)
+    headers = {}
+    for name in sorted(record["tensors"]):
+        file = join(path, name)
+        try:
+            prefix, _ = steps.read_head(file, 8)
+            length = int.from_bytes(prefix[:8], "little") if len(prefix) == 8 else 0
+            head, size = steps.read_head(file, 8 + min(length, safetensors_io.MAX_HEADER_BYTES))
+        except MissingFile:
+            raise _corrupt(path, f"{name} is missing") from None
+        try:
+            headers[name] = safetensors_io.parse_header(head, size)
+        except safetensors_io.SafetensorsFormatError as error:
+            raise _corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
+    return headers
+
+
+def step_of(path: str) -> int | None:
+    match = local_steps.STEP_NAME.fullmatch(basename(path))
+    return int(match.group(1)) if match else None

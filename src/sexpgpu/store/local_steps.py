@@ -1,0 +1,162 @@
+"""Checkpoint directories on a local disk.
+
+A checkpoint is written into `<root>/.step-<n>.partial-XXXX/`, every file fsynced, then the
+commit marker, then the directory fsynced and renamed to `<root>/step-<n>/`, and the root
+fsynced. A crash before the rename leaves only a `.partial` directory, which nothing reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import tempfile
+from contextlib import contextmanager
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.store import crash_points
+from sexpgpu.store.digests import CHUNK_BYTES, BackgroundSha256, chunks
+from sexpgpu.store.uris import MissingFile
+
+MARKER = "COMMITTED"
+STEP_NAME = re.compile(r"step-(0|[1-9][0-9]*)")
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+@contextmanager
+def disk_errors(path: str, doing: str, nbytes: int | None = None):
+    """OSErrors while writing become E-DISK-001 (no space) or E-DISK-002 (anything else)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in _FULL:
+            need = f" ({nbytes} bytes to write)" if nbytes is not None else ""
+            raise SexpgpuError("E-DISK-001", f"the disk is full while {doing} {path}{need}: {error.strerror}.",
+                               hint="Free space or point the checkpoints elsewhere; nothing already written was changed.") from None
+        raise SexpgpuError("E-DISK-002", f"cannot write {path} while {doing}: {error.strerror or error}.") from None
+
+
+class Writer:
+    """One checkpoint being written. `write` each file, then `commit`; `abort` on failure."""
+
+    def __init__(self, root: str, step: int):
+        self.final = os.path.join(root, f"step-{step}")
+        self.root = root
+        with disk_errors(root, "creating the checkpoint directory in"):
+            os.makedirs(root, exist_ok=True)
+            self.temp = tempfile.mkdtemp(prefix=f".step-{step}.partial-", dir=root)
+        crash_points.reached("start")
+
+    def write(self, name: str, buffers, nbytes: int) -> str:
+        """Write one file from its buffers and fsync it; returns its SHA-256."""
+        path = os.path.join(self.temp, name)
+        half, written = nbytes // 2, 0
+        with disk_errors(path, "writing", nbytes), open(path, "wb", buffering=0) as file, BackgroundSha256() as digest:
+            for piece in chunks(buffers, CHUNK_BYTES):
+                digest.update(piece)
+                _write_all(file, piece)
+                if written < half <= written + len(piece):
+                    crash_points.reached(f"mid:{name}")
+                written += len(piece)
+            os.fsync(file.fileno())
+            sha = digest.hexdigest()
+        crash_points.reached(f"file:{name}")
+        return sha
+
+    def commit(self, marker: bytes) -> str:
+        """Write the marker, make the directory durable and give it its final name."""
+        self.write(MARKER, [marker], len(marker))
+        crash_points.reached("commit")
+        with disk_errors(self.final, "committing"):
+            _fsync_dir(self.temp)
+            if os.path.exists(self.final):
+                raise SexpgpuError("E-CKPT-004", f"{self.final} appeared while this checkpoint was written; it was left as it is.")
+            os.rename(self.temp, self.final)
+            _fsync_dir(self.root)
+        return self.final
+
+    def abort(self) -> None:
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _write_all(file, view: memoryview) -> None:
+    while view:
+        count = file.write(view)
+        view = view[count:]
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_whole(path: str) -> tuple[bytearray, str]:
+    """A file's bytes and SHA-256, hashing each chunk while the next is read."""
+    try:
+        size = os.stat(path).st_size
+        data = bytearray(size)
+        view = memoryview(data)
+        with open(path, "rb", buffering=0) as file, BackgroundSha256() as digest:
+            position = 0
+            while position < size:
+                count = file.readinto(view[position : position + CHUNK_BYTES])
+                if not count:
+                    break
+                digest.update(view[position : position + count])
+                position += count
+            return (data if position == size else data[:position]), digest.hexdigest()
+    except FileNotFoundError:
+        raise MissingFile(path) from None
+
+
+def read_head(path: str, count: int) -> tuple[bytes, int]:
+    """The first `count` bytes of a file and its size."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(count), os.fstat(file.fileno()).st_size
+    except (FileNotFoundError, NotADirectoryError):
+        raise MissingFile(path) from None
+
+
+def read_small(path: str) -> bytes:
+    return read_head(path, 1 << 30)[0]
+
+
+def committed_steps(root: str) -> dict[int, str]:
+    """{step: directory} of every committed checkpoint directly under `root`."""
+    try:
+        names = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    steps = {}
+    for name in names:
+        match = STEP_NAME.fullmatch(name)
+        if match and os.path.isfile(os.path.join(root, name, MARKER)):
+            steps[int(match.group(1))] = os.path.join(root, name)
+    return dict(sorted(steps.items()))
+
+
+def is_committed(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MARKER))
+
+
+def remove_step(path: str) -> None:
+    """Uncommit first (rename away), then delete, so a crash midway leaves no half checkpoint."""
+    doomed = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.deleting")
+    with disk_errors(path, "deleting"):
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.rename(path, doomed)
+        shutil.rmtree(doomed)
+
+
+def remove_partials(root: str, up_to_step: int) -> None:
+    """Delete `.partial` and `.deleting` leftovers of crashed writers for steps up to `up_to_step`."""
+    pattern = re.compile(r"\.step-(\d+)\.(partial-.*|deleting)")
+    for name in os.listdir(root):
+        match = pattern.fullmatch(name)
+        if match and int(match.group(1)) <= up_to_step:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)

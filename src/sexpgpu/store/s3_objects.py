@@ -1,0 +1,268 @@
+"""S3 objects through boto3, with S3's failures turned into error codes.
+
+The client follows the standard AWS configuration: credentials and region from the
+environment, ~/.aws or an instance role, and `AWS_ENDPOINT_URL` for an S3-compatible store.
+Messages name buckets and keys, never credentials: any text that came from a server passes
+through `_scrub` first.
+
+Large objects go up as multipart uploads and come down as parallel ranged reads. Parts are
+`TransferSettings.part_size` bytes (S3 takes at least 5 MiB for every part but the last).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.store.digests import BackgroundSha256, chunks, sha256_of
+from sexpgpu.store.uris import MissingFile, split_s3
+
+MIB = 1024 * 1024
+_FORBIDDEN = {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+              "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "403", "Forbidden"}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """How objects are split. The environment can set each: SEXPGPU_S3_MULTIPART_THRESHOLD,
+    SEXPGPU_S3_PART_SIZE (bytes) and SEXPGPU_S3_WORKERS."""
+
+    multipart_threshold: int = 64 * MIB
+    part_size: int = 64 * MIB
+    workers: int = 4
+
+    @classmethod
+    def from_env(cls) -> "TransferSettings":
+        default = cls()
+        return cls(
+            int(os.environ.get("SEXPGPU_S3_MULTIPART_THRESHOLD", default.multipart_threshold)),
+            int(os.environ.get("SEXPGPU_S3_PART_SIZE", default.part_size)),
+            int(os.environ.get("SEXPGPU_S3_WORKERS", default.workers)),
+        )
+
+
+class ObjectChanged(Exception):
+    """An If-Match precondition failed: the object was replaced while we read it."""
+
+
+_clients: dict[tuple, object] = {}
+
+
+def client():
+    """A boto3 S3 client for the current AWS environment, made once per distinct environment."""
+    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    if key not in _clients:
+        import boto3
+        from botocore.config import Config
+
+        session = boto3.session.Session()
+        _clients[key] = session.client("s3", config=Config(connect_timeout=10, read_timeout=120))
+    return _clients[key]
+
+
+@contextmanager
+def s3_errors(uri: str, doing: str):
+    """Turn botocore's exceptions about `uri` into SexpgpuError, MissingFile or ObjectChanged."""
+    import botocore.exceptions as bx
+
+    try:
+        yield
+    except bx.NoCredentialsError:
+        raise SexpgpuError("E-S3-002", f"no AWS credentials were found for {doing} {uri}.",
+                           hint="Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role.") from None
+    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError, bx.ConnectionClosedError) as error:
+        raise SexpgpuError("E-S3-001", f"cannot reach the S3 endpoint {_endpoint()} for {doing} {uri}: {_scrub(str(error))}.",
+                           hint="Check AWS_ENDPOINT_URL, the network, and that the store is running.") from None
+    except bx.ClientError as error:
+        _raise_client_error(error, uri, doing)
+    except bx.BotoCoreError as error:
+        raise SexpgpuError("E-S3-004", f"S3 request for {doing} {uri} failed: {_scrub(str(error))}") from None
+
+
+def _raise_client_error(error, uri: str, doing: str):
+    info = error.response.get("Error", {})
+    code = str(info.get("Code", ""))
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    bucket = split_s3(uri)[0]
+    if code == "NoSuchBucket":
+        raise SexpgpuError("E-S3-003", f"there is no bucket '{bucket}' ({doing} {uri}).",
+                           hint="Create it, or check the bucket name and AWS_ENDPOINT_URL.") from None
+    if code in _FORBIDDEN or status == 403:
+        raise SexpgpuError("E-S3-002", f"S3 refused {doing} {uri}: {code} (HTTP {status}).",
+                           hint="The credentials in use lack permission for this bucket or prefix.") from None
+    if code in _MISSING:
+        raise MissingFile(uri) from None
+    if code == "PreconditionFailed" or status == 412:
+        raise ObjectChanged(uri) from None
+    message = _scrub(str(info.get("Message", "")))
+    raise SexpgpuError("E-S3-004", f"S3 refused {doing} {uri}: {code} (HTTP {status}) {message}".rstrip()) from None
+
+
+def _endpoint() -> str:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "(the AWS default)"
+
+
+def _scrub(text: str) -> str:
+    """Remove every credential value the environment holds from `text`."""
+    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
+        value = os.environ.get(name)
+        if value:
+            text = text.replace(value, "***")
+    return text
+
+
+def get_bytes(uri: str, doing: str) -> bytes:
+    """A small object's whole content."""
+    bucket, key = split_s3(uri)
+    with s3_errors(uri, doing):
+        return client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def get_range(uri: str, start: int, stop: int, doing: str, etag: str | None = None) -> tuple[bytes, int, str]:
+    """Bytes [start, stop) of an object, its total size and its ETag.
+
+    With `etag`, raises ObjectChanged if the object is no longer that version.
+    """
+    bucket, key = split_s3(uri)
+    extra = {"IfMatch": etag} if etag else {}
+    with s3_errors(uri, doing):
+        if stop <= start:
+            head = client().head_object(Bucket=bucket, Key=key, **extra)
+            return b"", head["ContentLength"], head["ETag"]
+        try:
+            reply = client().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **extra)
+        except Exception as error:
+            if _code(error) != "InvalidRange":
+                raise
+            head = client().head_object(Bucket=bucket, Key=key, **extra)
+            return b"", head["ContentLength"], head["ETag"]
+        total = int(reply["ContentRange"].rsplit("/", 1)[1]) if "ContentRange" in reply else reply["ContentLength"]
+        return reply["Body"].read(), total, reply["ETag"]
+
+
+def _code(error) -> str:
+    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def get_object(uri: str, doing: str, settings: TransferSettings) -> tuple[bytearray, str, str]:
+    """An object's content in a new bytearray, its ETag and its SHA-256.
+
+    Large objects are read as parallel ranges pinned to one version by If-Match.
+    """
+    first, total, etag = get_range(uri, 0, settings.part_size, doing)
+    data = bytearray(total)
+    data[: len(first)] = first
+    ranges = [(s, min(s + settings.part_size, total)) for s in range(len(first), total, settings.part_size)]
+
+    def fetch(span):
+        part, _, _ = get_range(uri, span[0], span[1], doing, etag)
+        data[span[0] : span[1]] = part
+
+    try:
+        with ThreadPoolExecutor(max_workers=settings.workers) as pool:
+            list(pool.map(fetch, ranges))
+    except ObjectChanged:
+        raise SexpgpuError("E-S3-004", f"{uri} was replaced while it was being read; read it again.") from None
+    if len(data) != total:
+        raise SexpgpuError("E-S3-004", f"{uri} came back with {len(data)} bytes instead of {total}.")
+    return data, etag, sha256_of(data)
+
+
+def put_object(uri: str, buffers, nbytes: int, doing: str, settings: TransferSettings, on_part=None) -> tuple[str, str]:
+    """Upload the concatenated buffers as one object; returns its ETag and the bytes' SHA-256.
+
+    At or above the multipart threshold the upload is multipart, and is aborted if any part
+    fails, so a failed upload leaves no object behind. `on_part(count)` runs after each part.
+    """
+    if nbytes < settings.multipart_threshold:
+        body = b"".join(bytes(b) for b in buffers)
+        bucket, key = split_s3(uri)
+        with s3_errors(uri, doing):
+            reply = client().put_object(Bucket=bucket, Key=key, Body=body)
+        return reply["ETag"], sha256_of(body)
+    return _put_multipart(uri, buffers, doing, settings, on_part)
+
+
+def _put_multipart(uri, buffers, doing, settings, on_part) -> tuple[str, str]:
+    bucket, key = split_s3(uri)
+    with s3_errors(uri, doing):
+        upload_id = client().create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    try:
+        etags, digest = _upload_parts(uri, buffers, doing, settings, upload_id, on_part)
+        parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, 1)]
+        with s3_errors(uri, doing):
+            reply = client().complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        return reply["ETag"], digest
+    except BaseException:
+        _abort_quietly(bucket, key, upload_id)
+        raise
+
+
+def _upload_parts(uri, buffers, doing, settings, upload_id, on_part):
+    bucket, key = split_s3(uri)
+
+    def upload(number_and_body):
+        number, body = number_and_body
+        with s3_errors(uri, doing):
+            return client().upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"]
+
+    with BackgroundSha256() as digest, ThreadPoolExecutor(max_workers=settings.workers) as pool:
+        futures = []
+        for number, body in enumerate(_parts(buffers, settings.part_size), 1):
+            digest.update(body)
+            # Hold at most twice the workers' parts in memory.
+            while sum(not f.done() for f in futures) >= 2 * settings.workers:
+                next(f for f in futures if not f.done()).result()
+            futures.append(pool.submit(upload, (number, body)))
+        etags = []
+        for count, future in enumerate(futures, 1):
+            etags.append(future.result())
+            if on_part:
+                on_part(count)
+        return etags, digest.hexdigest()
+
+
+def _parts(buffers, part_size: int):
+    """The buffers' bytes as `part_size` pieces (the last may be shorter)."""
+    pending, pending_bytes = [], 0
+    for piece in chunks(buffers, part_size):
+        while piece:
+            take = piece[: part_size - pending_bytes]
+            pending.append(take)
+            pending_bytes += len(take)
+            piece = piece[len(take) :]
+            if pending_bytes == part_size:
+                yield b"".join(pending)
+                pending, pending_bytes = [], 0
+    if pending_bytes:
+        yield b"".join(pending)
+
+
+def _abort_quietly(bucket: str, key: str, upload_id: str) -> None:
+    try:
+        client().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    except Exception:
+        pass  # The upload is never completed either way; S3 lifecycle rules reclaim its parts.
+
+
+def list_keys(prefix_uri: str, doing: str) -> list[str]:
+    """Every key under a prefix, as s3:// URIs, sorted."""
+    bucket, prefix = split_s3(prefix_uri)
+    keys = []
+    with s3_errors(prefix_uri, doing):
+        for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            keys += [f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", [])]
+    return sorted(keys)
+
+
+def delete_keys(uris: list[str], doing: str) -> None:
+    """Delete objects, in the order given (callers put a commit marker first)."""
+    for uri in uris:
+        bucket, key = split_s3(uri)
+        with s3_errors(uri, doing):
+            client().delete_object(Bucket=bucket, Key=key)
