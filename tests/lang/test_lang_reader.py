@@ -92,7 +92,7 @@ def test_every_datum_knows_its_line_and_column():
     assert run.loc == Location("t.sexp", 1, 1)
     assert run.end == Location("t.sexp", 3, 17)
     _, name, seed, seven, lr, adam = run.items
-    assert name.loc == Location("t.sexp", 1, 2 + len("defrun"))
+    assert name.loc == Location("t.sexp", 1, 9)
     assert seed.loc == Location("t.sexp", 2, 2)  # a tab is one column
     assert seven.loc == Location("t.sexp", 2, 8)
     assert lr.loc == Location("t.sexp", 3, 3)
