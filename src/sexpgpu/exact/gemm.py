@@ -1,0 +1,55 @@
+"""Exact GEMMs: partial sums into accumulators, their combination, and the one rounding."""
+
+from __future__ import annotations
+
+import torch
+
+from . import backends
+from .accumulator import Accumulator, empty_planes, normalise_
+from .checks import check_accumulator, check_combinable, check_gemm_operands, check_output_dtype
+from .layout import MAX_K_PER_CALL, NAN_PLANE
+from .rounding import round_planes
+from .special import split_special
+
+
+def det_gemm_partial(x: torch.Tensor, w: torch.Tensor) -> Accumulator:
+    """The exact x @ w.T, for x (M, K) and w (N, K), as an unrounded Accumulator of shape (M, N)."""
+    check_gemm_operands("det_gemm_partial", x, w)
+    return Accumulator(_accumulate(x, w))
+
+
+def det_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T for x (M, K) and w (N, K): the exact sum of products, rounded once to float32."""
+    check_gemm_operands("det_gemm", x, w)
+    return round_planes(_accumulate(x, w), torch.float32)
+
+
+def det_combine(accumulators) -> Accumulator:
+    """The exact sum of partial sums of the same outputs (K-shards, in any grouping)."""
+    check_combinable("det_combine", accumulators)
+    total = accumulators[0].digits.clone()
+    for acc in accumulators[1:]:
+        total += acc.digits  # normalised digits are below 2**32: no overflow for < 2**30 terms
+    return Accumulator(normalise_(total))
+
+
+def det_finalize(acc: Accumulator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Round each exact sum once, to nearest with ties to even, into float32 (or bfloat16)."""
+    check_accumulator("det_finalize", acc)
+    check_output_dtype("det_finalize", dtype)
+    return round_planes(acc.digits, dtype)
+
+
+def _accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Normalised (WIDTH, M, N) planes of x @ w.T, in backend calls of at most MAX_K_PER_CALL."""
+    x, w, special = split_special(x, w)
+    backend = backends.select(x.device)
+    planes = None
+    for k0 in range(0, x.shape[1], MAX_K_PER_CALL):
+        part = backend.accumulate(x[:, k0 : k0 + MAX_K_PER_CALL], w[:, k0 : k0 + MAX_K_PER_CALL])
+        planes = normalise_(part if planes is None else planes.add_(part))
+    if planes is None:  # K == 0: the empty sum
+        planes = empty_planes((x.shape[0], w.shape[0]), x.device)
+    if special is not None:
+        planes[NAN_PLANE:] += special
+    return normalise_(planes)
