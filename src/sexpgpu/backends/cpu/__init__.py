@@ -1,1 +1,5 @@
-"""backends/cpu"""
+"""The CPU interpreter: numpy, fixed-order folds, portable math. See interpreter.py."""
+
+from sexpgpu.backends.cpu.interpreter import Interpreter
+
+__all__ = ["Interpreter"]

@@ -1,0 +1,50 @@
+"""Draw nodes: stateless samples from sexpgpu.numerics.
+
+A draw node carries its run's seed and its stream path (attrs `seed`, `stream`); its inputs
+are its salts, named by attrs `salts`. The key is `stream_key(seed, stream)`, and each salt
+is folded in, in input order:
+- a scalar salt (`step`, `microbatch`, or a scalar field) folds into the key:
+  `key = fold_in(key, value)`;
+- a salt with one integer per record (a record field) folds into one key per row: row r of
+  the draw (its first axis, the batch) is drawn from `fold_in(key, value[r])` with the
+  shape of one row. Later salts fold into every row's key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu import numerics as nx
+
+
+def _sample(op: str, key, shape: tuple, attrs):
+    if op == "normal":
+        return nx.normal(key, shape, attrs["mean"], attrs["std"])
+    if op == "uniform":
+        return nx.uniform(key, shape, attrs["low"], attrs["high"])
+    if op == "truncated_normal":
+        return nx.truncated_normal(key, shape, attrs["mean"], attrs["std"], attrs["bound"])
+    if op == "bernoulli":
+        return nx.bernoulli(key, shape, attrs["p"])
+    if op == "randint":
+        return nx.randint(key, shape, attrs["low"], attrs["high"])
+    raise AssertionError(op)
+
+
+def draw(node, salts) -> np.ndarray:
+    attrs = node.attrs
+    keys = [nx.stream_key(attrs["seed"], attrs["stream"])]
+    per_row = False
+    for value in salts:
+        value = np.asarray(value)
+        if value.ndim == 0:
+            keys = [nx.fold_in(key, int(value)) for key in keys]
+            continue
+        if not per_row:
+            keys = keys * value.shape[0]
+            per_row = True
+        keys = [nx.fold_in(key, int(item)) for key, item in zip(keys, value.tolist())]
+    shape = tuple(node.shape)
+    if not per_row:
+        return np.asarray(_sample(node.op, keys[0], shape, attrs))
+    return np.stack([np.asarray(_sample(node.op, key, shape[1:], attrs)) for key in keys])

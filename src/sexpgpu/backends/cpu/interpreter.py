@@ -1,0 +1,139 @@
+"""The CPU interpreter: the executable reference for every backend.
+
+`Interpreter().run(graph, inputs)` evaluates the graph's nodes in the graph's order with
+one numpy kernel per op (kernels.py) and returns its outputs. It decides nothing from the
+machine: sums fold in the orders folds.py documents, transcendental functions come from
+sexpgpu.numerics, there is no BLAS and no threading, and every node of dtype bf16 is
+rounded to bfloat16 when it is made. So the same graph and inputs give the same bits on
+any machine with the same numpy semantics.
+
+Inputs: every graph input must be given, and nothing else. Arrays must have the node's
+shape; f32 and bf16 inputs must be float32 arrays (or Python floats for scalars, rounded to
+nearest float32), bf16 inputs must already hold bfloat16 values, i32 inputs integers that
+fit in int32, bool inputs booleans. Nothing is cast silently.
+
+Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
+last reader, so memory follows the graph's liveness (plan/memory.py measures it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
+from sexpgpu.backends.cpu.kernels import KERNELS
+
+
+class Interpreter:
+    name = "cpu"
+
+    def __init__(self, precision: str = "f32"):
+        """precision "f32" for runs; "f64" is a test oracle (see arith.py), never for runs."""
+        arithmetics = {"f32": PortableF32, "f64": ReferenceF64}
+        if precision not in arithmetics:
+            raise ValueError(f"precision must be 'f32' or 'f64', not {precision!r}")
+        self.math = arithmetics[precision]()
+        self._prepared: dict = {}
+
+    def run(self, graph, inputs: dict) -> dict:
+        steps, positions = self._prepare(graph)
+        self._check_names(graph, inputs)
+        values = [None] * len(graph.nodes)
+        for name, node in graph.inputs.items():
+            values[positions[node]] = self._accept(name, node, inputs[name])
+        for index, node, kernel, sources, dead in steps:
+            value = np.asarray(kernel(node, [values[source] for source in sources], self.math))
+            if node.dtype == "bf16" and self.math.rounds_bf16:
+                value = round_bf16(value)
+            values[index] = value
+            for source in dead:
+                values[source] = None
+        return self._outputs(graph, values, positions)
+
+    # --- arrays the run loop hands over -------------------------------------------------------
+
+    def cast_parameter(self, array: np.ndarray, dtype: str) -> np.ndarray:
+        """A float32 starting value stored as a parameter of `dtype` (bf16: rounded to nearest even)."""
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        return round_bf16(array) if dtype == "bf16" else array
+
+    @staticmethod
+    def to_host(value) -> np.ndarray:
+        return np.asarray(value)
+
+    @staticmethod
+    def from_host(array: np.ndarray) -> np.ndarray:
+        return np.asarray(array)
+
+    def _prepare(self, graph):
+        cached = self._prepared.get(id(graph))
+        if cached is not None and cached[0] is graph:
+            return cached[1]
+        positions = graph.positions()
+        last_reader = {}
+        for index, node in enumerate(graph.nodes):
+            for source in node.inputs:
+                last_reader[positions[source]] = index
+        kept = {positions[node] for node in graph.outputs.values()} | {positions[node] for node in graph.inputs.values()}
+        dying: dict = {}
+        for source, reader in last_reader.items():
+            if source not in kept:
+                dying.setdefault(reader, []).append(source)
+        steps = []
+        for index, node in enumerate(graph.nodes):
+            if node.op == "input":
+                continue
+            sources = tuple(positions[source] for source in node.inputs)
+            steps.append((index, node, KERNELS[node.op], sources, tuple(dying.get(index, ()))))
+        self._prepared[id(graph)] = (graph, (steps, positions))
+        return steps, positions
+
+    @staticmethod
+    def _check_names(graph, inputs: dict) -> None:
+        missing = [name for name in graph.inputs if name not in inputs]
+        extra = [name for name in inputs if name not in graph.inputs]
+        if missing or extra:
+            raise ValueError(f"graph inputs: missing {missing}, not inputs of this graph {extra}")
+
+    def _accept(self, name: str, node, value) -> np.ndarray:
+        array = self._convert(name, node, value)
+        if array.shape != node.shape:
+            raise ValueError(f"input {name}: shape {array.shape}, the graph expects {node.shape}")
+        if node.dtype == "bf16" and self.math.rounds_bf16:
+            rounded = round_bf16(array)
+            if not np.array_equal(rounded.view(np.uint32), np.ascontiguousarray(array).view(np.uint32)):
+                raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
+        return array
+
+    def _convert(self, name: str, node, value) -> np.ndarray:
+        float_dtype = self.math.float_dtype
+        if node.dtype in ("f32", "bf16"):
+            if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+                return np.asarray(value, dtype=float_dtype)
+            array = np.asarray(value)
+            allowed = (np.float32,) if float_dtype == np.float32 else (np.float32, np.float64)
+            if array.dtype.type not in allowed:
+                raise TypeError(f"input {name}: {array.dtype} array for a {node.dtype} input; pass float32")
+            return array.astype(float_dtype, copy=False)
+        if node.dtype == "i32":
+            array = np.asarray(value)
+            if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+                raise TypeError(f"input {name}: {array.dtype} for an i32 input; pass integers")
+            if array.size and (array.min() < -(2**31) or array.max() >= 2**31):
+                raise ValueError(f"input {name}: values outside the int32 range")
+            return array.astype(np.int32, copy=False)
+        array = np.asarray(value)
+        if array.dtype != np.bool_:
+            raise TypeError(f"input {name}: {array.dtype} for a bool input")
+        return array
+
+    @staticmethod
+    def _outputs(graph, values: list, positions: dict) -> dict:
+        result, given = {}, set()
+        for name, node in graph.outputs.items():
+            value = values[positions[node]]
+            if node.op == "input" or not value.flags.owndata or id(value) in given:
+                value = value.copy()
+            given.add(id(value))
+            result[name] = value
+        return result

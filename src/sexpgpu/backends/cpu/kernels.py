@@ -1,0 +1,241 @@
+"""One numpy kernel per IR op: `KERNELS[op](node, args, math) -> array`.
+
+Float arithmetic is numpy's IEEE + - * / and sqrt, each correctly rounded in the array's
+dtype; transcendental functions come from `math` (sexpgpu.numerics in the interpreter's
+normal float32 mode); sums and products come from folds.py in its documented orders. A
+kernel returns the node's value before bf16 rounding, which the interpreter applies to
+every node of dtype bf16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu.backends.cpu import folds
+from sexpgpu.backends.cpu.draws import draw
+from sexpgpu.errors import SexpgpuError
+
+
+def _const(node, args, m):
+    dtype = m.numpy_dtype(node.dtype)
+    return np.full(node.shape, node.attrs["value"], dtype=dtype)
+
+
+def _causal_mask(node, args, m):
+    size = node.attrs["size"]
+    return np.tril(np.ones((size, size), dtype=bool))
+
+
+def _draw(node, args, m):
+    value = draw(node, args)
+    return value.astype(m.numpy_dtype(node.dtype), copy=False)
+
+
+# --- unary -----------------------------------------------------------------------------------
+
+
+def _relu(node, args, m):
+    (x,) = args
+    return np.where(x < 0, x.dtype.type(0), x)
+
+
+def _gelu(node, args, m):
+    # (x * 0.5) * (1 + erf(x * (1/sqrt 2))), each step rounded
+    (x,) = args
+    one, half, root_half = (x.dtype.type(value) for value in (1.0, 0.5, 0.7071067811865476))
+    return (x * half) * (one + m.erf(x * root_half))
+
+
+def _rsqrt(node, args, m):
+    return m.rsqrt(args[0])
+
+
+def _cast(node, args, m):
+    (x,) = args
+    target = node.dtype
+    if target in ("f32", "bf16"):
+        return x.astype(m.numpy_dtype(target))
+    if target == "bool":
+        return x != 0
+    if x.dtype == np.int32:
+        return x.copy()
+    if x.dtype == bool:
+        return x.astype(np.int32)
+    # float -> i32: toward zero, NaN to 0, saturating at the i32 range (C leaves these to the machine)
+    truncated = np.trunc(np.nan_to_num(x, nan=0.0))
+    return np.clip(truncated, -(2.0**31), 2.0**31 - 128).astype(np.int32)
+
+
+def _elementwise(name: str):
+    def kernel(node, args, m):
+        return getattr(m, name)(args[0])
+
+    return kernel
+
+
+# --- binary ------------------------------------------------------------------------------------
+
+
+def _pow(node, args, m):
+    x, y = np.broadcast_arrays(*args)
+    return m.pow(np.ascontiguousarray(x), np.ascontiguousarray(y))
+
+
+_NUMPY_BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+}
+
+
+def _numpy_binary(name: str):
+    function = _NUMPY_BINARY[name]
+
+    def kernel(node, args, m):
+        with np.errstate(all="ignore"):
+            return function(args[0], args[1])
+
+    return kernel
+
+
+def _where(node, args, m):
+    return np.where(*args)
+
+
+# --- reduce and normalize -------------------------------------------------------------------------
+
+
+def _sum(node, args, m):
+    return folds.reduce_sum(args[0], node.attrs["axes"], node.attrs["keep"])
+
+
+def _max(node, args, m):
+    return folds.reduce_max(args[0], node.attrs["axes"], node.attrs["keep"])
+
+
+def _argmax(node, args, m):
+    return np.argmax(args[0], axis=node.attrs["axis"]).astype(np.int32)  # the first of equal maxima
+
+
+def _softmax(node, args, m):
+    (x,) = args
+    axis = node.attrs["axis"]
+    exps = m.exp(x - folds.reduce_max(x, (axis,), keep=True))
+    return exps / folds.reduce_sum(exps, (axis,), keep=True)
+
+
+def _log_softmax_over(x, axis, m):
+    shifted = x - folds.reduce_max(x, (axis,), keep=True)
+    return shifted - m.log(folds.reduce_sum(m.exp(shifted), (axis,), keep=True))
+
+
+def _log_softmax(node, args, m):
+    return _log_softmax_over(args[0], node.attrs["axis"], m)
+
+
+def _layernorm(node, args, m):
+    # mean = fold(x) / D; c = x - mean; var = fold(c * c) / D; y = c * rsqrt(var + eps)
+    (x,) = args
+    axis = x.ndim - 1
+    count = x.dtype.type(x.shape[-1])
+    centered = x - folds.reduce_sum(x, (axis,), keep=True) / count
+    var = folds.reduce_sum(centered * centered, (axis,), keep=True) / count
+    return centered * m.rsqrt(var + x.dtype.type(node.attrs["eps"]))
+
+
+def _cross_entropy(node, args, m):
+    logits, labels = args
+    _check_ids(labels, logits.shape[-1], "cross-entropy label", node)
+    picked = np.take_along_axis(_log_softmax_over(logits, logits.ndim - 1, m), labels[..., None].astype(np.intp), -1)
+    return -picked[..., 0]
+
+
+# --- index ------------------------------------------------------------------------------------------
+
+
+def _check_ids(ids, bound: int, what: str, node) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= bound):
+        bad = int(ids[(ids < 0) | (ids >= bound)].flat[0])
+        raise SexpgpuError("E-INDEX-001", f"{what} {bad} is outside 0..{bound - 1}.", node.loc)
+
+
+def _gather(node, args, m):
+    table, ids = args
+    _check_ids(ids, table.shape[0], "embedding id", node)
+    return table[ids.astype(np.intp)]
+
+
+def _scatter_add(node, args, m):
+    # each result row is the fold, from +0, of the value rows whose id names it, in C order of ids
+    ids, values = args
+    rows = node.attrs["rows"]
+    _check_ids(ids, rows, "embedding id", node)
+    row_shape = values.shape[ids.ndim :]
+    out = np.zeros((rows,) + row_shape, values.dtype)
+    np.add.at(out, ids.reshape(-1).astype(np.intp), values.reshape((-1,) + row_shape))
+    return out
+
+
+def _one_hot(node, args, m):
+    (ids,) = args
+    depth = node.attrs["depth"]
+    return (ids[..., None] == np.arange(depth, dtype=np.int32)).astype(m.numpy_dtype(node.dtype))
+
+
+# --- movement -----------------------------------------------------------------------------------------
+
+
+def _slice(node, args, m):
+    (x,) = args
+    index = [slice(None)] * x.ndim
+    index[node.attrs["axis"]] = slice(node.attrs["start"], node.attrs["stop"])
+    return x[tuple(index)]
+
+
+def _pad(node, args, m):
+    (x,) = args
+    widths = [(0, 0)] * x.ndim
+    widths[node.attrs["axis"]] = (node.attrs["before"], node.attrs["after"])
+    return np.pad(x, widths)
+
+
+KERNELS = {
+    "const": _const,
+    "causal_mask": _causal_mask,
+    "normal": _draw, "uniform": _draw, "truncated_normal": _draw, "bernoulli": _draw, "randint": _draw,
+    "neg": lambda node, args, m: -args[0],
+    "relu": _relu,
+    "gelu": _gelu,
+    "tanh": _elementwise("tanh"),
+    "exp": _elementwise("exp"),
+    "log": _elementwise("log"),
+    "sqrt": lambda node, args, m: np.sqrt(args[0]),
+    "rsqrt": _rsqrt,
+    "sigmoid": _elementwise("sigmoid"),
+    "square": lambda node, args, m: args[0] * args[0],
+    "erf": _elementwise("erf"),
+    "cast": _cast,
+    "pow": _pow,
+    "maximum": lambda node, args, m: folds.ieee_maximum(*args),
+    "minimum": lambda node, args, m: folds.ieee_minimum(*args),
+    "where": _where,
+    "sum": _sum,
+    "max": _max,
+    "argmax": _argmax,
+    "softmax": _softmax,
+    "log_softmax": _log_softmax,
+    "layernorm": _layernorm,
+    "cross_entropy": _cross_entropy,
+    "gather": _gather,
+    "scatter_add": _scatter_add,
+    "one_hot": _one_hot,
+    "reshape": lambda node, args, m: args[0].reshape(node.shape),
+    "transpose": lambda node, args, m: np.transpose(args[0], node.attrs["perm"]),
+    "slice": _slice,
+    "pad": _pad,
+    "concat": lambda node, args, m: np.concatenate(args, axis=node.attrs["axis"]),
+    "broadcast": lambda node, args, m: np.broadcast_to(args[0], node.shape),
+    "matmul": lambda node, args, m: folds.matmul(*args),
+}
+for _name in _NUMPY_BINARY:
+    KERNELS[_name] = _numpy_binary(_name)

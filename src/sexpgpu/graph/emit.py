@@ -1,0 +1,92 @@
+"""The emitter: makes IR nodes through the op table and records them in creation order.
+
+`e("add", a, b)` checks the op's rule, canonicalises its attributes and appends the node.
+Both the syntax builder (build.py) and the gradient rules (ops.py, autodiff.py) make nodes
+this way, so every node in every graph has passed its op's rule. The creation order is the
+order of the finished graph (ir.make_graph), so it is part of the contract: the same calls
+in the same order give the same graph.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from sexpgpu.graph.ir import Attrs, Node, make_graph
+from sexpgpu.graph.ops import OPS
+
+
+class Emitter:
+    def __init__(self):
+        self.nodes: list = []
+        self.scope = ""  # the `name` of nodes made now: the scope being built
+        self.loc = None  # the `loc` of nodes made now: the syntax being built
+        self._consts: dict = {}
+
+    def __call__(self, op: str, *inputs: Node, **attrs) -> Node:
+        definition = OPS[op]
+        if definition.arity is not None and len(inputs) != definition.arity:
+            raise AssertionError(f"{op} takes {definition.arity} inputs, got {len(inputs)}")
+        dtype, shape, canonical = definition.infer(inputs, attrs)
+        node = Node(op, dtype, tuple(shape), tuple(inputs), Attrs(canonical), self.scope, self.loc)
+        self.nodes.append(node)
+        return node
+
+    @contextmanager
+    def at(self, scope: str | None = None, loc=None):
+        """Make the nodes of the `with` body under `scope` and `loc` (None: keep the current)."""
+        saved = self.scope, self.loc
+        if scope is not None:
+            self.scope = scope
+        if loc is not None:
+            self.loc = loc
+        try:
+            yield
+        finally:
+            self.scope, self.loc = saved
+
+    def input(self, name: str, dtype: str, shape) -> Node:
+        return self("input", name=name, dtype=dtype, shape=tuple(shape))
+
+    def const(self, value, like: Node | None = None, dtype: str | None = None, shape=()) -> Node:
+        """A constant filled with `value`, of `like`'s dtype unless `dtype` is given.
+
+        Constants are shared: the same value, dtype and shape give the same node.
+        """
+        dtype = dtype or (like.dtype if like is not None else "f32")
+        if dtype == "bool":
+            value = bool(value)
+        elif dtype == "i32" and float(value).is_integer():
+            value = int(value)
+        else:
+            value = float(value)
+        key = (repr(value), dtype, tuple(shape))
+        if key not in self._consts:
+            self._consts[key] = self("const", value=value, dtype=dtype, shape=tuple(shape))
+        return self._consts[key]
+
+    def minus_one(self, node: Node) -> Node:
+        if node.op == "const":
+            return self.const(node.attrs["value"] - 1, like=node, shape=node.shape)
+        return self("sub", node, self.const(1, like=node))
+
+    def unbroadcast(self, g: Node, shape) -> Node:
+        """Sum `g` over the axes that broadcasting stretched, giving `shape`."""
+        shape = tuple(shape)
+        if g.shape == shape:
+            return g
+        lead = g.rank - len(shape)
+        stretched = [lead + axis for axis, dim in enumerate(shape) if dim == 1 and g.shape[lead + axis] != 1]
+        axes = tuple(range(lead)) + tuple(stretched)
+        total = self("sum", g, axes=axes, keep=False) if axes else g
+        return total if total.shape == shape else self("reshape", total, shape=shape)
+
+    def expand(self, g: Node, reduced: Node, shape) -> Node:
+        """Broadcast `g`, shaped like the result of the reduction `reduced`, back to `shape`."""
+        axes = reduced.attrs["axes"]
+        kept = tuple(1 if axis in axes else dim for axis, dim in enumerate(shape))
+        if g.shape != kept:
+            g = self("reshape", g, shape=kept)
+        return g if g.shape == tuple(shape) else self("broadcast", g, shape=tuple(shape))
+
+    def graph(self, inputs: dict, outputs: dict):
+        return make_graph(inputs, outputs, self.nodes)

@@ -1,0 +1,705 @@
+"""The one op table: every op's shape/dtype rule and its gradient rule, side by side.
+
+An entry is an `OpDef`: `infer(inputs, attrs) -> (dtype, shape, attrs)` checks the inputs,
+puts the attributes in canonical form (axes made non-negative, sorted where order does not
+matter) and gives the result's dtype and shape; `vjp(e, node, g) -> (grad or None, ...)`
+gives one cotangent per input for the cotangent `g` of the node's result, built from other
+ops of this table through the emitter `e` (see emit.py). An op without a `vjp` has no
+gradient: its result is an integer, a mask, or a draw.
+
+Ops are grouped by kind, in the order of this file:
+- source: input, const, causal_mask
+- draw: normal, uniform, truncated_normal, bernoulli, randint
+- unary (elementwise): neg relu gelu tanh exp log sqrt rsqrt sigmoid square erf, cast
+- binary (elementwise, numpy broadcasting): add sub mul div pow maximum minimum
+- compare (elementwise, to bool): eq ne lt le gt ge; select: where
+- reduce: sum max (over a tuple of axes), argmax (over one axis)
+- normalize (over one axis): softmax log_softmax, layernorm (last axis, no gain or bias)
+- loss: cross_entropy (per position, integer labels)
+- index: gather (rows of a table), scatter_add (its transpose), one_hot
+- movement: reshape transpose slice pad concat broadcast
+- contract: matmul (batched, leading dims broadcast)
+Convolution and pooling (a later issue) join as a `window` kind.
+
+Derived operations of the language (mean, mse, linear, attention, dropout, ...) are
+compositions built by build.py; their gradients come from these rules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from sexpgpu.graph.ir import DTYPES, FLOAT_DTYPES
+
+
+class OpError(Exception):
+    """A shape, dtype or attribute rule broken; the builder adds the location."""
+
+    def __init__(self, code: str, message: str):
+        self.code = code
+        self.message = message
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: str
+    infer: Callable
+    vjp: Callable | None = None
+    arity: int | None = None  # None: any number of inputs (the rule checks)
+
+
+OPS: dict = {}
+
+
+def _register(name: str, kind: str, infer, vjp=None, arity=None) -> None:
+    assert name not in OPS, name
+    OPS[name] = OpDef(name, kind, infer, vjp, arity)
+
+
+def dims_text(shape) -> str:
+    return "(" + " ".join(str(dim) for dim in shape) + ")"
+
+
+# --- shared rules --------------------------------------------------------------------------
+
+
+def broadcast_shapes(op: str, *shapes) -> tuple:
+    rank = max(len(shape) for shape in shapes)
+    result = []
+    for axis in range(rank):
+        dims = {shape[axis - rank + len(shape)] for shape in shapes if axis - rank + len(shape) >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            listed = " and ".join(dims_text(shape) for shape in shapes)
+            raise OpError("E-SHAPE-001", f"{op}: shapes {listed} do not broadcast.")
+        result.append(dims.pop() if dims else 1)
+    return tuple(result)
+
+
+def _same_dtype(op: str, nodes) -> str:
+    dtypes = [node.dtype for node in nodes]
+    if any(dtype != dtypes[0] for dtype in dtypes):
+        listed = " and ".join(dtypes)
+        raise OpError("E-DTYPE-001", f"{op}: dtypes {listed} differ; convert one with (cast X DTYPE).")
+    return dtypes[0]
+
+
+def _require_dtype(op: str, node, allowed, what: str = "its input") -> None:
+    if node.dtype not in allowed:
+        raise OpError(
+            "E-DTYPE-001", f"{op}: {what} is {node.dtype}, expected {' or '.join(allowed)}."
+        )
+
+
+def _axis(op: str, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise OpError("E-GRAPH-003", f"{op}: axis {axis} is out of range for rank {rank}.")
+    return axis % max(rank, 1)
+
+
+def _axes(op: str, axes, rank: int) -> tuple:
+    if axes is None:
+        return tuple(range(rank))
+    normal = sorted(_axis(op, axis, rank) for axis in axes)
+    if len(set(normal)) != len(normal):
+        raise OpError("E-GRAPH-003", f"{op}: axis listed twice in {tuple(axes)}.")
+    return tuple(normal)
+
+
+def _reduced_shape(shape, axes, keep) -> tuple:
+    if keep:
+        return tuple(1 if axis in axes else dim for axis, dim in enumerate(shape))
+    return tuple(dim for axis, dim in enumerate(shape) if axis not in axes)
+
+
+# --- gradient helpers (g is the cotangent of the node's result) ----------------------------
+
+
+def _unary_float(op: str):
+    def infer(inputs, attrs):
+        _require_dtype(op, inputs[0], FLOAT_DTYPES)
+        return inputs[0].dtype, inputs[0].shape, attrs
+
+    return infer
+
+
+def _numeric_unary(op: str):
+    def infer(inputs, attrs):
+        _require_dtype(op, inputs[0], FLOAT_DTYPES + ("i32",))
+        return inputs[0].dtype, inputs[0].shape, attrs
+
+    return infer
+
+
+def _binary(op: str, allowed):
+    def infer(inputs, attrs):
+        dtype = _same_dtype(op, inputs)
+        _require_dtype(op, inputs[0], allowed, "the dtype of its inputs")
+        return dtype, broadcast_shapes(op, inputs[0].shape, inputs[1].shape), attrs
+
+    return infer
+
+
+# --- source ----------------------------------------------------------------------------------
+
+
+def _infer_input(inputs, attrs):
+    if attrs.get("dtype") not in DTYPES:
+        raise OpError("E-DTYPE-001", f"input {attrs.get('name')}: unknown dtype {attrs.get('dtype')}.")
+    return attrs["dtype"], tuple(attrs["shape"]), attrs
+
+
+def _infer_const(inputs, attrs):
+    dtype = attrs["dtype"]
+    if dtype not in DTYPES:
+        raise OpError("E-DTYPE-001", f"const: unknown dtype {dtype}.")
+    value = attrs["value"]
+    if dtype == "i32" and (not float(value).is_integer() or not -(2**31) <= value < 2**31):
+        raise OpError("E-DTYPE-001", f"the constant {value} is not an i32 value.")
+    return dtype, tuple(attrs["shape"]), attrs
+
+
+def _infer_causal_mask(inputs, attrs):
+    size = attrs["size"]
+    return "bool", (size, size), attrs
+
+
+_register("input", "source", _infer_input, arity=0)
+_register("const", "source", _infer_const, arity=0)
+_register("causal_mask", "source", _infer_causal_mask, arity=0)
+
+
+# --- draws -----------------------------------------------------------------------------------
+# attrs: shape, seed, stream (the stream key's path), salts (a tuple naming each input:
+# "step", "microbatch" or "field:NAME"), and the distribution's parameters. The inputs are
+# the salt values, folded into the key in input order (backends/cpu/draws.py).
+
+_DRAW_RESULT = {"normal": "f32", "uniform": "f32", "truncated_normal": "f32", "bernoulli": "bool", "randint": "i32"}
+
+
+def _infer_draw(op: str):
+    def infer(inputs, attrs):
+        salts = attrs["salts"]
+        if len(salts) != len(inputs):
+            raise OpError("E-GRAPH-003", f"{op}: {len(salts)} salts named for {len(inputs)} salt inputs.")
+        shape = tuple(attrs["shape"])
+        for kind, source in zip(salts, inputs):
+            _require_dtype(op, source, ("i32",), f"its salt {kind}")
+            if source.rank == 1 and (not shape or shape[0] != source.shape[0]):
+                raise OpError(
+                    "E-SHAPE-001",
+                    f"{op}: a salt read from a record field salts each record's row, so the draw's "
+                    f"first axis must be the batch: shapes {dims_text(shape)} and {dims_text(source.shape)}.",
+                )
+            if source.rank > 1:
+                raise OpError("E-SHAPE-001", f"{op}: salt {kind} must hold one integer per record, has shape {dims_text(source.shape)}.")
+        return _DRAW_RESULT[op], shape, attrs
+
+    return infer
+
+
+for _name in _DRAW_RESULT:
+    _register(_name, "draw", _infer_draw(_name))
+
+
+# --- unary -------------------------------------------------------------------------------------
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _vjp_neg(e, node, g):
+    return (e("neg", g),)
+
+
+def _vjp_relu(e, node, g):
+    (x,) = node.inputs
+    return (e("where", e("gt", x, e.const(0, like=x)), g, e.const(0, like=g)),)
+
+
+def _vjp_gelu(e, node, g):
+    # d/dx [x Phi(x)] = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
+    (x,) = node.inputs
+    cdf = e("mul", e("add", e("erf", e("mul", x, e.const(_SQRT_HALF, like=x))), e.const(1, like=x)), e.const(0.5, like=x))
+    pdf = e("mul", e("exp", e("mul", e("square", x), e.const(-0.5, like=x))), e.const(_INV_SQRT_2PI, like=x))
+    return (e("mul", g, e("add", cdf, e("mul", x, pdf))),)
+
+
+def _vjp_tanh(e, node, g):
+    return (e("mul", g, e("sub", e.const(1, like=node), e("square", node))),)
+
+
+def _vjp_exp(e, node, g):
+    return (e("mul", g, node),)
+
+
+def _vjp_log(e, node, g):
+    return (e("div", g, node.inputs[0]),)
+
+
+def _vjp_sqrt(e, node, g):
+    return (e("div", g, e("mul", node, e.const(2, like=node))),)
+
+
+def _vjp_rsqrt(e, node, g):
+    # d/dx x^(-1/2) = -y / (2x)
+    (x,) = node.inputs
+    return (e("mul", g, e("div", e("mul", node, e.const(-0.5, like=node)), x)),)
+
+
+def _vjp_sigmoid(e, node, g):
+    return (e("mul", g, e("mul", node, e("sub", e.const(1, like=node), node))),)
+
+
+def _vjp_square(e, node, g):
+    return (e("mul", g, e("mul", node.inputs[0], e.const(2, like=node))),)
+
+
+def _vjp_erf(e, node, g):
+    (x,) = node.inputs
+    slope = e("mul", e("exp", e("neg", e("square", x))), e.const(_TWO_OVER_SQRT_PI, like=x))
+    return (e("mul", g, slope),)
+
+
+def _infer_cast(inputs, attrs):
+    if attrs["dtype"] not in DTYPES:
+        raise OpError("E-DTYPE-001", f"cast: unknown dtype {attrs['dtype']}; expected f32, bf16 or i32.")
+    return attrs["dtype"], inputs[0].shape, attrs
+
+
+def _vjp_cast(e, node, g):
+    (x,) = node.inputs
+    if x.dtype not in FLOAT_DTYPES or node.dtype not in FLOAT_DTYPES:
+        return (None,)
+    return (e("cast", g, dtype=x.dtype),)
+
+
+_register("neg", "unary", _numeric_unary("neg"), _vjp_neg, 1)
+_register("relu", "unary", _unary_float("relu"), _vjp_relu, 1)
+_register("gelu", "unary", _unary_float("gelu"), _vjp_gelu, 1)
+_register("tanh", "unary", _unary_float("tanh"), _vjp_tanh, 1)
+_register("exp", "unary", _unary_float("exp"), _vjp_exp, 1)
+_register("log", "unary", _unary_float("log"), _vjp_log, 1)
+_register("sqrt", "unary", _unary_float("sqrt"), _vjp_sqrt, 1)
+_register("rsqrt", "unary", _unary_float("rsqrt"), _vjp_rsqrt, 1)
+_register("sigmoid", "unary", _unary_float("sigmoid"), _vjp_sigmoid, 1)
+_register("square", "unary", _numeric_unary("square"), _vjp_square, 1)
+_register("erf", "unary", _unary_float("erf"), _vjp_erf, 1)
+_register("cast", "unary", _infer_cast, _vjp_cast, 1)
+
+
+# --- binary ------------------------------------------------------------------------------------
+
+_NUMERIC = FLOAT_DTYPES + ("i32",)
+
+
+def _vjp_add(e, node, g):
+    a, b = node.inputs
+    return e.unbroadcast(g, a.shape), e.unbroadcast(g, b.shape)
+
+
+def _vjp_sub(e, node, g):
+    a, b = node.inputs
+    return e.unbroadcast(g, a.shape), e.unbroadcast(e("neg", g), b.shape)
+
+
+def _vjp_mul(e, node, g):
+    a, b = node.inputs
+    return e.unbroadcast(e("mul", g, b), a.shape), e.unbroadcast(e("mul", g, a), b.shape)
+
+
+def _vjp_div(e, node, g):
+    a, b = node.inputs
+    grad_b = e("neg", e("div", e("mul", g, node), b))
+    return e.unbroadcast(e("div", g, b), a.shape), e.unbroadcast(grad_b, b.shape)
+
+
+def _vjp_pow(e, node, g):
+    x, y = node.inputs
+    grad_x = e("mul", g, e("mul", y, e("pow", x, e.minus_one(y))))
+    grad_y = e("mul", g, e("mul", node, e("log", x)))
+    return e.unbroadcast(grad_x, x.shape), e.unbroadcast(grad_y, y.shape)
+
+
+def _vjp_select_larger(compare: str):
+    # ties send the whole cotangent to the first input, as a subgradient
+    def vjp(e, node, g):
+        a, b = node.inputs
+        first = e(compare, a, b)
+        zero = e.const(0, like=g)
+        return e.unbroadcast(e("where", first, g, zero), a.shape), e.unbroadcast(e("where", first, zero, g), b.shape)
+
+    return vjp
+
+
+_register("add", "binary", _binary("add", _NUMERIC), _vjp_add, 2)
+_register("sub", "binary", _binary("sub", _NUMERIC), _vjp_sub, 2)
+_register("mul", "binary", _binary("mul", _NUMERIC), _vjp_mul, 2)
+_register("div", "binary", _binary("div", FLOAT_DTYPES), _vjp_div, 2)
+_register("pow", "binary", _binary("pow", FLOAT_DTYPES), _vjp_pow, 2)
+_register("maximum", "binary", _binary("maximum", _NUMERIC), _vjp_select_larger("ge"), 2)
+_register("minimum", "binary", _binary("minimum", _NUMERIC), _vjp_select_larger("le"), 2)
+
+
+# --- compare and select --------------------------------------------------------------------------
+
+
+def _infer_compare(op: str):
+    def infer(inputs, attrs):
+        _same_dtype(op, inputs)
+        return "bool", broadcast_shapes(op, inputs[0].shape, inputs[1].shape), attrs
+
+    return infer
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _register(_name, "compare", _infer_compare(_name), arity=2)
+
+
+def _infer_where(inputs, attrs):
+    cond, a, b = inputs
+    _require_dtype("where", cond, ("bool",), "its condition")
+    dtype = _same_dtype("where", (a, b))
+    return dtype, broadcast_shapes("where", cond.shape, a.shape, b.shape), attrs
+
+
+def _vjp_where(e, node, g):
+    cond, a, b = node.inputs
+    zero = e.const(0, like=g)
+    return None, e.unbroadcast(e("where", cond, g, zero), a.shape), e.unbroadcast(e("where", cond, zero, g), b.shape)
+
+
+_register("where", "select", _infer_where, _vjp_where, 3)
+
+
+# --- reduce --------------------------------------------------------------------------------------
+# attrs: axes (sorted, non-negative), keep (bool). Backends fold the reduced elements in the
+# C order of the reduced axes (backends/cpu/folds.py documents the interpreter's order).
+
+
+def _infer_reduce(op: str, allowed):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        _require_dtype(op, x, allowed)
+        axes = _axes(op, attrs.get("axes"), x.rank)
+        keep = bool(attrs.get("keep", False))
+        return x.dtype, _reduced_shape(x.shape, axes, keep), {"axes": axes, "keep": keep}
+
+    return infer
+
+
+def _vjp_sum(e, node, g):
+    (x,) = node.inputs
+    return (e.expand(g, node, x.shape),)
+
+
+def _vjp_max(e, node, g):
+    # ties share the cotangent equally, as torch.amax does
+    (x,) = node.inputs
+    axes = node.attrs["axes"]
+    hit = e("cast", e("eq", x, e.expand(node, node, x.shape)), dtype=x.dtype)
+    count = e("sum", hit, axes=axes, keep=True)
+    share = e("div", e.expand(g, node, x.shape), e("broadcast", count, shape=x.shape))
+    return (e("mul", share, hit),)
+
+
+def _infer_argmax(inputs, attrs):
+    (x,) = inputs
+    _require_dtype("argmax", x, _NUMERIC)
+    axis = _axis("argmax", attrs["axis"], x.rank)
+    return "i32", _reduced_shape(x.shape, (axis,), False), {"axis": axis}
+
+
+_register("sum", "reduce", _infer_reduce("sum", _NUMERIC), _vjp_sum, 1)
+_register("max", "reduce", _infer_reduce("max", _NUMERIC), _vjp_max, 1)
+_register("argmax", "reduce", _infer_argmax, None, 1)
+
+
+# --- normalize -------------------------------------------------------------------------------------
+
+
+def _infer_over_axis(op: str):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        _require_dtype(op, x, FLOAT_DTYPES)
+        if x.rank == 0:
+            raise OpError("E-SHAPE-001", f"{op}: needs at least one axis, got a scalar.")
+        return x.dtype, x.shape, {"axis": _axis(op, attrs.get("axis", -1), x.rank)}
+
+    return infer
+
+
+def _vjp_softmax(e, node, g):
+    axis = node.attrs["axis"]
+    inner = e("sum", e("mul", g, node), axes=(axis,), keep=True)
+    return (e("mul", node, e("sub", g, inner)),)
+
+
+def _vjp_log_softmax(e, node, g):
+    axis = node.attrs["axis"]
+    total = e("sum", g, axes=(axis,), keep=True)
+    return (e("sub", g, e("mul", e("exp", node), total)),)
+
+
+def _infer_layernorm(inputs, attrs):
+    (x,) = inputs
+    _require_dtype("layernorm", x, FLOAT_DTYPES)
+    if x.rank == 0:
+        raise OpError("E-SHAPE-001", "layernorm: needs at least one axis, got a scalar.")
+    return x.dtype, x.shape, {"eps": float(attrs["eps"])}
+
+
+def layernorm_statistics(e, x, eps: float):
+    """(x - mean, 1/sqrt(var + eps)) over the last axis, as the interpreter computes them."""
+    axis = x.rank - 1
+    count = e.const(x.shape[-1], like=x)
+    mean = e("div", e("sum", x, axes=(axis,), keep=True), count)
+    centered = e("sub", x, mean)
+    var = e("div", e("sum", e("square", centered), axes=(axis,), keep=True), count)
+    return centered, e("rsqrt", e("add", var, e.const(eps, like=x)))
+
+
+def _vjp_layernorm(e, node, g):
+    # dx = r (g - mean(g) - y mean(g y)), the statistics recomputed from x
+    (x,) = node.inputs
+    axis = x.rank - 1
+    _, rstd = layernorm_statistics(e, x, node.attrs["eps"])
+    count = e.const(x.shape[-1], like=x)
+    mean_g = e("div", e("sum", g, axes=(axis,), keep=True), count)
+    mean_gy = e("div", e("sum", e("mul", g, node), axes=(axis,), keep=True), count)
+    inner = e("sub", e("sub", g, mean_g), e("mul", node, mean_gy))
+    return (e("mul", inner, rstd),)
+
+
+_register("softmax", "normalize", _infer_over_axis("softmax"), _vjp_softmax, 1)
+_register("log_softmax", "normalize", _infer_over_axis("log_softmax"), _vjp_log_softmax, 1)
+_register("layernorm", "normalize", _infer_layernorm, _vjp_layernorm, 1)
+
+
+# --- loss ----------------------------------------------------------------------------------------------
+
+
+def _infer_cross_entropy(inputs, attrs):
+    logits, labels = inputs
+    _require_dtype("cross-entropy", logits, FLOAT_DTYPES, "its logits")
+    _require_dtype("cross-entropy", labels, ("i32",), "its labels")
+    if logits.rank == 0 or logits.shape[:-1] != labels.shape:
+        raise OpError(
+            "E-SHAPE-001",
+            f"cross-entropy: logits {dims_text(logits.shape)} need labels of shape "
+            f"{dims_text(logits.shape[:-1])}, got {dims_text(labels.shape)}.",
+        )
+    return logits.dtype, labels.shape, attrs
+
+
+def _vjp_cross_entropy(e, node, g):
+    # d/dlogits = g (softmax(logits) - one_hot(labels))
+    logits, labels = node.inputs
+    axis = logits.rank - 1
+    probs = e("softmax", logits, axis=axis)
+    target = e("one_hot", labels, depth=logits.shape[-1], dtype=logits.dtype)
+    spread = e("reshape", g, shape=g.shape + (1,))
+    return e("mul", spread, e("sub", probs, target)), None
+
+
+_register("cross_entropy", "loss", _infer_cross_entropy, _vjp_cross_entropy, 2)
+
+
+# --- index -----------------------------------------------------------------------------------------------
+
+
+def _infer_gather(inputs, attrs):
+    table, ids = inputs
+    _require_dtype("embedding", ids, ("i32",), "its ids")
+    if table.rank == 0:
+        raise OpError("E-SHAPE-001", "embedding: the table needs at least one axis.")
+    return table.dtype, ids.shape + table.shape[1:], attrs
+
+
+def _vjp_gather(e, node, g):
+    table, ids = node.inputs
+    return e("scatter_add", ids, g, rows=table.shape[0]), None
+
+
+def _infer_scatter_add(inputs, attrs):
+    ids, values = inputs
+    _require_dtype("scatter_add", ids, ("i32",), "its ids")
+    if values.shape[: ids.rank] != ids.shape:
+        raise OpError("E-SHAPE-001", f"scatter_add: values {dims_text(values.shape)} do not start with ids {dims_text(ids.shape)}.")
+    return values.dtype, (attrs["rows"],) + values.shape[ids.rank :], attrs
+
+
+def _vjp_scatter_add(e, node, g):
+    ids, values = node.inputs
+    return None, e("gather", g, ids)
+
+
+def _infer_one_hot(inputs, attrs):
+    (ids,) = inputs
+    _require_dtype("one_hot", ids, ("i32",))
+    return attrs["dtype"], ids.shape + (attrs["depth"],), attrs
+
+
+_register("gather", "index", _infer_gather, _vjp_gather, 2)
+_register("scatter_add", "index", _infer_scatter_add, _vjp_scatter_add, 2)
+_register("one_hot", "index", _infer_one_hot, None, 1)
+
+
+# --- movement ------------------------------------------------------------------------------------------
+
+
+def _infer_reshape(inputs, attrs):
+    (x,) = inputs
+    shape = tuple(attrs["shape"])
+    count = math.prod(shape)
+    if count != x.size or any(dim < 0 for dim in shape):
+        raise OpError("E-SHAPE-001", f"reshape: cannot reshape {dims_text(x.shape)} ({x.size} elements) to {dims_text(shape)}.")
+    return x.dtype, shape, {"shape": shape}
+
+
+def _vjp_reshape(e, node, g):
+    return (e("reshape", g, shape=node.inputs[0].shape),)
+
+
+def _infer_transpose(inputs, attrs):
+    (x,) = inputs
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(x.rank)):
+        raise OpError("E-SHAPE-001", f"transpose: {dims_text(perm)} is not a permutation of the axes of {dims_text(x.shape)}.")
+    return x.dtype, tuple(x.shape[axis] for axis in perm), {"perm": perm}
+
+
+def _vjp_transpose(e, node, g):
+    perm = node.attrs["perm"]
+    inverse = tuple(perm.index(axis) for axis in range(len(perm)))
+    return (e("transpose", g, perm=inverse),)
+
+
+def _infer_slice(inputs, attrs):
+    (x,) = inputs
+    axis = _axis("slice", attrs["axis"], x.rank)
+    dim = x.shape[axis]
+    start, stop = attrs["start"], attrs["stop"]
+    start = start + dim if start < 0 else start
+    stop = stop + dim if stop < 0 else stop
+    if not 0 <= start < stop <= dim:
+        raise OpError(
+            "E-SHAPE-001",
+            f"slice: :start {attrs['start']} :stop {attrs['stop']} is empty or outside axis {axis} of {dims_text(x.shape)}.",
+        )
+    shape = x.shape[:axis] + (stop - start,) + x.shape[axis + 1 :]
+    return x.dtype, shape, {"axis": axis, "start": start, "stop": stop}
+
+
+def _vjp_slice(e, node, g):
+    (x,) = node.inputs
+    axis, start, stop = node.attrs["axis"], node.attrs["start"], node.attrs["stop"]
+    return (e("pad", g, axis=axis, before=start, after=x.shape[axis] - stop),)
+
+
+def _infer_pad(inputs, attrs):
+    (x,) = inputs
+    axis = _axis("pad", attrs["axis"], x.rank)
+    before, after = attrs["before"], attrs["after"]
+    shape = x.shape[:axis] + (before + x.shape[axis] + after,) + x.shape[axis + 1 :]
+    return x.dtype, shape, {"axis": axis, "before": before, "after": after}
+
+
+def _vjp_pad(e, node, g):
+    (x,) = node.inputs
+    axis, before = node.attrs["axis"], node.attrs["before"]
+    return (e("slice", g, axis=axis, start=before, stop=before + x.shape[axis]),)
+
+
+def _infer_concat(inputs, attrs):
+    if not inputs:
+        raise OpError("E-GRAPH-003", "concat needs at least one tensor.")
+    first = inputs[0]
+    dtype = _same_dtype("concat", inputs)
+    axis = _axis("concat", attrs["axis"], first.rank)
+    for other in inputs[1:]:
+        if other.rank != first.rank or any(
+            a != b for index, (a, b) in enumerate(zip(first.shape, other.shape)) if index != axis
+        ):
+            raise OpError(
+                "E-SHAPE-001",
+                f"concat: shapes {dims_text(first.shape)} and {dims_text(other.shape)} differ off axis {axis}.",
+            )
+    total = sum(node.shape[axis] for node in inputs)
+    return dtype, first.shape[:axis] + (total,) + first.shape[axis + 1 :], {"axis": axis}
+
+
+def _vjp_concat(e, node, g):
+    axis = node.attrs["axis"]
+    grads, start = [], 0
+    for source in node.inputs:
+        stop = start + source.shape[axis]
+        grads.append(e("slice", g, axis=axis, start=start, stop=stop))
+        start = stop
+    return tuple(grads)
+
+
+def _infer_broadcast(inputs, attrs):
+    (x,) = inputs
+    shape = tuple(attrs["shape"])
+    if len(shape) < x.rank or broadcast_shapes("broadcast", x.shape, shape) != shape:
+        raise OpError("E-SHAPE-001", f"broadcast: {dims_text(x.shape)} does not broadcast to {dims_text(shape)}.")
+    return x.dtype, shape, {"shape": shape}
+
+
+def _vjp_broadcast(e, node, g):
+    return (e.unbroadcast(g, node.inputs[0].shape),)
+
+
+_register("reshape", "movement", _infer_reshape, _vjp_reshape, 1)
+_register("transpose", "movement", _infer_transpose, _vjp_transpose, 1)
+_register("slice", "movement", _infer_slice, _vjp_slice, 1)
+_register("pad", "movement", _infer_pad, _vjp_pad, 1)
+_register("concat", "movement", _infer_concat, _vjp_concat, None)
+_register("broadcast", "movement", _infer_broadcast, _vjp_broadcast, 1)
+
+
+# --- contract ------------------------------------------------------------------------------------------------
+
+
+def _infer_matmul(inputs, attrs):
+    a, b = inputs
+    dtype = _same_dtype("matmul", inputs)
+    _require_dtype("matmul", a, FLOAT_DTYPES, "the dtype of its inputs")
+    if a.rank < 2 or b.rank < 2:
+        raise OpError("E-SHAPE-001", f"matmul: needs two matrices (rank >= 2), got {dims_text(a.shape)} and {dims_text(b.shape)}.")
+    if a.shape[-1] != b.shape[-2]:
+        raise OpError(
+            "E-SHAPE-001",
+            f"matmul: shapes {dims_text(a.shape)} and {dims_text(b.shape)} do not chain: "
+            f"{a.shape[-1]} columns against {b.shape[-2]} rows.",
+        )
+    batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    return dtype, batch + (a.shape[-2], b.shape[-1]), attrs
+
+
+def _swap_last(e, x):
+    perm = tuple(range(x.rank - 2)) + (x.rank - 1, x.rank - 2)
+    return e("transpose", x, perm=perm)
+
+
+def _vjp_matmul(e, node, g):
+    a, b = node.inputs
+    if b.rank == 2 and a.rank > 2:
+        # a weight shared by every leading position: one product whose sum runs over all of
+        # them in C order, instead of a product per position followed by a sum
+        rows_a = e("reshape", a, shape=(a.size // a.shape[-1], a.shape[-1]))
+        rows_g = e("reshape", g, shape=(g.size // g.shape[-1], g.shape[-1]))
+        grad_b = e("matmul", _swap_last(e, rows_a), rows_g)
+    else:
+        grad_b = e.unbroadcast(e("matmul", _swap_last(e, a), g), b.shape)
+    grad_a = e.unbroadcast(e("matmul", g, _swap_last(e, b)), a.shape)
+    return grad_a, grad_b
+
+
+_register("matmul", "contract", _infer_matmul, _vjp_matmul, 2)

@@ -1,0 +1,127 @@
+"""The update graph: the summed microbatch gradients in, new parameters and optimizer state out.
+
+Inputs, in this order: `param/<path>` (path order), `grad/<path>` (float32: the left fold of
+the microbatch gradients, microbatch 0 first), `state/<slot>/<path>` (slots in the order of
+`STATE_SLOTS`, then path order; float32, zeros before the first update), `step` (i32: the
+1-based count of updates, this one included; Adam's bias correction reads it) and `lr`
+(f32: the schedule's rate for this step).
+Outputs: `param/<path>`, `state/<slot>/<path>`, and `grad_norm`.
+
+All arithmetic is float32, in the order written below; a bf16 parameter is read as float32
+and its new value rounded to bf16.
+
+    g      = grad / M                          (M = :microbatches; skipped when M is 1)
+    norm   = sqrt(s_0 + s_1 + ...)             s_i = fold of g_i * g_i, parameters in path order
+    g      = g * min(clip / (norm + 1e-6), 1)  (only with a finite :clip, as torch clips)
+    g      = g + wd * p                        (sgd, momentum, adam with :weight-decay: L2)
+    sgd:       p = p - lr * g
+    momentum:  b = mu * b + g;  d = g + mu * b (nesterov) or b;  p = p - lr * d
+    adam(w):   p = p * (1 - lr * wd)           (adamw: decoupled decay first)
+               m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * (g * g)
+               c1 = 1 - b1^t;  c2 = 1 - b2^t   (t = step as f32, ^ = portable pow)
+               p = p - lr * ((m / c1) / (sqrt(v / c2) + eps))
+`grad_norm` is `norm`, the norm before clipping. Constants such as 1 - b1 are formed in
+float64 and rounded once to float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sexpgpu.graph.emit import Emitter
+
+STATE_SLOTS = {"sgd": (), "momentum": ("momentum",), "adam": ("m", "v"), "adamw": ("m", "v")}
+CLIP_EPSILON = 1e-6
+
+
+def build_update(params: dict, optimizer, microbatches: int):
+    """(update graph, {slot: [paths]}) for `params` {path: ParamSpec}."""
+    e = Emitter()
+    paths = sorted(params)
+    slots = STATE_SLOTS[optimizer.kind]
+    inputs = {}
+    for path in paths:
+        inputs[f"param/{path}"] = e.input(f"param/{path}", params[path].dtype, params[path].shape)
+    for path in paths:
+        inputs[f"grad/{path}"] = e.input(f"grad/{path}", "f32", params[path].shape)
+    for slot in slots:
+        for path in paths:
+            inputs[f"state/{slot}/{path}"] = e.input(f"state/{slot}/{path}", "f32", params[path].shape)
+    step = inputs["step"] = e.input("step", "i32", ())
+    lr = inputs["lr"] = e.input("lr", "f32", ())
+
+    grads = [_mean_gradient(e, inputs[f"grad/{path}"], microbatches) for path in paths]
+    norm = _global_norm(e, grads)
+    grads = _clipped(e, grads, norm, optimizer.clip)
+    outputs = {}
+    corrections = _bias_corrections(e, optimizer, step) if slots == ("m", "v") else None
+    for path, grad in zip(paths, grads):
+        param = inputs[f"param/{path}"]
+        state = {slot: inputs[f"state/{slot}/{path}"] for slot in slots}
+        with e.at(scope=path):
+            value = param if param.dtype == "f32" else e("cast", param, dtype="f32")
+            new_value, new_state = _step(e, optimizer, value, grad, state, lr, corrections)
+            outputs[f"param/{path}"] = new_value if param.dtype == "f32" else e("cast", new_value, dtype=param.dtype)
+        for slot in slots:
+            outputs[f"state/{slot}/{path}"] = new_state[slot]
+    outputs = _ordered(outputs, paths, slots)
+    outputs["grad_norm"] = norm
+    return e.graph(inputs, outputs), {slot: list(paths) for slot in slots}
+
+
+def _ordered(outputs: dict, paths: list, slots: tuple) -> dict:
+    ordered = {f"param/{path}": outputs[f"param/{path}"] for path in paths}
+    for slot in slots:
+        ordered.update({f"state/{slot}/{path}": outputs[f"state/{slot}/{path}"] for path in paths})
+    return ordered
+
+
+def _f32(e, value: float):
+    return e.const(value, dtype="f32")
+
+
+def _mean_gradient(e, grad, microbatches: int):
+    return grad if microbatches == 1 else e("div", grad, _f32(e, microbatches))
+
+
+def _global_norm(e, grads: list):
+    total = None
+    for grad in grads:
+        part = e("sum", e("square", grad), axes=None, keep=False)
+        total = part if total is None else e("add", total, part)
+    return e("sqrt", total if total is not None else _f32(e, 0.0))
+
+
+def _clipped(e, grads: list, norm, clip: float) -> list:
+    if math.isinf(clip):
+        return grads
+    coefficient = e("minimum", e("div", _f32(e, clip), e("add", norm, _f32(e, CLIP_EPSILON))), _f32(e, 1.0))
+    return [e("mul", grad, coefficient) for grad in grads]
+
+
+def _bias_corrections(e, optimizer, step):
+    t = e("cast", step, dtype="f32")
+    one = _f32(e, 1.0)
+    first = e("sub", one, e("pow", _f32(e, optimizer.beta1), t))
+    second = e("sub", one, e("pow", _f32(e, optimizer.beta2), t))
+    return first, second
+
+
+def _step(e, optimizer, p, g, state: dict, lr, corrections):
+    kind, decay = optimizer.kind, optimizer.weight_decay
+    if decay and kind != "adamw":
+        g = e("add", g, e("mul", _f32(e, decay), p))
+    if kind == "sgd":
+        return e("sub", p, e("mul", lr, g)), {}
+    if kind == "momentum":
+        mu = _f32(e, optimizer.momentum)
+        buffer = e("add", e("mul", mu, state["momentum"]), g)
+        direction = e("add", g, e("mul", mu, buffer)) if optimizer.nesterov else buffer
+        return e("sub", p, e("mul", lr, direction)), {"momentum": buffer}
+    if kind == "adamw" and decay:
+        p = e("mul", p, e("sub", _f32(e, 1.0), e("mul", lr, _f32(e, decay))))
+    m = e("add", e("mul", _f32(e, optimizer.beta1), state["m"]), e("mul", _f32(e, 1.0 - optimizer.beta1), g))
+    v = e("add", e("mul", _f32(e, optimizer.beta2), state["v"]), e("mul", _f32(e, 1.0 - optimizer.beta2), e("square", g)))
+    first, second = corrections
+    denominator = e("add", e("sqrt", e("div", v, second)), _f32(e, optimizer.eps))
+    return e("sub", p, e("mul", lr, e("div", e("div", m, first), denominator))), {"m": m, "v": v}
