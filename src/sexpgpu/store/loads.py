@@ -98,8 +98,8 @@ def verify_load_pin(pin: LoadPin | dict, source: str | None = None) -> LoadPin:
     return LoadPin(pin.param, source or pin.source, file, pin.tensor, found.size, found.version, found.version_kind)
 
 
-def _load_error(param: str, what: str) -> SexpgpuError:
-    return SexpgpuError("E-LOAD-002", f"cannot load parameter '{param}': {what}.")
+def _load_error(param: str, what: str, hint: str | None = None) -> SexpgpuError:
+    return SexpgpuError("E-LOAD-002", f"cannot load parameter '{param}': {what}.", hint=hint)
 
 
 def _shard_for(source: str, name: str, param: str) -> str:
@@ -115,8 +115,7 @@ def _shard_for(source: str, name: str, param: str) -> str:
     except (ValueError, KeyError, TypeError, AssertionError):
         raise _load_error(param, f"{source} is not a safetensors index: it needs a \"weight_map\" object") from None
     if name not in weight_map:
-        hint = did_you_mean(name, weight_map)
-        raise _load_error(param, f"the index {source} maps no tensor '{name}'" + (f". {hint}" if hint else ""))
+        raise _load_error(param, f"the index {source} maps no tensor '{name}'", did_you_mean(name, weight_map))
     return join(parent(source), weight_map[name]) if is_s3(source) else os.path.join(os.path.dirname(source), weight_map[name])
 
 
@@ -161,8 +160,7 @@ def _open_s3(path: str) -> _Opened:
 
 def _entry(opened: _Opened, name: str, param: str) -> safetensors_io.TensorEntry:
     if name not in opened.header.entries:
-        hint = did_you_mean(name, opened.header.entries)
-        raise _load_error(param, f"{opened.path} has no tensor '{name}'" + (f". {hint}" if hint else ""))
+        raise _load_error(param, f"{opened.path} has no tensor '{name}'", did_you_mean(name, opened.header.entries))
     return opened.header.entries[name]
 
 
