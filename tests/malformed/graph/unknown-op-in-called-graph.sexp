@@ -1,4 +1,4 @@
-; expect: E-GRAPH-002 at 8:3
+; expect: E-GRAPH-002 at 8:4
 ; message: tahn
 ; message: tanh
 (defgenerator points :width 4

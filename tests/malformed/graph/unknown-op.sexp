@@ -1,7 +1,7 @@
-; expect: E-GRAPH-002 at 9:11
+; expect: E-GRAPH-002 at 9:12
 ; message: rellu
 ; message: relu
-; an op or graph-stage error is reported at the '(' of the offending call
+; an unknown op is reported at its name; other graph-stage errors at the '(' of the offending call
 (defgenerator points :width 4
   (let x (normal (batch width) :salt (:step)))
   (record :x x :y (sum x :axis 1 :keep true)))
