@@ -18,6 +18,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def cpu_facts() -> dict:
     return {
+        "kind": "cpu",
         "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
         "determinism": "2: the CPU interpreter decides nothing from the machine and calls no platform math "
                        "library, so any machine repeats these bits for this file, selection, flags and "

@@ -13,9 +13,10 @@ BIT_SETTINGS = ("SEXPGPU_OPTIMIZE", "SEXPGPU_PATTERNS", "SEXPGPU_DETERMINISTIC",
 
 
 def _flags(args) -> dict:
-    flags = {"device": args.device}
-    flags["environment"] = {name: os.environ[name] for name in BIT_SETTINGS if name in os.environ}
-    return flags
+    """What the run records of its command line: the flags that change bits (none yet beyond the
+    device, recorded by the backend) and the settings in the environment that do."""
+    return {"device": args.device, "bits": {},
+            "environment": {name: os.environ[name] for name in BIT_SETTINGS if name in os.environ}}
 
 
 def run(args) -> int:

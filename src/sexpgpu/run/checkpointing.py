@@ -33,15 +33,10 @@ def due(run, step: int) -> bool:
 
 
 def bit_identity(experiment) -> dict:
-    """The resolved run without what cannot change its bits, and its digest."""
+    """The resolved experiment without what cannot change a training step's bits."""
     resolved = experiment_to_json(experiment)
-    run = dict(resolved["run"]) if "run" in resolved else dict(resolved)
-    for key in _NOT_BIT_RELEVANT:
-        run.pop(key, None)
-    identity = dict(resolved)
-    identity["run"] = run
-    identity.pop("path", None)
-    return identity
+    run = {key: value for key, value in resolved["run"].items() if key not in _NOT_BIT_RELEVANT}
+    return {"run": run, "graphs": resolved["graphs"]}
 
 
 def identity_digest(identity: dict) -> str:
@@ -49,15 +44,18 @@ def identity_digest(identity: dict) -> str:
 
 
 def checkpoint_record(built, state: TrainingState, options) -> dict:
+    """experiment.json of a checkpoint. Its `experiment.resolved`, `selection`, `flags`,
+    `environment`, `world_size` and `device` are what a resume compares (store.BIT_KEYS)."""
     run = built.experiment.run
     identity = bit_identity(built.experiment)
     return {
         "format": CHECKPOINT_FORMAT,
-        "experiment": experiment_to_json(built.experiment),
-        "identity": identity,
-        "experiment_digest": identity_digest(identity),
+        "experiment": {"resolved": identity, "digest": identity_digest(identity),
+                       "name": run.name, "file": experiment_to_json(built.experiment)},
         "selection": run.name,
-        "flags": options.flags,
+        "flags": options.flags.get("bits", {}),
+        "environment": options.flags.get("environment", {}),
+        "device": built.backend_facts.get("kind", "cpu"),
         "step": state.step,
         "data_position": {"next_step": state.step + 1,
                           "next_record": state.step * run.microbatches * run.batch},
@@ -85,16 +83,16 @@ def resume_state(built, options, run_dir: str) -> Resumed:
     path = resolve_checkpoint(options.resume, root)
     checkpoint = read_checkpoint(path)
     recorded = checkpoint.experiment
-    check_same_experiment(recorded.get("identity", {}), bit_identity(built.experiment))
+    check_same_experiment(recorded, checkpoint_record(built, TrainingState(checkpoint.step, {}), options))
     layout_note = _check_layout(recorded, built.experiment.run, options)
-    pins = [verify_load_pin(pin, current_source=_current_source(built, pin)) for pin in recorded.get("loads", [])]
+    pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded.get("loads", [])]
     built.load_pins = pins
     state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
     state.params = {path: built.backend.from_host(value) for path, value in state.params.items()}
     state.optimizer = {name: built.backend.from_host(value) for name, value in state.optimizer.items()}
     annotation = f"  {'resumed from':<20}{path} at step {checkpoint.step}"
     for pin in pins:
-        annotation += f"; {pin.describe()}"
+        annotation += f"; {pin.param} loaded from {pin.file} ({pin.version_kind} {pin.version})"
     if layout_note:
         annotation += "\n" + layout_note
     return Resumed(state, path, annotation)
@@ -103,7 +101,7 @@ def resume_state(built, options, run_dir: str) -> Resumed:
 def _current_source(built, pin) -> str | None:
     """The source the file now names for a pinned parameter: a copy of the same bytes
     elsewhere resumes, and the annotation names the new path."""
-    path = pin["parameter"] if isinstance(pin, dict) else pin.parameter
+    path = pin["param"] if isinstance(pin, dict) else pin.param
     spec = built.program.params.get(path)
     return spec.load.source if spec is not None and spec.load is not None else None
 
