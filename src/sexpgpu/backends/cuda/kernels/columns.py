@@ -1,0 +1,170 @@
+"""Column kernels: reductions over leading axes (a bias gradient, a sum over the batch).
+
+The space is the reduced axes followed by the kept axes. A program owns BLOCK_K kept
+positions and a fixed CHUNK of reduced positions, walked as tiles of BLOCK_R x BLOCK_K:
+tile lane (i, j) folds reduced positions i, i + BLOCK_R, ... of its chunk in increasing
+order, then `tl.reduce` combines the BLOCK_R lanes of each column in the fixed tree of this
+tile shape and warp count. When the reduced extent is longer than one CHUNK, each chunk
+writes a partial result and a second column kernel reduces the partials the same way. Every
+size here is a function of the shapes alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sexpgpu.backends.cuda.kernels.compile import Launch, module_source
+from sexpgpu.backends.cuda.kernels.expr import Expr, load, operand_views, shift_operands
+from sexpgpu.backends.cuda.kernels.flat import iota_source, load_source, store_source
+from sexpgpu.backends.cuda.kernels.render import Renderer
+from sexpgpu.backends.cuda.kernels.rows import COMBINE, INITIAL, Reduction
+from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
+
+NUM_WARPS = 4
+TILE = 4096
+CHUNK_TILES = 8
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """Loads read views over `reduced + kept`; `inputs` holds the operands' storage dtypes;
+    outputs are (view over `kept`, storage dtype); each store is an expression of the
+    reductions' results `row(k)` (and of scalars)."""
+
+    reduced: tuple[int, ...]
+    kept: tuple[int, ...]
+    inputs: tuple[str, ...]
+    reductions: tuple[Reduction, ...]
+    outputs: tuple[tuple[View, str], ...]
+    stores: tuple[tuple[int, Expr], ...]
+
+    @property
+    def space(self) -> tuple[int, ...]:
+        return tuple(self.reduced) + tuple(self.kept)
+
+
+def tile_for(kept_count: int) -> tuple[int, int]:
+    block_k = 1
+    while block_k < kept_count and block_k < 128:
+        block_k *= 2
+    block_r = min(TILE // block_k, 128)
+    return block_r, block_k
+
+
+class _ColumnSource:
+    def __init__(self, spec: ColumnSpec, parts: int):
+        self.spec = spec
+        self.parts = parts
+        self.block_r, self.block_k = tile_for(numel(spec.kept))
+        self.chunk = self.block_r * CHUNK_TILES if parts > 1 else numel(spec.reduced)
+        self.rank = len(spec.reduced)
+        output_count = len(spec.reductions) if parts > 1 else len(spec.outputs)
+        self.pointers = [f"p{index}" for index in range(len(spec.inputs) + output_count)]
+        self.renderer = Renderer(self._leaf, "        ")
+
+    def _tile_offset(self, view: View) -> str:
+        if not view.over(self.spec.space):
+            flat = f"(rr * {numel(self.spec.kept)} + kk)"
+            return offset_expression(flat, view.dims, view.strides, view.offset)
+        reduced = offset_expression("rr", self.spec.reduced, view.strides[:self.rank], view.offset)
+        kept = offset_expression("kk", self.spec.kept, view.strides[self.rank:])
+        return f"({reduced}) + ({kept})"
+
+    def _leaf(self, node: Expr, args) -> str:
+        if node.op == "load":
+            operand, view = node.attr
+            return load_source(self.pointers[operand], self.spec.inputs[operand], self._tile_offset(view), "mask")
+        if node.op == "iota":
+            return iota_source(self._tile_offset(node.attr))
+        if node.op == "scalar":
+            return load_source(self.pointers[node.attr], self.spec.inputs[node.attr], "0", None)
+        if node.op == "row":
+            return f"s{node.attr}"
+        raise ValueError(f"a column kernel cannot read {node.op}")
+
+    def source(self) -> str:
+        spec = self.spec
+        kept_count, reduced_count = numel(spec.kept), numel(spec.reduced)
+        roots = [reduction.value for reduction in spec.reductions]
+        wide = needs_wide_index(spec.space, operand_views(roots))
+        lines = [
+            "@triton.jit",
+            f"def kernel({', '.join(self.pointers)}):",
+            f"    k = tl.program_id(0) * {self.block_k} + tl.arange(0, {self.block_k})",
+            f"    kmask = k < {kept_count}",
+            "    kk = k[None, :]",
+            "    part = tl.program_id(1)" + (".to(tl.int64)" if wide else ""),
+            f"    lanes = tl.arange(0, {self.block_r})",
+        ]
+        for number, reduction in enumerate(spec.reductions):
+            lines.append(f"    a{number} = tl.full([{self.block_r}, {self.block_k}], {INITIAL[reduction.kind]}, tl.float32)")
+        lines += [
+            f"    for r0 in range(0, {self.chunk}, {self.block_r}):",
+            f"        rows = part * {self.chunk} + r0 + lanes",
+            "        rr = rows[:, None]",
+            f"        mask = (rr < {reduced_count}) & kmask[None, :]",
+        ]
+        updates = []
+        for number, reduction in enumerate(spec.reductions):
+            value = self.renderer.value(reduction.value)
+            masked = f"tl.where(mask, {value}, {INITIAL[reduction.kind]})"
+            updates.append(f"        a{number} = {COMBINE[reduction.kind]}(a{number}, {masked})")
+        lines += self.renderer.lines + updates
+        for number, reduction in enumerate(spec.reductions):
+            lines.append(f"    s{number} = tl.reduce(a{number}, 0, {COMBINE[reduction.kind]})")
+        lines += self._stores(kept_count)
+        return module_source(self.renderer.imports, lines)
+
+    def _stores(self, kept_count: int) -> list[str]:
+        base = len(self.spec.inputs)
+        if self.parts > 1:
+            return [f"    tl.store({self.pointers[base + number]} + part * {kept_count} + k, s{number}, mask=kmask)"
+                    for number in range(len(self.spec.reductions))]
+        epilogue = Renderer(self._leaf)
+        epilogue.imports = self.renderer.imports
+        lines = []
+        for output, value in self.spec.stores:
+            name = epilogue.value(value)
+            view, dtype = self.spec.outputs[output]
+            offset = offset_expression("k", view.dims, view.strides, view.offset)
+            lines.append("    " + store_source(self.pointers[base + output], dtype, offset, name, "kmask"))
+        return epilogue.lines + lines
+
+
+def parts_for(spec: ColumnSpec) -> int:
+    block_r, _ = tile_for(numel(spec.kept))
+    chunk = block_r * CHUNK_TILES
+    return max(1, -(-numel(spec.reduced) // chunk))
+
+
+class ColumnKernel:
+    """A column spec ready to launch: `kernel(*inputs, *outputs)`."""
+
+    def __init__(self, spec: ColumnSpec):
+        self.spec = spec
+        self.parts = parts_for(spec)
+        block_k = tile_for(numel(spec.kept))[1]
+        grid = (-(-numel(spec.kept) // block_k), self.parts)
+        source = _ColumnSource(spec, self.parts)
+        self.first = Launch(source.source(), grid, NUM_WARPS, "columns")
+        self.rest = None
+        if self.parts > 1:
+            partial = contiguous((self.parts,) + tuple(spec.kept))
+            combine = tuple(Reduction(reduction.kind, load(number, partial)) for number, reduction in enumerate(spec.reductions))
+            stores = tuple((output, shift_operands(value, len(combine))) for output, value in spec.stores)
+            self.rest = ColumnKernel(ColumnSpec((self.parts,), tuple(spec.kept), ("f32",) * len(combine) + spec.inputs,
+                                                combine, spec.outputs, stores))
+
+    def __call__(self, *operands) -> None:
+        if self.rest is None:
+            self.first(*operands)
+            return
+        import torch
+
+        inputs = operands[:len(self.spec.inputs)]
+        outputs = operands[len(self.spec.inputs):]
+        partials = [torch.empty((self.parts, numel(self.spec.kept)), dtype=torch.float32, device=outputs[0].device)
+                    for _ in self.spec.reductions]
+        self.first(*inputs, *partials)
+        self.rest(*partials, *inputs, *outputs)
+
