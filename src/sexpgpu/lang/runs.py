@@ -32,15 +32,21 @@ TEXT_FIELDS = ("x", "y")
 BUILTIN_LOSSES = ("cross-entropy", "mse")
 
 
+def resolve_path(experiment_path: str, path: str) -> str:
+    """A path written in an experiment file: relative ones are joined to the file's folder;
+    absolute paths and `s3://` addresses are taken as written."""
+    if path.startswith("s3://") or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(os.path.dirname(experiment_path), path))
+
+
 @dataclass(frozen=True)
 class RunContext:
-    path: str  # the experiment file: relative paths in it are joined to its folder
+    path: str  # the experiment file
     graphs: dict  # name -> GraphDef
 
     def resolve(self, path: str) -> str:
-        if path.startswith("s3://") or os.path.isabs(path):
-            return path
-        return os.path.normpath(os.path.join(os.path.dirname(self.path), path))
+        return resolve_path(self.path, path)
 
 
 # --- data -----------------------------------------------------------------------------
