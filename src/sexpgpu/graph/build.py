@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sexpgpu.errors import SexpgpuError, did_you_mean
+from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
 from sexpgpu.graph.ops import OpError, dims_text
 from sexpgpu.graph.ir import Node
 from sexpgpu.lang.keywords import first_keyword, split_pairs
@@ -352,7 +352,7 @@ class Builder:
                     "E-GRAPH-003",
                     f"unknown keyword {key} for '{definition.name}': its options are "
                     f"{', '.join(':' + option for option in definition.options) or 'none'}, and :as.",
-                    key.loc, did_you_mean(name, list(definition.options) + ["as"]),
+                    key.loc, _keyword_hint(name, list(definition.options) + ["as"]),
                 )
         return scope, options
 
@@ -398,6 +398,11 @@ class Builder:
         for index in range(count):
             value = self.call(definition, [value], options, join_path(frame.scope, f"{prefix}{index}"), form.loc)
         return value
+
+
+def _keyword_hint(name: str, keywords: list) -> str | None:
+    suggestion = nearest_name(name, keywords)
+    return f"Did you mean ':{suggestion}'?" if suggestion else None
 
 
 def _static_text(value) -> str:

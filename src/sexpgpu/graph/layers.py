@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from sexpgpu.errors import did_you_mean
+from sexpgpu.errors import did_you_mean, nearest_name
 from sexpgpu.graph.build import Builder, Frame, Initializer, initializer_of, join_path
 from sexpgpu.graph.ir import FLOAT_DTYPES, Node
 from sexpgpu.graph.ops import dims_text
@@ -58,8 +58,9 @@ class Builtin:
         for name, (key, value) in pairs.items():
             if name not in self.keywords:
                 known = ", ".join(":" + k for k in self.keywords) or "none"
+                suggestion = nearest_name(name, list(self.keywords))
                 raise b.error("E-GRAPH-003", f"unknown keyword {key} for ({self.name} ...): it takes {known}.",
-                              key.loc, did_you_mean(name, list(self.keywords)))
+                              key.loc, f"Did you mean ':{suggestion}'?" if suggestion else None)
             values[name] = _convert(b, self.keywords[name][0], value, frame)
         for name, (kind, default) in self.keywords.items():
             if name not in values:
