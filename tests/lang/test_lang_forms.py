@@ -257,3 +257,13 @@ def test_the_examples_pass_the_forms_stage():
     for path in files:
         experiment = load_experiment(str(path))
         assert experiment.run.steps >= 1
+
+
+def test_a_graph_may_have_options_named_like_op_keywords(tmp_path):
+    text = """(defgraph noisy (x) :init 0.5 :salt 3 :p 2
+  (mul x (add init (add salt p))))
+(defgraph net (x)
+  (noisy x :as n :init 0.25 :salt 4 :p 7))
+"""
+    run = load_text(tmp_path, text + MINIMAL.replace("(mlp x)", "(net x)")).run
+    assert run.model.name == "net"

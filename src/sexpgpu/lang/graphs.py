@@ -20,6 +20,10 @@ from sexpgpu.lang.values import literal, one_of, range_error, string, type_error
 RESERVED = ("let", "param", "repeat", "record", "field", "step", "trip", "batch", "cross-entropy", "mse")
 GENERATOR_NAMES = ("batch",)  # what a generator body reads without declaring it
 
+# The built-in ops whose `:init` is an initializer and whose `:salt` is a salt. A defgraph may
+# have options of those names, so other heads are left to the graph stage.
+INIT_OPS = ("linear", "embedding", "attention")
+SALT_OPS = ("dropout", "normal", "uniform", "truncated-normal", "bernoulli", "randint")
 # A `:p` literal of these ops is a probability; dropout's excludes 1 (it scales by 1/(1-p)).
 _PROBABILITIES = {"dropout": (0.0, 1.0, True), "bernoulli": (0.0, 1.0, False)}
 
@@ -173,9 +177,9 @@ def check_expression(expression, where: str) -> None:
 
 
 def _check_argument(head: str, name: str, value) -> None:
-    if name == "init":
+    if name == "init" and head in INIT_OPS:
         read_initializer(value)
-    elif name == "salt":
+    elif name == "salt" and head in SALT_OPS:
         read_salt(value)
     elif name == "p" and head in _PROBABILITIES and isinstance(value, (Integer, Float)):
         low, high, open_high = _PROBABILITIES[head]
