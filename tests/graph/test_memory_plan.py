@@ -1,0 +1,79 @@
+"""The static memory plan: lifetimes, buffer reuse without overlap, peak bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu.graph.emit import Emitter
+from sexpgpu.plan.memory import lifetimes, plan_memory
+
+
+def _chain(length: int, shape=(256,)):
+    """x -> tanh -> tanh -> ... : each value dies when the next is made."""
+    e = Emitter()
+    x = e.input("x", "f32", shape)
+    value = x
+    for _ in range(length):
+        value = e("tanh", value)
+    return e.graph({"x": x}, {"y": value})
+
+
+def test_a_chain_reuses_two_buffers_and_peaks_at_three_values():
+    plan = plan_memory(_chain(10))
+    size = 256 * 4
+    assert plan.input_bytes == size
+    assert plan.peak_bytes == 3 * size  # the input, the value read and the value made
+    assert len(plan.buffers) == 2 and plan.arena_bytes == 2 * size
+    assert [plan.assignment[i] for i in range(1, 11)] == [0, 1] * 5
+
+
+def _random_graph(seed: int):
+    rng = np.random.default_rng(seed)
+    e = Emitter()
+    inputs = {f"x{i}": e.input(f"x{i}", "f32", (int(rng.integers(1, 5)) * 8,)) for i in range(3)}
+    values = list(inputs.values())
+    for _ in range(40):
+        first = values[int(rng.integers(len(values)))]
+        if rng.random() < 0.3:
+            same = [v for v in values if v.shape == first.shape]
+            values.append(e("add", first, same[int(rng.integers(len(same)))]))
+        elif rng.random() < 0.5:
+            values.append(e("concat", first, first, axis=0))
+        else:
+            values.append(e("exp", first))
+    outputs = {f"y{i}": values[-1 - 3 * i] for i in range(3)}
+    return e.graph(inputs, outputs)
+
+
+def test_no_two_values_live_at_once_share_a_buffer_and_peak_is_the_most_live():
+    for seed in range(20):
+        graph = _random_graph(seed)
+        plan = plan_memory(graph)
+        spans = lifetimes(graph)
+        for i, j in [(i, j) for i in plan.assignment for j in plan.assignment if i < j]:
+            if plan.assignment[i] == plan.assignment[j]:
+                assert spans[i][1] < spans[j][0], (seed, i, j)  # i dies before j is made
+        for index, buffer in plan.assignment.items():
+            assert plan.buffers[buffer] >= graph.nodes[index].nbytes
+        live = [sum(graph.nodes[k].nbytes for k, (born, dies) in enumerate(spans) if born <= step <= dies)
+                for step in range(len(graph.nodes))]
+        assert plan.live_bytes == tuple(live) and plan.peak_bytes == max(live)
+        assert plan.arena_bytes <= sum(node.nbytes for node in graph.nodes if node.op != "input")
+
+
+def test_outputs_and_inputs_live_to_the_end():
+    e = Emitter()
+    x = e.input("x", "f32", (4,))
+    early = e("exp", x)
+    late = e("tanh", e("neg", x))
+    graph = e.graph({"x": x}, {"early": early, "late": late})
+    spans = lifetimes(graph)
+    end = len(graph.nodes) - 1
+    assert spans[0] == (0, end) and spans[1] == (1, end)
+
+
+def test_bf16_values_count_two_bytes():
+    e = Emitter()
+    x = e.input("x", "f32", (10,))
+    graph = e.graph({"x": x}, {"y": e("cast", x, dtype="bf16")})
+    assert plan_memory(graph).peak_bytes == 40 + 20
