@@ -1,1 +1,20 @@
-"""numerics"""
+"""Portable numerics: counter-based draws and correctly rounded float32 math.
+
+Every draw and every function gives the same bits on the CPU (numpy) and on CUDA (Triton):
+one source of float64 algorithms, using only IEEE + - * / and sqrt without fused
+multiply-adds, runs on both (see retarget.py and docs/numerics.md). A leaf library: it
+imports nothing else of sexpgpu, and needs only numpy (torch and triton for tensors).
+"""
+
+from .counter import philox4x32
+from .functions import cos, erf, exp, expm1, log, log1p, pow, rsqrt, sigmoid, sin, tanh
+from .initializers import PARAMETERS as INITIALIZERS
+from .initializers import fans, initialize
+from .keys import Key, fold_in, stream_key
+from .sampling import bernoulli, normal, randint, truncated_normal, uniform
+
+__all__ = [
+    "INITIALIZERS", "Key", "bernoulli", "cos", "erf", "exp", "expm1", "fans", "fold_in",
+    "initialize", "log", "log1p", "normal", "philox4x32", "pow", "randint", "rsqrt",
+    "sigmoid", "sin", "stream_key", "tanh", "truncated_normal", "uniform",
+]

@@ -1,0 +1,104 @@
+"""Triton kernels: load, call a portable function, store.
+
+Plain functions that retarget.py compiles in the namespace of the portable algorithms.
+Float32 data is loaded and stored as bits; every computation happens in the portable code.
+Scalar parameters arrive in a small int64 tensor `args`, so that no launch argument is
+specialised or converted by Triton (a Python float argument would become float32).
+"""
+
+import triton.language as tl
+
+WORD = 0xFFFFFFFF
+
+
+def block_offsets(BLOCK: tl.constexpr):
+    return tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+
+
+def unary_kernel(x_ptr, out_ptr, n, tab, FN: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = block_offsets(BLOCK)
+    mask = offsets < n
+    bits = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.uint32, bitcast=True)
+    tl.store(out_ptr + offsets, FN(bits, tab).to(tl.float32, bitcast=True), mask=mask)
+
+
+def binary_kernel(x_ptr, y_ptr, out_ptr, n, tab, FN: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = block_offsets(BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.uint32, bitcast=True)
+    y = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.uint32, bitcast=True)
+    tl.store(out_ptr + offsets, FN(x, y, tab).to(tl.float32, bitcast=True), mask=mask)
+
+
+def word(ptr, offsets, mask):
+    return tl.load(ptr + offsets, mask=mask, other=0).to(tl.uint32, bitcast=True)
+
+
+def philox_kernel(counter_ptr, key_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = block_offsets(BLOCK)
+    mask = offsets < n
+    c = counter_ptr + 4 * offsets
+    k = key_ptr + 2 * offsets
+    o = out_ptr + 4 * offsets
+    w0, w1, w2, w3 = philox4x32(word(c, 0, mask), word(c, 1, mask), word(c, 2, mask),
+                                word(c, 3, mask), word(k, 0, mask), word(k, 1, mask))
+    tl.store(o, w0.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(o + 1, w1.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(o + 2, w2.to(tl.int32, bitcast=True), mask=mask)
+    tl.store(o + 3, w3.to(tl.int32, bitcast=True), mask=mask)
+
+
+def draw_setup(args, BLOCK: tl.constexpr):
+    """Offsets, the counter's index words and the key words of this block's elements."""
+    offsets = block_offsets(BLOCK)
+    i_lo = (offsets & WORD).to(tl.uint32)
+    i_hi = (offsets >> 32).to(tl.uint32)
+    return offsets, i_lo, i_hi, tl.load(args).to(tl.uint32), tl.load(args + 1).to(tl.uint32)
+
+
+def f64_arg(args, i):
+    return tl.load(args + i).to(tl.float64, bitcast=True)
+
+
+def store_f32(out_ptr, offsets, n, bits):
+    tl.store(out_ptr + offsets, bits.to(tl.float32, bitcast=True), mask=offsets < n)
+
+
+def uniform_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
+    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
+    out = uniform_f32(i_lo, i_hi, k0, k1, f64_arg(args, 2), f64_arg(args, 3),
+                      tl.load(args + 4).to(tl.uint32), tl.load(args + 5).to(tl.uint32))
+    store_f32(out_ptr, offsets, n, out)
+
+
+def normal_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
+    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
+    z = normal_attempt(i_lo, i_hi, 0, k0, k1)
+    store_f32(out_ptr, offsets, n, scaled_f32(z, f64_arg(args, 2), f64_arg(args, 3)))
+
+
+def truncated_normal_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
+    """Each element redraws (attempt 1, 2, ...) until |z| <= bound; the block loops until
+    all of its elements are done."""
+    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
+    bound = f64_arg(args, 4)
+    z = normal_attempt(i_lo, i_hi, 0, k0, k1)
+    rejected = ((z > bound) | (z < -bound)) & (offsets < n)
+    attempt = tl.full([], 1, tl.uint32)
+    while tl.max(rejected.to(tl.int32), axis=0) > 0:
+        z = tl.where(rejected, normal_attempt(i_lo, i_hi, attempt, k0, k1), z)
+        rejected = ((z > bound) | (z < -bound)) & (offsets < n)
+        attempt += 1
+    store_f32(out_ptr, offsets, n, scaled_f32(z, f64_arg(args, 2), f64_arg(args, 3)))
+
+
+def bernoulli_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
+    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
+    hit = bernoulli(i_lo, i_hi, k0, k1, tl.load(args + 2).to(tl.uint64))
+    tl.store(out_ptr + offsets, hit.to(tl.uint8), mask=offsets < n)
+
+
+def randint_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
+    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
+    out = randint_i32(i_lo, i_hi, k0, k1, tl.load(args + 2), tl.load(args + 3).to(tl.uint64))
+    tl.store(out_ptr + offsets, out, mask=offsets < n)

@@ -1,0 +1,105 @@
+"""float32 <-> float64 conversions done in integer arithmetic, and error-free float64 sums.
+
+Conversions go through the bit patterns so that no device's flush-to-zero or conversion
+instruction can change a subnormal: every float32 is exactly a float64, and a float64 is
+rounded to float32 once, to nearest even.
+"""
+
+from . import numpy_ops as K
+
+QUIET_NAN = 0x7FC00000
+INFINITY = 0x7F800000
+MIN_NORMAL_F64_BITS = 897 << 52  # 2^-126
+TWO_M149 = 2.0**-149
+TWO_P149 = 2.0**149
+SPLITTER = 134217729.0  # 2^27 + 1
+
+
+def f32_to_f64(bits):
+    """The float64 equal to the float32 with these bits (uint32)."""
+    w = K.i64(bits)
+    e = (w >> 23) & 0xFF
+    m = w & 0x7FFFFF
+    normal = K.f64_from_bits(((e + 896) << 52) | (m << 29))
+    special = K.f64_from_bits((2047 << 52) | (m << 29))
+    tiny = K.to_f64(m) * TWO_M149
+    v = K.where(e == 0, tiny, K.where(e == 255, special, normal))
+    return K.where((w >> 31) == 1, -v, v)
+
+
+def round_f32(hi, lo):
+    """float32 bits (uint32) of hi + lo rounded to nearest even, NaN as 0x7FC00000.
+
+    Requires |lo| <= ulp(hi) / 2, so that lo only decides where hi is exactly halfway
+    between two floats32 (or exactly one of them, where lo cannot move it).
+    """
+    hb = K.f64_bits(hi)
+    sign = (hb >> 63) & 1
+    mag = hb & 0x7FFFFFFFFFFFFFFF
+    beyond = (lo != 0.0) & ((lo > 0.0) == (hi > 0.0))
+    short = (lo != 0.0) & ((lo > 0.0) != (hi > 0.0))
+    kept = mag >> 29
+    rest = mag & 0x1FFFFFFF
+    up = (rest > 0x10000000) | ((rest == 0x10000000) & (beyond | (~short & ((kept & 1) == 1))))
+    normal = kept + K.i64(up) - (896 << 23)
+    normal = K.where(normal >= INFINITY, INFINITY, normal)
+    small = mag < MIN_NORMAL_F64_BITS
+    scaled = K.where(small, K.f64_from_bits(mag) * TWO_P149, 0.0)
+    units = K.trunc_i64(scaled)
+    frac = scaled - K.to_f64(units)
+    up_small = (frac > 0.5) | ((frac == 0.5) & (beyond | (~short & ((units & 1) == 1))))
+    result = K.where(small, units + K.i64(up_small), normal) | (sign << 31)
+    return K.u32(K.where(mag > (2047 << 52), QUIET_NAN, result))
+
+
+def two_sum(a, b):
+    """s, e with s = fl(a + b) and s + e = a + b exactly."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def fast_two_sum(a, b):
+    """two_sum for |a| >= |b| (or a == 0)."""
+    s = a + b
+    return s, b - (s - a)
+
+
+def split(a):
+    """a = hi + lo with hi and lo of at most 26 significant bits (Veltkamp)."""
+    c = a * SPLITTER
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def two_prod(a, b):
+    """p, e with p = fl(a * b) and p + e = a * b exactly (no fused multiply-add)."""
+    p = a * b
+    ah, al = split(a)
+    bh, bl = split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def two_prod_split(a, b, b_hi, b_lo):
+    """two_prod(a, b) for a constant b whose split(b) = (b_hi, b_lo) is precomputed."""
+    p = a * b
+    ah, al = split(a)
+    return p, ((ah * b_hi - p) + ah * b_lo + al * b_hi) + al * b_lo
+
+
+def pow2(k):
+    """2^k as float64 for an int64 k in [-1022, 1023]."""
+    return K.f64_from_bits((k + 1023) << 52)
+
+
+def rint(x):
+    """x rounded to the nearest integer (ties to even), for |x| < 2^51, as float64."""
+    return (x + 6755399441055744.0) - 6755399441055744.0
+
+
+def horner(x, coefs):
+    """coefs[0] + coefs[1] x + ... + coefs[-1] x^(n-1), n >= 2, by Horner's rule."""
+    p = x * coefs[len(coefs) - 1] + coefs[len(coefs) - 2]
+    for i in K.static_range(len(coefs) - 2):
+        p = p * x + coefs[len(coefs) - 3 - i]
+    return p

@@ -1,0 +1,67 @@
+"""The one uint32 table the portable algorithms read: bits of 2/pi and hard-case answers.
+
+Hard cases sit in open-addressing-free hash tables: slot = (bits * multiplier mod 2^32)
+>> shift, with a multiplier chosen here (deterministically) so that no two keys share a
+slot. Each slot holds (key, answer); empty slots hold the key 0xFFFFFFFF, a NaN, whose
+answer is replaced by NaN anyway. Each function's table is described to the algorithms
+by the constant (offset, multiplier, shift).
+"""
+
+import numpy as np
+
+from . import numpy_ops as K
+from .hardcases import HARD_CASES
+
+# 2/pi = 0.A2F9836E 4E441529 ... in hex; one zero word in front so that windows of bits
+# starting before the binary point read zeros
+TWO_OVER_PI_BITS = (0x00000000, 0xA2F9836E, 0x4E441529, 0xFC2757D1, 0xF534DDC0, 0xDB629599,
+                    0x3C439041, 0xFE5163AB, 0xDEBBC561, 0xB7246E3A, 0x424DD2E0, 0x06492EEA)
+EMPTY = 0xFFFFFFFF
+
+
+def _slots(cases):
+    """(multiplier, shift, slot words) of a collision-free hash table for `cases`."""
+    size_log = max(4, (2 * len(cases) - 1).bit_length())
+    shift = 32 - size_log
+    for attempt in range(1, 1 << 20):
+        multiplier = (0x9E3779B1 * (2 * attempt + 1)) & 0xFFFFFFFF | 0x80000001
+        slots = [(EMPTY, 0)] * (1 << size_log)
+        for key in sorted(cases):
+            slot = ((key * multiplier) & 0xFFFFFFFF) >> shift
+            if slots[slot][0] != EMPTY:
+                break
+            slots[slot] = (key, cases[key])
+        else:
+            return multiplier, shift, [w for pair in slots for w in pair]
+    raise AssertionError("no collision-free multiplier")
+
+
+def _build():
+    words = list(TWO_OVER_PI_BITS)
+    specs = {}
+    for name in sorted(HARD_CASES):
+        multiplier, shift, slot_words = _slots(HARD_CASES[name])
+        specs[name] = (len(words), multiplier, shift)
+        words.extend(slot_words)
+    return np.array(words, dtype=np.uint32), specs
+
+
+TABLE, _SPECS = _build()
+TWO_OVER_PI = 0
+EXP_CASES = _SPECS["exp"]
+EXPM1_CASES = _SPECS["expm1"]
+LOG_CASES = _SPECS["log"]
+LOG1P_CASES = _SPECS["log1p"]
+TANH_CASES = _SPECS["tanh"]
+SIGMOID_CASES = _SPECS["sigmoid"]
+ERF_CASES = _SPECS["erf"]
+COS_CASES = _SPECS["cos"]
+SIN_CASES = _SPECS["sin"]
+RSQRT_CASES = _SPECS["rsqrt"]
+
+
+def hard_case(bits, result, tab, spec):
+    """The table's answer where `bits` is one of the function's hard cases, else `result`."""
+    slot = K.i64((bits * spec[1]) >> spec[2])
+    index = spec[0] + 2 * slot
+    return K.where(K.gather(tab, index) == bits, K.gather(tab, index + 1), result)

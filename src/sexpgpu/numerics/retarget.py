@@ -1,0 +1,63 @@
+"""Compile the portable algorithms for Triton: the same code objects under other globals.
+
+Every function in the portable modules (and in kernels.py) is rebuilt with
+types.FunctionType(code, namespace) over one shared namespace, in which ``K`` is the
+Triton primitive set of triton_ops.py, the modules' numeric constants are tl.constexpr,
+and every function name is its jitted twin; then triton.jit compiles it. So the numpy path
+and the CUDA path execute the same statements, operation for operation. Under
+TRITON_INTERPRET=1 the same namespace runs in Triton's interpreter (constants stay plain
+Python values there), which is how CI checks the GPU code without a GPU.
+"""
+
+import functools
+import inspect
+import numbers
+import types
+
+from . import kernels, triton_ops
+from .portable import draws, erf, exp, ieee, log, philox, pow, roots, tables, trig
+
+PORTABLE_MODULES = (ieee, philox, tables, exp, log, erf, trig, roots, pow, draws)
+
+
+def _public_functions(module):
+    return {name: obj for name, obj in vars(module).items()
+            if inspect.isfunction(obj) and obj.__module__ == module.__name__
+            and not name.startswith("_")}
+
+
+def _is_constant(value):
+    if isinstance(value, tuple):
+        return all(_is_constant(v) for v in value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _rebind(fn, namespace, jit):
+    return jit(types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__))
+
+
+@functools.cache
+def namespace(interpret):
+    """The jitted portable functions and kernels by name, for compiled or interpreted mode."""
+    import triton
+    import triton.language as tl
+
+    ops_namespace = {"tl": tl, "triton": triton, "__name__": triton_ops.__name__}
+    # a module object: Triton's dependency tracking skips modules but would copy a namespace
+    ops = types.ModuleType("sexpgpu.numerics.compiled_ops")
+    for name, fn in _public_functions(triton_ops).items():
+        setattr(ops, name, _rebind(fn, ops_namespace, triton.jit))
+    ops.static_range = range if interpret else tl.static_range
+    shared = {"K": ops, "tl": tl, "triton": triton, "__name__": "sexpgpu.numerics.compiled"}
+    functions = {}
+    for module in PORTABLE_MODULES + (kernels,):
+        for name, value in vars(module).items():
+            if _is_constant(value) and not name.startswith("_"):
+                assert shared.get(name, value) == value, f"two constants named {name}"
+                shared[name] = value if interpret else tl.constexpr(value)
+        for name, fn in _public_functions(module).items():
+            assert name not in functions, f"two portable functions named {name}"
+            functions[name] = fn
+    for name, fn in functions.items():
+        shared[name] = _rebind(fn, shared, triton.jit)
+    return shared

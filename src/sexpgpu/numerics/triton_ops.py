@@ -1,0 +1,57 @@
+"""The primitive operations of the portable algorithms, in Triton (see portable/numpy_ops.py).
+
+Plain functions: retarget.py jit-compiles them (or hands them to Triton's interpreter).
+Imported only when a CUDA tensor or the Triton interpreter is used.
+"""
+
+import triton.language as tl
+
+
+def where(cond, a, b):
+    return tl.where(cond, a, b)
+
+
+def f64_bits(x):
+    return x.to(tl.int64, bitcast=True)
+
+
+def f64_from_bits(i):
+    return i.to(tl.float64, bitcast=True)
+
+
+def to_f64(i):
+    return i.to(tl.float64)
+
+
+def trunc_i64(x):
+    return x.to(tl.int64)
+
+
+def i64(x):
+    return x.to(tl.int64)
+
+
+def u64(x):
+    return x.to(tl.uint64)
+
+
+def u32(x):
+    return x.to(tl.uint32)
+
+
+def i32(x):
+    return x.to(tl.int32)
+
+
+def sqrt(x):
+    # float64 square root lowers to sqrt.rn.f64: IEEE, correctly rounded
+    return tl.sqrt(x)
+
+
+def umulhi(a, b):
+    return tl.umulhi(a, b)
+
+
+def gather(table, index):
+    # the table is stored as int32 on the device; its words are uint32
+    return tl.load(table + index).to(tl.uint32, bitcast=True)
