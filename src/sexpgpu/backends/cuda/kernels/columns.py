@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sexpgpu.backends.cuda.kernels.compile import Launch, module_source
 from sexpgpu.backends.cuda.kernels.expr import Expr, load, operand_views, shift_operands
-from sexpgpu.backends.cuda.kernels.flat import iota_source, load_source, store_source
+from sexpgpu.backends.cuda.kernels.flat import broadcast_load, iota_source, load_source, store_source
 from sexpgpu.backends.cuda.kernels.render import Renderer
 from sexpgpu.backends.cuda.kernels.rows import COMBINE, INITIAL, Reduction
 from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
@@ -41,6 +41,20 @@ class ColumnSpec:
     @property
     def space(self) -> tuple[int, ...]:
         return tuple(self.reduced) + tuple(self.kept)
+
+
+def with_roots(spec: ColumnSpec, roots, inputs) -> ColumnSpec:
+    """The spec with its expressions (reductions, then stores) replaced, and the operands'
+    storage dtypes `inputs`."""
+    values = list(roots)
+    count = len(spec.reductions)
+    reductions = tuple(Reduction(reduction.kind, value) for reduction, value in zip(spec.reductions, values[:count]))
+    stores = tuple((output, value) for (output, _), value in zip(spec.stores, values[count:]))
+    return ColumnSpec(spec.reduced, spec.kept, tuple(inputs), reductions, spec.outputs, stores)
+
+
+def roots_of(spec: ColumnSpec) -> list:
+    return [reduction.value for reduction in spec.reductions] + [value for _, value in spec.stores]
 
 
 def tile_for(kept_count: int) -> tuple[int, int]:
@@ -73,7 +87,8 @@ class _ColumnSource:
     def _leaf(self, node: Expr, args) -> str:
         if node.op == "load":
             operand, view = node.attr
-            return load_source(self.pointers[operand], self.spec.inputs[operand], self._tile_offset(view), "mask")
+            single = broadcast_load(self.pointers[operand], self.spec.inputs[operand], view)
+            return single or load_source(self.pointers[operand], self.spec.inputs[operand], self._tile_offset(view), "mask")
         if node.op == "iota":
             return iota_source(self._tile_offset(node.attr))
         if node.op == "scalar":

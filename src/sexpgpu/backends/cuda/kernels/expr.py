@@ -16,7 +16,7 @@ UNARY = ("neg", "abs", "exp", "log", "tanh", "erf", "sqrt", "rsqrt", "sigmoid", 
 BINARY = ("add", "sub", "mul", "div", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 # Ops whose flops the fusion planner counts as one each; the math functions count more.
-FLOPS = {"exp": 8, "log": 8, "tanh": 12, "erf": 12, "sqrt": 4, "rsqrt": 6, "sigmoid": 12, "div": 4}
+FLOPS = {"exp": 8, "log": 8, "tanh": 12, "erf": 12, "sqrt": 4, "rsqrt": 6, "sigmoid": 12, "div": 4, "pow": 20}
 
 
 @dataclass(frozen=True)

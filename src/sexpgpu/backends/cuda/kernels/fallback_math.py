@@ -30,6 +30,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     @triton.jit
     def erf(x):
         return tl.math.erf(x)
+
+    @triton.jit
+    def pow(x, y):
+        return tl.exp(y * tl.log(x))
 else:
     from triton.language.extra import libdevice
 
@@ -48,6 +52,10 @@ else:
     @triton.jit
     def erf(x):
         return libdevice.erf(x)
+
+    @triton.jit
+    def pow(x, y):
+        return libdevice.pow(x, y)
 
 
 @triton.jit

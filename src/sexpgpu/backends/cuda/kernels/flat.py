@@ -40,6 +40,13 @@ def store_source(pointer: str, dtype: str, offset: str, value: str, mask: str | 
     return f"tl.store({pointer} + {offset}, {converted}{masked})"
 
 
+def broadcast_load(pointer: str, dtype: str, view: View) -> str | None:
+    """A load of one element for every position (all strides 0), read once unmasked."""
+    if any(view.strides):
+        return None
+    return load_source(pointer, dtype, str(view.offset), None)
+
+
 def iota_source(offset: str) -> str:
     return "tl.full([], 0, tl.int32)" if offset == "0" else f"({offset}).to(tl.int32)"
 
@@ -52,7 +59,8 @@ def flat_source(spec: FlatSpec) -> str:
     def leaf(node: Expr, args):
         if node.op == "load":
             operand, view = node.attr
-            return load_source(pointers[operand], spec.inputs[operand], view_offset("i", view), "mask")
+            single = broadcast_load(pointers[operand], spec.inputs[operand], view)
+            return single or load_source(pointers[operand], spec.inputs[operand], view_offset("i", view), "mask")
         if node.op == "scalar":
             return load_source(pointers[node.attr], spec.inputs[node.attr], "0", None)
         if node.op == "iota":
@@ -71,7 +79,8 @@ def flat_source(spec: FlatSpec) -> str:
     for number, (view, dtype, value) in enumerate(spec.outputs):
         name = renderer.value(value)
         pointer = pointers[len(spec.inputs) + number]
-        stores.append("    " + store_source(pointer, dtype, view_offset("i", view), name, "mask"))
+        offset = view_offset("i", view) if any(view.strides) else "i * 0"  # a 0-d output: lane 0 writes it
+        stores.append("    " + store_source(pointer, dtype, offset, name, "mask"))
     return module_source(renderer.imports, lines + renderer.lines + stores)
 
 

@@ -13,7 +13,7 @@ import importlib
 
 NUMERICS_MODULE = "sexpgpu.numerics.triton"
 FALLBACK_MODULE = "sexpgpu.backends.cuda.kernels.fallback_math"
-FUNCTIONS = ("exp", "log", "tanh", "erf", "sigmoid", "rsqrt")
+FUNCTIONS = ("exp", "log", "tanh", "erf", "sigmoid", "rsqrt", "pow")
 DRAWS = ("uniform", "normal", "bernoulli", "randint", "truncated_normal")
 
 

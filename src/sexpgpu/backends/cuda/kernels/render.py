@@ -95,7 +95,7 @@ class Renderer:
             return f"{args[0]}.to({TRITON_TYPES[node.dtype]})"
         if op in mathlib.FUNCTIONS:
             self.imports.add(mathlib.import_line(op))
-            return f"m_{op}({args[0]})"
+            return f"m_{op}({', '.join(args)})"
         if op == "draw":
             kind, key, params = node.attr
             self.imports.add(mathlib.import_line(kind))

@@ -79,6 +79,18 @@ class RowSpec:
         return values + [value for _, value in self.row_stores]
 
 
+def with_roots(spec: RowSpec, roots, inputs) -> RowSpec:
+    """The spec with its expressions replaced, in the order of `spec.roots()`, and the
+    operands' storage dtypes `inputs`."""
+    values = iter(roots)
+    phases = tuple(Phase(tuple(Reduction(reduction.kind, next(values)) for reduction in phase.reductions), ())
+                   for phase in spec.phases)
+    phases = tuple(Phase(phase.reductions, tuple((output, next(values)) for output, _ in original.stores))
+                   for phase, original in zip(phases, spec.phases))
+    row_stores = tuple((output, next(values)) for output, _ in spec.row_stores)
+    return RowSpec(spec.shape, spec.reduced_rank, tuple(inputs), spec.outputs, phases, row_stores)
+
+
 def block_for(length: int) -> tuple[int, int]:
     """(BLOCK, warps) for rows of `length`: the fixed launch that fixes the tree."""
     block = 16

@@ -1,0 +1,140 @@
+"""The CUDA backend: the same contract as the CPU interpreter, on the GPU.
+
+    backend = CudaBackend()
+    outputs = backend.run(graph, {"param/w": tensor, "field/x": array, "step": 3, ...})
+
+Inputs may be numpy arrays, Python numbers or tensors; they are checked against the graph's
+inputs exactly as the interpreter checks them (no silent casts). Outputs are device tensors;
+`to_host` brings one back as the interpreter's numpy array (bf16 values as float32).
+
+Each graph is lowered once (lowering.py) and kept; with SEXPGPU_OPTIMIZE=on a graph that
+needs no host round trip is captured as a CUDA graph at its second run. `device="cpu"` runs
+the same lowering on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1): that is
+how CI checks the lowering without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu.backends.cuda import device as device_settings
+from sexpgpu.backends.cuda.fusion import policy_from_environment
+from sexpgpu.backends.cuda.lowering import Lowerer
+from sexpgpu.backends.cuda.runtime import Captured, Executable
+from sexpgpu.backends.cuda.steps import torch_dtype
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, device: str | None = None, policy=None):
+        device_settings.configure()
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device or "cuda")
+        self.policy = policy or policy_from_environment()
+        self._runners: dict = {}
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def run(self, graph, inputs: dict) -> dict:
+        self._check_names(graph, inputs)
+        accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
+        return self._entry(graph)[2](accepted)
+
+    def lowered(self, graph):
+        """The lowering of `graph` (steps, buffers, arena size), made once."""
+        return self._entry(graph)[1].lowered
+
+    def cast_parameter(self, array, dtype: str):
+        """A float32 starting value stored as a parameter of `dtype` (bf16: rounded to
+        nearest even, the interpreter's rounding)."""
+        from sexpgpu.backends.cpu.arith import round_bf16
+
+        array = _c_order(np.asarray(array, dtype=np.float32))
+        if dtype == "bf16":
+            return self.from_host(round_bf16(array)).to(self.torch.bfloat16)
+        return self.from_host(array)
+
+    def to_host(self, value) -> np.ndarray:
+        if not isinstance(value, self.torch.Tensor):
+            return np.asarray(value)
+        if value.dtype == self.torch.bfloat16:
+            value = value.float()
+        return value.detach().cpu().numpy()
+
+    def from_host(self, array):
+        return self.torch.from_numpy(_c_order(np.asarray(array))).to(self.device)
+
+    def facts(self) -> dict:
+        return device_settings.facts(self.device, self.policy)
+
+    def memory_peak(self, graph) -> int:
+        """Bytes of the graph's arena: every intermediate buffer at its planned offset."""
+        return self.lowered(graph).arena_bytes
+
+    # --- inside ------------------------------------------------------------------------------------
+
+    def _entry(self, graph):
+        entry = self._runners.get(id(graph))
+        if entry is None or entry[0] is not graph:
+            lowered = Lowerer(graph, self.policy).lower()
+            executable = Executable(lowered, self.device)
+            capture = self.policy.fuses and lowered.capturable and self.device.type == "cuda"
+            entry = (graph, executable, Captured(executable) if capture else executable)
+            self._runners[id(graph)] = entry
+        return entry
+
+    @staticmethod
+    def _check_names(graph, inputs: dict) -> None:
+        missing = [name for name in graph.inputs if name not in inputs]
+        extra = [name for name in inputs if name not in graph.inputs]
+        if missing or extra:
+            raise ValueError(f"graph inputs: missing {missing}, not inputs of this graph {extra}")
+
+    def _accept(self, name: str, node, value):
+        """The input as a device tensor of the node's storage dtype, checked like the
+        interpreter checks it."""
+        torch = self.torch
+        want = torch_dtype(node.dtype)
+        if isinstance(value, torch.Tensor):
+            tensor = value
+            if tensor.dtype != want and not (node.dtype == "bf16" and tensor.dtype == torch.float32):
+                raise TypeError(f"input {name}: {tensor.dtype} tensor for a {node.dtype} input")
+        else:
+            tensor = torch.from_numpy(_c_order(_host_value(name, node, value)))
+        if tuple(tensor.shape) != tuple(node.shape):
+            raise ValueError(f"input {name}: shape {tuple(tensor.shape)}, the graph expects {node.shape}")
+        tensor = tensor.to(self.device, non_blocking=False)
+        if node.dtype == "bf16" and tensor.dtype == torch.float32:
+            narrowed = tensor.to(torch.bfloat16)
+            if not torch.equal(narrowed.float(), tensor):
+                raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
+            tensor = narrowed
+        return tensor.contiguous()
+
+
+def _c_order(array: np.ndarray) -> np.ndarray:
+    """The array in C order, keeping its rank (np.ascontiguousarray makes a scalar 1-d)."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def _host_value(name: str, node, value) -> np.ndarray:
+    if node.dtype in ("f32", "bf16"):
+        if isinstance(value, (float, int)) and not isinstance(value, bool):
+            return np.asarray(value, dtype=np.float32)
+        array = np.asarray(value)
+        if array.dtype != np.float32:
+            raise TypeError(f"input {name}: {array.dtype} array for a {node.dtype} input; pass float32")
+        return array
+    array = np.asarray(value)
+    if node.dtype == "i32":
+        if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
+            raise TypeError(f"input {name}: {array.dtype} for an i32 input; pass integers")
+        if array.size and (array.min() < -(2**31) or array.max() >= 2**31):
+            raise ValueError(f"input {name}: values outside the int32 range")
+        return array.astype(np.int32, copy=False)
+    if array.dtype != np.bool_:
+        raise TypeError(f"input {name}: {array.dtype} for a bool input")
+    return array

@@ -1,0 +1,90 @@
+"""The library settings that keep every sum in a fixed order, and the device facts that the
+lowering report's choices line names.
+
+`configure()` runs before the backend touches CUDA: cuBLAS gets a fixed workspace
+(CUBLAS_WORKSPACE_CONFIG=:4096:8, read when its handle is made) and keeps its default of no
+atomics; TF32 and reduced-precision reductions are off, so a float32 product is a pedantic
+float32 GEMM; cuDNN may only use deterministic algorithms, and PyTorch refuses any
+nondeterministic one (torch.use_deterministic_algorithms).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from sexpgpu.backends.cuda.fusion import FusionPolicy
+from sexpgpu.backends.cuda.kernels import mathlib
+
+CUBLAS_LIBRARIES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
+
+
+def configure() -> None:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.set_float32_matmul_precision("highest")
+    torch.use_deterministic_algorithms(True)
+
+
+def cublas_version() -> str:
+    """cuBLAS's version as major*10000 + minor*100 + patch, asked of the loaded library."""
+    for name in CUBLAS_LIBRARIES:
+        try:
+            library = ctypes.CDLL(name)
+        except OSError:
+            continue
+        parts = []
+        for kind in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            if library.cublasGetProperty(kind, ctypes.byref(value)) != 0:
+                break
+            parts.append(value.value)
+        if len(parts) == 3:
+            return str(parts[0] * 10000 + parts[1] * 100 + parts[2])
+    return "unknown"
+
+
+def device_facts(device, policy: FusionPolicy) -> dict:
+    """What the device decides: the facts two machines must share to lower alike."""
+    import torch
+    import triton
+
+    if device.type != "cuda":
+        return {"device": f"{device.type} (Triton interpreter)", "gpu": "none", "versions": f"Triton {triton.__version__}"}
+    properties = torch.cuda.get_device_properties(device)
+    torch.ones(1, 1, device=device) @ torch.ones(1, 1, device=device)  # loads cuBLAS
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "none"
+    return {
+        "gpu": properties.name,
+        "device": f"compute_{properties.major}{properties.minor} with {properties.multi_processor_count} multiprocessors",
+        "versions": f"cuBLAS {cublas_version()}, cuDNN {cudnn}, Triton {triton.__version__}",
+    }
+
+
+def facts(device, policy: FusionPolicy) -> dict:
+    import torch
+
+    found = device_facts(device, policy)
+    stand_ins = mathlib.missing()
+    math = ("portable math from sexpgpu.numerics" if not stand_ins else
+            f"{', '.join(stand_ins)} from CUDA libdevice until sexpgpu.numerics offers them to Triton")
+    return {
+        "name": f"cuda {found['gpu']} (torch {torch.__version__}, SEXPGPU_OPTIMIZE={policy.level})",
+        "determinism": (
+            "1: this machine repeats these bits with this binary: every kernel sums in a fixed order, "
+            "there are no floating-point atomics, and nothing is measured yet, so there are no choices "
+            "to remember in ~/.cache/sexpgpu; a machine with the device facts below lowers alike (2), "
+            f"another is 3; {math}"
+        ),
+        "choices": (
+            f"stacking 1, recompute {policy.budget:.2f} flops a byte, 0 convolution engines; "
+            f"on {found['device']}, {found['versions']}, patterns off"
+        ),
+    }

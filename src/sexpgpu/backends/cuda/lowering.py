@@ -1,0 +1,260 @@
+"""A graph to the steps that run it on the GPU.
+
+The lowerer walks the graph's nodes in the graph's order and gives each node a value: a
+kernel expression over the node's shape (expr.py). An input is a load of its buffer; a
+movement op changes the views of its source's loads (views.py); an elementwise op combines
+its inputs' expressions (elementwise.py), so chains of them fuse; the fusion planner
+(fusion.py) decides where a value is written out instead. Reductions, normalisations and
+the loss become row or column kernels that inline their input's expression (reductions.py);
+products, gathers, scatters and copies become steps of their own (special.py). Every step
+names its buffers; `finish` places them in one arena (memory.py).
+
+What this decides depends only on the graph, the shapes and SEXPGPU_OPTIMIZE, never on
+timing or on the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sexpgpu.backends.cuda import views
+from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
+from sexpgpu.backends.cuda.fusion import FusionPolicy, reader_counts, recompute
+from sexpgpu.backends.cuda.kernels.expr import Expr, cast, load, nodes_in_order, scalar
+from sexpgpu.backends.cuda.kernels.space import View, contiguous
+from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
+from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep
+
+# Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
+_EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
+MAX_FLAT_OUTPUTS = 8
+
+
+@dataclass
+class Lowered:
+    graph: object
+    steps: list
+    buffers: dict  # key -> Buffer
+    inputs: dict  # graph input name -> buffer key
+    outputs: dict  # graph output name -> buffer key
+    offsets: dict  # arena buffer key -> byte offset
+    arena_bytes: int
+    capturable: bool
+
+    def kernel_count(self) -> int:
+        return len(self.steps)
+
+
+class Lowerer:
+    def __init__(self, graph, policy: FusionPolicy):
+        self.graph = graph
+        self.policy = policy
+        self.readers = reader_counts(graph)
+        self.values: dict = {}  # node -> Expr over node.shape
+        self.steps: list = []
+        self.buffers: dict = {}
+        self.capturable = True
+        self._output_of: dict = {}  # node -> buffer key for its first output name
+
+    # --- buffers ------------------------------------------------------------------------------
+
+    def new_buffer(self, dtype: str, shape, kind: str = "arena") -> str:
+        key = f"b{len(self.buffers)}"
+        self.buffers[key] = Buffer(key, dtype, tuple(int(size) for size in shape), kind)
+        return key
+
+    def result_buffer(self, node) -> str:
+        """The buffer a node's result is written to: an output buffer when the graph
+        returns it, else an arena buffer."""
+        kind = "output" if node in self._output_nodes and node not in self._output_of else "arena"
+        key = self.new_buffer(node.dtype, node.shape, kind)
+        if kind == "output":
+            self._output_of[node] = key
+        return key
+
+    def loaded(self, node, key: str) -> Expr:
+        if node.rank == 0:
+            return scalar(key, node.dtype)
+        return load(key, contiguous(node.shape), node.dtype)
+
+    # --- reading values -----------------------------------------------------------------------
+
+    def value_in(self, node, shape) -> Expr:
+        """`node`'s value broadcast to `shape`."""
+        return self.value_through(node, lambda view: views.broadcast(view, node.shape, shape))
+
+    def addressable(self, node) -> tuple[str, View]:
+        """(buffer, view over the node's own axes) holding `node`, writing it out if its
+        value is an expression or a view no strided tensor can express."""
+        value = self.values[node]
+        if value.op == "load" and value.attr[1].over(node.shape):
+            return value.attr
+        if value.op == "scalar":
+            return value.attr, View((), (), 0)
+        self.realize(node)
+        return self.addressable(node)
+
+    def realize(self, node) -> None:
+        """Write `node`'s value out with a fused elementwise kernel; it is read back after."""
+        value = self.values[node]
+        own = self._output_of.get(node)
+        if (value.op == "load" and value.attr[0] == own) or (value.op == "scalar" and value.attr == own):
+            return
+        if value.op in ("load", "scalar") and node not in self._output_nodes:
+            if value.op == "scalar" or value.attr[1].over(node.shape):
+                return
+        key = self.result_buffer(node)
+        self.emit_elementwise(node.shape, key, node.dtype, value)
+        self.values[node] = self.loaded(node, key)
+
+    def emit_elementwise(self, shape, key: str, dtype: str, value: Expr) -> None:
+        view = contiguous(shape)
+        merged = self._merge_into_last(tuple(shape), value)
+        if merged is not None:
+            merged.outputs.append((key, view, dtype, self._substituted(merged, value)))
+            return
+        step = FlatStep(tuple(shape))
+        step.outputs.append((key, view, dtype, value))
+        self.steps.append(step)
+
+    def _merge_into_last(self, shape, value: Expr):
+        if not self.policy.fuses or not self.steps:
+            return None
+        last = self.steps[-1]
+        if not isinstance(last, FlatStep) or last.shape != shape or len(last.outputs) >= MAX_FLAT_OUTPUTS:
+            return None
+        written = {key: view for key, view, _, _ in last.outputs}
+        for node in nodes_in_order([value]):
+            if node.op == "load" and node.attr[0] in written and node.attr[1] != written[node.attr[0]]:
+                return None
+            if node.op == "scalar" and node.attr in written:
+                return None
+        return last
+
+    @staticmethod
+    def _substituted(step: FlatStep, value: Expr) -> Expr:
+        """`value` with reads of the step's own outputs replaced by their expressions."""
+        from sexpgpu.backends.cuda.kernels.expr import map_leaves
+
+        produced = {key: expression for key, _, _, expression in step.outputs}
+
+        def leaf(node: Expr) -> Expr:
+            if node.op == "load" and node.attr[0] in produced:
+                return produced[node.attr[0]]
+            return node
+
+        return map_leaves(value, leaf)
+
+    # --- the walk -----------------------------------------------------------------------------
+
+    def lower(self) -> Lowered:
+        from sexpgpu.backends.cuda.reductions import REDUCTIONS
+        from sexpgpu.backends.cuda.special import SPECIAL
+
+        self._output_nodes = set(self.graph.outputs.values())
+        inputs = {}
+        for name, node in self.graph.inputs.items():
+            key = self.new_buffer(node.dtype, node.shape, "input")
+            inputs[name] = key
+            self.values[node] = self.loaded(node, key)
+        for node in self.graph.nodes:
+            if node.op == "input":
+                continue
+            if node.op in views_ops():
+                self._view(node)
+            elif node.op in EXPRESSIONS:
+                self._elementwise(node)
+            elif node.op in REDUCTIONS:
+                REDUCTIONS[node.op](self, node)
+            elif node.op in SPECIAL:
+                SPECIAL[node.op](self, node)
+            else:
+                raise NotImplementedError(f"the CUDA backend has no lowering for op '{node.op}'")
+        outputs = self._outputs()
+        return self._finish(inputs, outputs)
+
+    def value_through(self, node, change) -> Expr:
+        """`node`'s value with `change` applied to its views, writing it out first when a
+        view cannot take the change."""
+        value = views.through(self.values[node], change)
+        if value is None:
+            self.realize(node)
+            value = views.through(self.values[node], change)
+        return value
+
+    def _elementwise(self, node) -> None:
+        if node.op == "one_hot":
+            (ids,) = node.inputs
+            unit = ids.shape + (1,)
+            args = [self.value_through(ids, lambda view: views.broadcast(views.reshape(view, ids.shape, unit), unit, node.shape))]
+        else:
+            args = [self.value_in(source, node.shape) for source in node.inputs]
+        value = EXPRESSIONS[node.op](node, args)
+        if node.dtype == "bf16" and node.op not in _EXACT_IN_BF16:
+            value = cast(value, "bf16")
+        self.values[node] = value
+        readers = self.readers.get(node, 0)
+        if node in self._output_nodes or not recompute(self.policy, value, readers, ITEM_BYTES[node.dtype]):
+            self.realize(node)
+
+    def _view(self, node) -> None:
+        (source,) = node.inputs
+        change = view_change(node, source)
+        value = views.through(self.values[source], change)
+        if value is None:
+            self.realize(source)
+            value = views.through(self.values[source], change)
+        if value is None:  # a view of a written-out value always works; this is a bug
+            raise AssertionError(f"cannot view {source!r} as {node!r}")
+        self.values[node] = value
+
+    def _outputs(self) -> dict:
+        outputs = {}
+        for name, node in self.graph.outputs.items():
+            key = self._output_of.get(node)
+            if key is None or key in outputs.values():
+                key = self.new_buffer(node.dtype, node.shape, "output")
+                self.emit_elementwise(node.shape, key, node.dtype, self.values[node])
+                self._output_of.setdefault(node, key)
+            outputs[name] = key
+        return outputs
+
+    def _finish(self, inputs: dict, outputs: dict) -> Lowered:
+        steps = [step.finish(self.buffers) if isinstance(step, FlatStep) else step for step in self.steps]
+        lifetimes = _lifetimes(steps, self.buffers)
+        plan = plan_arena(lifetimes)
+        used = {key for step in steps for key in step.reads + step.writes}
+        buffers = {key: buffer for key, buffer in self.buffers.items() if key in used or buffer.kind != "arena"}
+        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable)
+
+
+def views_ops() -> tuple:
+    return ("reshape", "transpose", "slice", "broadcast")
+
+
+def view_change(node, source):
+    if node.op == "reshape":
+        return lambda view: views.reshape(view, source.shape, node.shape)
+    if node.op == "transpose":
+        return lambda view: views.transpose(view, source.shape, node.attrs["perm"])
+    if node.op == "slice":
+        attrs = node.attrs
+        return lambda view: views.slice_axis(view, source.shape, attrs["axis"], attrs["start"], attrs["stop"])
+    return lambda view: views.broadcast(view, source.shape, node.shape)
+
+
+def _lifetimes(steps: list, buffers: dict) -> list[Lifetime]:
+    born: dict = {}
+    dies: dict = {}
+    for index, step in enumerate(steps):
+        for key in step.writes:
+            born.setdefault(key, index)
+            dies[key] = max(dies.get(key, index), index)
+        for key in step.reads:
+            dies[key] = index
+    lives = []
+    for key in born:
+        buffer = buffers[key]
+        if buffer.kind == "arena":
+            lives.append(Lifetime(key, buffer.nbytes, born[key], dies[key]))
+    return lives

@@ -1,0 +1,156 @@
+"""Reductions, normalisations and the loss as row or column kernels.
+
+The kernel's space is the input's axes reordered: for a row kernel the kept axes then the
+reduced axes (softmax's axis last), for a column kernel the reduced axes then the kept
+ones. The choice depends only on whether the input's last axis is reduced: then the reduced
+elements of a row are close in memory. The input's expression is inlined into the kernel,
+so the elementwise chain that made it is fused with the reduction.
+"""
+
+from __future__ import annotations
+
+from sexpgpu.backends.cuda import views
+from sexpgpu.backends.cuda.kernels import recipes
+from sexpgpu.backends.cuda.kernels.columns import ColumnKernel, ColumnSpec, roots_of
+from sexpgpu.backends.cuda.kernels.columns import with_roots as column_roots
+from sexpgpu.backends.cuda.kernels.expr import Expr, iota, row
+from sexpgpu.backends.cuda.kernels.rows import Phase, Reduction, RowKernel, RowSpec
+from sexpgpu.backends.cuda.kernels.rows import with_roots as row_roots
+from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides, unit_view
+from sexpgpu.backends.cuda.steps import TorchStep, kernel_step, strided, torch_dtype
+
+
+def in_space(lowerer, node, perm) -> Expr:
+    """`node`'s value with its axes in the order `perm`."""
+    perm = tuple(perm)
+    if perm == tuple(range(node.rank)):
+        return lowerer.values[node]
+    return lowerer.value_through(node, lambda view: views.transpose(view, node.shape, perm))
+
+
+def _rows(lowerer, node, space, reduced_rank, phases, outputs, row_stores=(), kind="rows") -> None:
+    """Append a row kernel writing `outputs` [(key, view over space, dtype)]."""
+    spec = RowSpec(tuple(space), reduced_rank, (), tuple((view, dtype) for _, view, dtype in outputs),
+                   tuple(phases), tuple(row_stores))
+    keys = [key for key, _, _ in outputs]
+    lowerer.steps.append(kernel_step(RowKernel, spec, spec.roots(), row_roots, keys, lowerer.buffers, kind))
+
+
+def _columns(lowerer, reduced, kept, reduction: Reduction, key: str, dtype: str) -> None:
+    spec = ColumnSpec(tuple(reduced), tuple(kept), (), (reduction,), ((contiguous(kept), dtype),), ((0, row(0)),))
+    lowerer.steps.append(kernel_step(ColumnKernel, spec, roots_of(spec), column_roots, [key], lowerer.buffers, "columns"))
+
+
+def per_row_view(space, lead_rank: int) -> View:
+    """A contiguous output of the lead axes, seen over the whole space."""
+    lead = tuple(space[:lead_rank])
+    return View(tuple(space), contiguous_strides(lead) + (0,) * (len(space) - lead_rank))
+
+
+def reduce(lowerer, node) -> None:
+    (x,) = node.inputs
+    axes = tuple(node.attrs["axes"])
+    if not axes:
+        lowerer.values[node] = lowerer.values[x]
+        return
+    if x.dtype in ("i32", "bool"):
+        _integer_reduction(lowerer, node)
+        return
+    kept = tuple(axis for axis in range(x.rank) if axis not in axes)
+    kept_shape = tuple(x.shape[axis] for axis in kept)
+    reduced_shape = tuple(x.shape[axis] for axis in axes)
+    key = lowerer.result_buffer(node)
+    if x.rank - 1 in axes:
+        space = kept_shape + reduced_shape
+        value = in_space(lowerer, x, kept + axes)
+        outputs = [(key, per_row_view(space, len(kept)), node.dtype)]
+        _rows(lowerer, node, space, len(axes), [Phase((Reduction(node.op, value),))], outputs, [(0, row(0))])
+    else:
+        value = in_space(lowerer, x, axes + kept)
+        _columns(lowerer, reduced_shape, kept_shape, Reduction(node.op, value), key, node.dtype)
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _integer_reduction(lowerer, node) -> None:
+    """Sums and maxima of integers are exact in any order: PyTorch's own, in int64 and
+    wrapped to int32 as the interpreter's int32 fold wraps."""
+    import torch
+
+    (x,) = node.inputs
+    source, view = lowerer.addressable(x)
+    key = lowerer.result_buffer(node)
+    axes, keep, op = tuple(node.attrs["axes"]), node.attrs["keep"], node.op
+
+    def run(env):
+        data = strided(env, source, view)
+        if op == "sum":
+            total = torch.sum(data.to(torch.int64), dim=axes, keepdim=keep)
+        else:
+            total = torch.amax(data, dim=axes, keepdim=keep)
+        env[key].copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
+
+    lowerer.steps.append(TorchStep(run, (source,), (key,), "integer-reduction"))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _over_axis(node, axis: int):
+    """(perm putting `axis` last, the space)."""
+    perm = tuple(other for other in range(node.rank) if other != axis) + (axis,)
+    return perm, tuple(node.inputs[0].shape[other] for other in perm)
+
+
+def normalize(lowerer, node) -> None:
+    (x,) = node.inputs
+    axis = node.attrs.get("axis", x.rank - 1)
+    perm, space = _over_axis(node, axis)
+    value = in_space(lowerer, x, perm)
+    key = lowerer.result_buffer(node)
+    own = contiguous_strides(node.shape)
+    out_view = View(space, tuple(own[other] for other in perm))
+    if node.op == "softmax":
+        phases = recipes.softmax(value, 0)
+    elif node.op == "log_softmax":
+        phases = recipes.log_softmax(value, 0)
+    else:
+        phases = recipes.layernorm(value, x.shape[-1], node.attrs["eps"], 0)
+    _rows(lowerer, node, space, 1, phases, [(key, out_view, node.dtype)])
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def argmax(lowerer, node) -> None:
+    (x,) = node.inputs
+    perm, space = _over_axis(node, node.attrs["axis"])
+    value = in_space(lowerer, x, perm)
+    key = lowerer.result_buffer(node)
+    phases, result = recipes.argmax(value, iota(unit_view(space, len(space) - 1)), space[-1])
+    _rows(lowerer, node, space, 1, phases, [(key, per_row_view(space, len(space) - 1), "i32")], [(0, result)])
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def cross_entropy(lowerer, node) -> None:
+    logits, labels = node.inputs
+    space = tuple(logits.shape)
+    lead = tuple(labels.shape)
+    unit = lead + (1,)
+
+    def label_view(view):
+        widened = views.reshape(view, lead, unit)
+        return views.broadcast(widened, unit, space)
+
+    label = lowerer.value_through(labels, label_view)
+    key = lowerer.result_buffer(node)
+    column = iota(unit_view(space, len(space) - 1))
+    phases, loss = recipes.cross_entropy(lowerer.values[logits], label, column)
+    _rows(lowerer, node, space, 1, phases, [(key, per_row_view(space, len(lead)), node.dtype)], [(0, loss)], "cross-entropy")
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+REDUCTIONS = {
+    "sum": reduce,
+    "max": reduce,
+    "argmax": argmax,
+    "softmax": normalize,
+    "log_softmax": normalize,
+    "layernorm": normalize,
+    "cross_entropy": cross_entropy,
+}

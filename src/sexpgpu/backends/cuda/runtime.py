@@ -1,0 +1,111 @@
+"""Running a lowered graph: the arena, the environment of buffers, and CUDA graph capture.
+
+`Executable` allocates the memory plan's arena once and runs the steps eagerly. `Captured`
+records the same steps as one CUDA graph: its inputs and outputs are static buffers, each
+call copies the inputs in, replays, and returns copies of the outputs. Scalars such as the
+step and the learning rate are inputs like any other, read by the kernels from device
+memory, so a replay sees this call's values. Replaying launches the same kernels with the
+same configurations on the same addresses, so it gives the eager run's bits.
+"""
+
+from __future__ import annotations
+
+from sexpgpu.backends.cuda.steps import torch_dtype
+from sexpgpu.errors import SexpgpuError
+
+
+def allocation_failed(what: str, nbytes: int, error) -> SexpgpuError:
+    return SexpgpuError(
+        "E-MEM-001",
+        f"memory: allocation failed: {what} needs {nbytes:,} bytes of GPU memory and the device has "
+        f"no room for them ({str(error).splitlines()[0]}).",
+        hint="Use a smaller :batch, free the GPU of other processes, or run with --device cpu.",
+    )
+
+
+def allocate(shape, dtype, device, what: str):
+    """torch.empty, with the spec's allocation-failure stop instead of PyTorch's error."""
+    import torch
+
+    dtype = torch_dtype(dtype) if isinstance(dtype, str) else dtype
+    try:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    except torch.cuda.OutOfMemoryError as error:
+        count = dtype.itemsize
+        for size in shape:
+            count *= int(size)
+        raise allocation_failed(what, count, error) from None
+
+
+class Executable:
+    def __init__(self, lowered, device):
+        self.lowered = lowered
+        self.device = device
+        import torch
+
+        arena = allocate((max(lowered.arena_bytes, 1),), torch.uint8, device, "the memory plan's arena")
+        self.fixed = {}
+        for key, offset in lowered.offsets.items():
+            buffer = lowered.buffers[key]
+            piece = arena[offset:offset + buffer.nbytes].view(torch_dtype(buffer.dtype))
+            self.fixed[key] = piece.view(buffer.shape)
+        self.arena = arena
+
+    def output_buffers(self) -> dict:
+        outputs = {}
+        for name, key in self.lowered.outputs.items():
+            buffer = self.lowered.buffers[key]
+            outputs[key] = allocate(buffer.shape, buffer.dtype, self.device, f"output {name}")
+        return outputs
+
+    def execute(self, env: dict) -> None:
+        for step in self.lowered.steps:
+            step(env)
+
+    def __call__(self, inputs: dict) -> dict:
+        env = dict(self.fixed)
+        env.update({key: inputs[name] for name, key in self.lowered.inputs.items()})
+        env.update(self.output_buffers())
+        self.execute(env)
+        return {name: env[key] for name, key in self.lowered.outputs.items()}
+
+
+class Captured:
+    """The executable as one CUDA graph, captured at the second call (the first compiles
+    every kernel and warms cuBLAS up)."""
+
+    def __init__(self, executable: Executable):
+        self.executable = executable
+        self.calls = 0
+        self.graph = None
+        self.env = None
+
+    def __call__(self, inputs: dict) -> dict:
+        self.calls += 1
+        if self.calls == 1:
+            return self.executable(inputs)
+        if self.graph is None:
+            self._capture(inputs)
+        lowered = self.executable.lowered
+        for name, key in lowered.inputs.items():
+            self.env[key].copy_(inputs[name])
+        self.graph.replay()
+        return {name: self.env[key].clone() for name, key in lowered.outputs.items()}
+
+    def _capture(self, inputs: dict) -> None:
+        import torch
+
+        lowered = self.executable.lowered
+        env = dict(self.executable.fixed)
+        for name, key in lowered.inputs.items():
+            env[key] = inputs[name].clone()
+        env.update(self.executable.output_buffers())
+        stream = torch.cuda.Stream(self.executable.device)
+        stream.wait_stream(torch.cuda.current_stream(self.executable.device))
+        with torch.cuda.stream(stream):
+            self.executable.execute(env)  # warm-up on the capture stream, as PyTorch asks
+        torch.cuda.current_stream(self.executable.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            self.executable.execute(env)
+        self.graph, self.env = graph, env

@@ -1,0 +1,125 @@
+"""Ops that read or write memory in ways an elementwise kernel does not: products (cuBLAS
+through PyTorch), gathers and their scatters, pads, concatenations, and draws.
+
+Products: float32 operands give an ordinary GEMM with TF32 and reduced-precision
+reductions off (device.py), bf16 operands a GEMM accumulating in float32 rounded once to
+bf16, and leading axes a batched product. cuBLAS's kernel for each shape is chosen by
+cuBLAS from the GPU and its version (the spec's "what the device decides").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu.backends.cuda.steps import TorchStep, strided
+
+
+def matmul(lowerer, node) -> None:
+    import torch
+
+    a, b = node.inputs
+    left, left_view = lowerer.addressable(a)
+    right, right_view = lowerer.addressable(b)
+    key = lowerer.result_buffer(node)
+
+    def run(env):
+        torch.matmul(strided(env, left, left_view), strided(env, right, right_view), out=env[key])
+
+    lowerer.steps.append(TorchStep(run, (left, right), (key,), "matmul"))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def gather(lowerer, node) -> None:
+    import torch
+
+    table, ids = node.inputs
+    rows, rows_view = lowerer.addressable(table)
+    index, index_view = lowerer.addressable(ids)
+    key = lowerer.result_buffer(node)
+    row_shape = tuple(table.shape[1:])
+
+    def run(env):
+        picked = strided(env, index, index_view).reshape(-1)
+        torch.index_select(strided(env, rows, rows_view), 0, picked, out=env[key].view((-1,) + row_shape))
+
+    lowerer.steps.append(TorchStep(run, (rows, index), (key,), "gather"))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def scatter_add(lowerer, node) -> None:
+    from sexpgpu.backends.cuda.kernels.scatter import scatter_add as scatter
+
+    ids, values = node.inputs
+    index, index_view = lowerer.addressable(ids)
+    source, source_view = lowerer.addressable(values)
+    key = lowerer.result_buffer(node)
+
+    def run(env):
+        scatter(strided(env, index, index_view), strided(env, source, source_view).contiguous(), env[key])
+
+    lowerer.steps.append(TorchStep(run, (index, source), (key,), "scatter"))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def pad(lowerer, node) -> None:
+    (x,) = node.inputs
+    source, view = lowerer.addressable(x)
+    key = lowerer.result_buffer(node)
+    axis, before = node.attrs["axis"], node.attrs["before"]
+
+    def run(env):
+        out = env[key]
+        out.zero_()
+        out.narrow(axis, before, x.shape[axis]).copy_(strided(env, source, view))
+
+    lowerer.steps.append(TorchStep(run, (source,), (key,), "pad"))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def concat(lowerer, node) -> None:
+    import torch
+
+    parts = [lowerer.addressable(source) for source in node.inputs]
+    key = lowerer.result_buffer(node)
+    axis = node.attrs["axis"]
+
+    def run(env):
+        torch.cat([strided(env, source, view) for source, view in parts], dim=axis, out=env[key])
+
+    lowerer.steps.append(TorchStep(run, tuple(dict.fromkeys(source for source, _ in parts)), (key,), "concat"))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def draw(lowerer, node) -> None:
+    """A draw's bits come from the portable numerics library on the host, the same call the
+    CPU interpreter makes, and are copied to the device: equal bits on both, at the price
+    of a host round trip (which also keeps the graph from being captured)."""
+    import torch
+
+    from sexpgpu.backends.cpu.draws import draw as host_draw
+
+    salts = [lowerer.addressable(source) for source in node.inputs]
+    key = lowerer.result_buffer(node)
+
+    def run(env):
+        values = [strided(env, source, view).cpu().numpy() for source, view in salts]
+        array = np.ascontiguousarray(host_draw(node, values))
+        env[key].copy_(torch.from_numpy(array).reshape(node.shape))
+
+    lowerer.steps.append(TorchStep(run, tuple(source for source, _ in salts), (key,), "draw", host_sync=True))
+    lowerer.capturable = False
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+SPECIAL = {
+    "matmul": matmul,
+    "gather": gather,
+    "scatter_add": scatter_add,
+    "pad": pad,
+    "concat": concat,
+    "normal": draw,
+    "uniform": draw,
+    "truncated_normal": draw,
+    "bernoulli": draw,
+    "randint": draw,
+}

@@ -1,0 +1,110 @@
+"""The steps a lowered graph runs, in order, over an environment of buffers.
+
+Every step names the buffers it reads and writes (by key), so the memory plan can place
+them; at run time `env[key]` is the buffer's tensor (the arena slice, an input, or an
+output). A load inside a generated kernel carries its own view of a buffer; a step that
+calls PyTorch gets a strided tensor through `strided(env, key, view)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sexpgpu.backends.cuda.kernels.expr import Expr, nodes_in_order, number_operands
+from sexpgpu.backends.cuda.kernels.flat import FlatSpec, flat_kernel
+from sexpgpu.backends.cuda.kernels.space import View
+
+TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "bool": "bool"}
+ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1}
+
+
+@dataclass
+class Buffer:
+    key: str
+    dtype: str  # storage dtype: f32, bf16, i32, bool
+    shape: tuple[int, ...]
+    kind: str  # input, arena or output
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= int(size)
+        return count * ITEM_BYTES[self.dtype]
+
+
+def torch_dtype(dtype: str):
+    import torch
+
+    return getattr(torch, TORCH_DTYPES[dtype])
+
+
+def strided(env: dict, key: str, view: View):
+    """The buffer `key` seen through `view` (which must be over its own axes)."""
+    base = env[key]
+    return base.as_strided(tuple(view.dims), tuple(view.strides), base.storage_offset() + view.offset)
+
+
+def loads_of(roots) -> list[str]:
+    return [node.attr[0] for node in nodes_in_order(roots) if node.op == "load"] + \
+           [node.attr for node in nodes_in_order(roots) if node.op == "scalar"]
+
+
+@dataclass
+class FlatStep:
+    """A fused elementwise kernel still open to more outputs of the same space."""
+
+    shape: tuple[int, ...]
+    outputs: list = field(default_factory=list)  # (key, view over shape, storage dtype, value)
+    kind: str = "elementwise"
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(loads_of([value for _, _, _, value in self.outputs])))
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return tuple(key for key, _, _, _ in self.outputs)
+
+    def finish(self, buffers: dict) -> "KernelStep":
+        values, keys = number_operands([value for _, _, _, value in self.outputs])
+        inputs = tuple(buffers[key].dtype for key in keys)
+        outputs = tuple((view, dtype, value) for (_, view, dtype, _), value in zip(self.outputs, values))
+        launch = flat_kernel(FlatSpec(self.shape, inputs, outputs))
+        return KernelStep(launch, tuple(keys) + self.writes, self.reads, self.writes, self.kind)
+
+
+@dataclass
+class KernelStep:
+    launch: object  # a Launch, RowKernel or ColumnKernel
+    operands: tuple[str, ...]  # buffer keys, in the kernel's argument order
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    kind: str
+
+    def __call__(self, env: dict) -> None:
+        self.launch(*[env[key] for key in self.operands])
+
+
+@dataclass
+class TorchStep:
+    """A step done by a PyTorch call: products (cuBLAS), gathers, sorts, copies."""
+
+    run: object  # run(env) -> None
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    kind: str
+    host_sync: bool = False  # reads device values on the host: the graph cannot be captured
+
+    def __call__(self, env: dict) -> None:
+        self.run(env)
+
+
+def kernel_step(kernel_class, spec, roots: list[Expr], with_roots, output_keys, buffers: dict, kind: str) -> KernelStep:
+    """A generated row or column kernel: number the operands its expressions read, put the
+    numbered expressions and the operands' dtypes back in the spec, and launch it with the
+    input buffers then the output buffers."""
+    numbered, keys = number_operands(roots)
+    dtypes = tuple(buffers[key].dtype for key in keys)
+    kernel = kernel_class(with_roots(spec, numbered, dtypes))
+    return KernelStep(kernel, tuple(keys) + tuple(output_keys), tuple(keys), tuple(output_keys), kind)
