@@ -66,7 +66,7 @@ def _torch_reference(params, x, y):
     tensors = {path: torch.tensor(value, dtype=torch.float64, requires_grad=True) for path, value in params.items()}
     loss = _torch_loss(tensors, torch.from_numpy(x).long(), torch.from_numpy(y).long())
     loss.backward()
-    return float(loss), {path: tensor.grad.numpy() for path, tensor in tensors.items()}
+    return float(loss.detach()), {path: tensor.grad.numpy() for path, tensor in tensors.items()}
 
 
 def _ours(interpreter, program, params, x, y):

@@ -128,3 +128,18 @@ def test_bf16_parameters_update_in_float32_and_round_back():
     expected = round_bf16(start - np.float32(0.5) * grad)
     assert out["param/w"].tobytes() == expected.tobytes()
     assert out["param/w"][0] == 1.0  # 1 - 0.0005 rounds back to 1 in bf16
+
+
+def test_grad_norm_is_one_left_fold_over_the_flat_layout():
+    spec = OptimizerSpec("sgd", lr=0.1)
+    graph, _ = build_update(_params(), spec, MICROBATCHES)
+    grads = _gradient_sums(1)[0]
+    feed = {f"param/{p}": v for p, v in _start().items()}
+    feed.update({f"grad/{p}": g for p, g in grads.items()})
+    feed.update({"step": 1, "lr": np.float32(0.1)})
+    norm = Interpreter().run(graph, feed)["grad_norm"]
+    flat = np.concatenate([grads[path].ravel() / np.float32(MICROBATCHES) for path in sorted(SHAPES)])
+    total = np.float32(flat[0] * flat[0])
+    for value in flat[1:]:
+        total = np.float32(total + np.float32(value * value))
+    assert norm.tobytes() == np.sqrt(total).tobytes()

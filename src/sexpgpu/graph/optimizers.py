@@ -7,11 +7,15 @@ the microbatch gradients, microbatch 0 first), `state/<slot>/<path>` (slots in t
 (f32: the schedule's rate for this step).
 Outputs: `param/<path>`, `state/<slot>/<path>`, and `grad_norm`.
 
-All arithmetic is float32, in the order written below; a bf16 parameter is read as float32
-and its new value rounded to bf16.
+The optimizer works on one flat float32 vector per quantity, the *flat layout*: every
+parameter's elements in path order, C order within each (a bf16 parameter read as float32).
+The update is elementwise, so this changes no bits of it; it makes one fold of the norm and
+a few long vector operations instead of a handful per parameter. Each new parameter is its
+slice of the flat result, rounded back to bf16 where the parameter is bf16. All arithmetic
+is float32, in the order written:
 
     g      = grad / M                          (M = :microbatches; skipped when M is 1)
-    norm   = sqrt(s_0 + s_1 + ...)             s_i = fold of g_i * g_i, parameters in path order
+    norm   = sqrt(fold of g * g)               one left fold over the flat layout
     g      = g * min(clip / (norm + 1e-6), 1)  (only with a finite :clip, as torch clips)
     g      = g + wd * p                        (sgd, momentum, adam with :weight-decay: L2)
     sgd:       p = p - lr * g
@@ -49,31 +53,44 @@ def build_update(params: dict, optimizer, microbatches: int):
             inputs[f"state/{slot}/{path}"] = e.input(f"state/{slot}/{path}", "f32", params[path].shape)
     step = inputs["step"] = e.input("step", "i32", ())
     lr = inputs["lr"] = e.input("lr", "f32", ())
+    if not paths:
+        return e.graph(inputs, {"grad_norm": _f32(e, 0.0)}), {slot: [] for slot in slots}
 
-    grads = [_mean_gradient(e, inputs[f"grad/{path}"], microbatches) for path in paths]
-    norm = _global_norm(e, grads)
-    grads = _clipped(e, grads, norm, optimizer.clip)
-    outputs = {}
+    grad = _mean_gradient(e, _flat(e, [inputs[f"grad/{path}"] for path in paths]), microbatches)
+    norm = e("sqrt", e("sum", e("square", grad), axes=None, keep=False))
+    grad = _clipped(e, grad, norm, optimizer.clip)
+    value = _flat(e, [inputs[f"param/{path}"] for path in paths])
+    state = {slot: _flat(e, [inputs[f"state/{slot}/{path}"] for path in paths]) for slot in slots}
     corrections = _bias_corrections(e, optimizer, step) if slots == ("m", "v") else None
-    for path, grad in zip(paths, grads):
-        param = inputs[f"param/{path}"]
-        state = {slot: inputs[f"state/{slot}/{path}"] for slot in slots}
-        with e.at(scope=path):
-            value = param if param.dtype == "f32" else e("cast", param, dtype="f32")
-            new_value, new_state = _step(e, optimizer, value, grad, state, lr, corrections)
-            outputs[f"param/{path}"] = new_value if param.dtype == "f32" else e("cast", new_value, dtype=param.dtype)
-        for slot in slots:
-            outputs[f"state/{slot}/{path}"] = new_state[slot]
-    outputs = _ordered(outputs, paths, slots)
+    new_value, new_state = _step(e, optimizer, value, grad, state, lr, corrections)
+
+    outputs = {f"param/{path}": part for path, part in zip(paths, _unflat(e, new_value, params, paths))}
+    for slot in slots:
+        parts = _unflat(e, new_state[slot], params, paths, keep_f32=True)
+        outputs.update({f"state/{slot}/{path}": part for path, part in zip(paths, parts)})
     outputs["grad_norm"] = norm
     return e.graph(inputs, outputs), {slot: list(paths) for slot in slots}
 
 
-def _ordered(outputs: dict, paths: list, slots: tuple) -> dict:
-    ordered = {f"param/{path}": outputs[f"param/{path}"] for path in paths}
-    for slot in slots:
-        ordered.update({f"state/{slot}/{path}": outputs[f"state/{slot}/{path}"] for path in paths})
-    return ordered
+def _flat(e, nodes: list):
+    """The flat layout of `nodes` as one float32 vector."""
+    parts = [e("reshape", node if node.dtype == "f32" else e("cast", node, dtype="f32"), shape=(node.size,))
+             for node in nodes]
+    return parts[0] if len(parts) == 1 else e("concat", *parts, axis=0)
+
+
+def _unflat(e, flat, params: dict, paths: list, keep_f32: bool = False) -> list:
+    parts, start = [], 0
+    for path in paths:
+        spec = params[path]
+        size = math.prod(spec.shape)
+        part = flat if len(paths) == 1 else e("slice", flat, axis=0, start=start, stop=start + size)
+        part = e("reshape", part, shape=tuple(spec.shape))
+        if spec.dtype != "f32" and not keep_f32:
+            part = e("cast", part, dtype=spec.dtype)
+        parts.append(part)
+        start += size
+    return parts
 
 
 def _f32(e, value: float):
@@ -84,19 +101,11 @@ def _mean_gradient(e, grad, microbatches: int):
     return grad if microbatches == 1 else e("div", grad, _f32(e, microbatches))
 
 
-def _global_norm(e, grads: list):
-    total = None
-    for grad in grads:
-        part = e("sum", e("square", grad), axes=None, keep=False)
-        total = part if total is None else e("add", total, part)
-    return e("sqrt", total if total is not None else _f32(e, 0.0))
-
-
-def _clipped(e, grads: list, norm, clip: float) -> list:
+def _clipped(e, grad, norm, clip: float):
     if math.isinf(clip):
-        return grads
+        return grad
     coefficient = e("minimum", e("div", _f32(e, clip), e("add", norm, _f32(e, CLIP_EPSILON))), _f32(e, 1.0))
-    return [e("mul", grad, coefficient) for grad in grads]
+    return e("mul", grad, coefficient)
 
 
 def _bias_corrections(e, optimizer, step):

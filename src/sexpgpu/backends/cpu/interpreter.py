@@ -41,13 +41,15 @@ class Interpreter:
         values = [None] * len(graph.nodes)
         for name, node in graph.inputs.items():
             values[positions[node]] = self._accept(name, node, inputs[name])
-        for index, node, kernel, sources, dead in steps:
-            value = np.asarray(kernel(node, [values[source] for source in sources], self.math))
-            if node.dtype == "bf16" and self.math.rounds_bf16:
-                value = round_bf16(value)
-            values[index] = value
-            for source in dead:
-                values[source] = None
+        rounds_bf16 = self.math.rounds_bf16
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are values here, not warnings
+            for index, node, kernel, sources, dead in steps:
+                value = np.asarray(kernel(node, [values[source] for source in sources], self.math))
+                if rounds_bf16 and node.dtype == "bf16":
+                    value = round_bf16(value)
+                values[index] = value
+                for source in dead:
+                    values[source] = None
         return self._outputs(graph, values, positions)
 
     # --- arrays the run loop hands over -------------------------------------------------------

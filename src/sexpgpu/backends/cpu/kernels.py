@@ -92,8 +92,7 @@ def _numpy_binary(name: str):
     function = _NUMPY_BINARY[name]
 
     def kernel(node, args, m):
-        with np.errstate(all="ignore"):
-            return function(args[0], args[1])
+        return function(args[0], args[1])
 
     return kernel
 
