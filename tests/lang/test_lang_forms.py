@@ -267,3 +267,8 @@ def test_a_graph_may_have_options_named_like_op_keywords(tmp_path):
 """
     run = load_text(tmp_path, text + MINIMAL.replace("(mlp x)", "(net x)")).run
     assert run.model.name == "net"
+
+
+def test_a_warmup_may_outlast_a_shortened_run(tmp_path):
+    run = run_with(tmp_path, schedule="(cosine :warmup 10)", steps="3")
+    assert run.schedule.warmup == 10 and run.steps == 3

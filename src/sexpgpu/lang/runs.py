@@ -277,13 +277,6 @@ def _check_run(run: RunDef, context: RunContext) -> None:
             f"the schedule's :min-lr {run.schedule.min_lr} is above the optimizer's :lr {run.optimizer.lr}.",
             run.schedule.loc,
         )
-    if run.schedule.kind == "cosine" and run.schedule.warmup >= run.steps:
-        raise SexpgpuError(
-            "E-FORM-011",
-            f"the cosine schedule's :warmup {run.schedule.warmup} leaves no step to decay over: "
-            f"it must be less than :steps {run.steps}.",
-            run.schedule.loc,
-        )
 
 
 def _check_fields(fields, locs, data: DataSpec, reader: str, context: RunContext) -> None:
