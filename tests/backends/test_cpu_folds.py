@@ -56,7 +56,8 @@ def test_keep_dims_shape():
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [((3, 5), (5, 2)), ((4, 300), (300, 3)), ((2, 3, 20), (20, 4)),
-                                              ((7, 9), (3, 9, 130)), ((2, 1, 3, 4), (5, 4, 2)), ((70, 8), (8, 300))])
+                                              ((7, 9), (3, 9, 130)), ((2, 1, 3, 4), (5, 4, 2)), ((70, 8), (8, 300)),
+                                              ((2, 300, 5), (5, 300))])
 def test_matmul_folds_products_over_k_in_order(a_shape, b_shape):
     rng = np.random.default_rng(1)
     a = _ill_conditioned(int(np.prod(a_shape)), 1).reshape(a_shape)

@@ -109,11 +109,11 @@ def _clipped(e, grad, norm, clip: float):
 
 
 def _bias_corrections(e, optimizer, step):
+    """(1 - b1^t, 1 - b2^t): one pow of the vector (b1, b2), since each pow call costs."""
     t = e("cast", step, dtype="f32")
-    one = _f32(e, 1.0)
-    first = e("sub", one, e("pow", _f32(e, optimizer.beta1), t))
-    second = e("sub", one, e("pow", _f32(e, optimizer.beta2), t))
-    return first, second
+    betas = e("concat", *(e("reshape", _f32(e, beta), shape=(1,)) for beta in (optimizer.beta1, optimizer.beta2)), axis=0)
+    corrections = e("sub", _f32(e, 1.0), e("pow", betas, t))
+    return tuple(e("reshape", e("slice", corrections, axis=0, start=i, stop=i + 1), shape=()) for i in (0, 1))
 
 
 def _step(e, optimizer, p, g, state: dict, lr, corrections):

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from sexpgpu import numerics as nx
+from sexpgpu.backends.cpu.parallel import elementwise
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
@@ -40,12 +41,12 @@ class PortableF32:
         return {"f32": np.float32, "bf16": np.float32, "i32": np.int32, "bool": np.bool_}[dtype]
 
     def pow(self, x, y):
-        return np.asarray(nx.pow(np.asarray(x, np.float32), np.asarray(y, np.float32)), np.float32)
+        return elementwise(nx.pow, np.asarray(x, np.float32), np.asarray(y, np.float32)).astype(np.float32, copy=False)
 
 
 def _portable(name: str):
     def function(self, x):
-        return np.asarray(getattr(nx, name)(np.asarray(x, dtype=np.float32)), np.float32)
+        return elementwise(getattr(nx, name), np.asarray(x, dtype=np.float32)).astype(np.float32, copy=False)
 
     function.__name__ = name
     return function

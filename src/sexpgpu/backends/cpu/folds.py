@@ -27,9 +27,12 @@ import math
 
 import numpy as np
 
+from sexpgpu.backends.cpu.parallel import run_ranges
+
 WIDE = 128  # output elements from which a Python loop over the summed index is faster
 CHUNK = 1 << 16  # products formed at once (elements) before they are folded
 LARGE = 1 << 14  # output elements from which products are formed one k at a time
+CACHE_BLOCK = 1 << 16  # output elements folded together when they are formed one k at a time
 
 
 def fold_rows(rows: np.ndarray) -> np.ndarray:
@@ -126,13 +129,23 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _matmul_in_place(left, right, out_shape) -> np.ndarray:
-    """The same fold for large outputs, one product at a time so that it stays in cache."""
+    """The same fold for large outputs, one product at a time, on blocks of output rows small
+    enough to stay in cache; ranges of rows go to threads (parallel.py)."""
     acc = np.empty(out_shape, left.dtype)
-    np.multiply(left[0], right[0], out=acc)
-    term = np.empty(out_shape, left.dtype)
-    for index in range(1, left.shape[0]):
-        np.multiply(left[index], right[index], out=term)
-        np.add(acc, term, out=acc)
+    row_size = acc.size // out_shape[-2]
+    block = max(1, CACHE_BLOCK // row_size)
+
+    def rows(start, stop):
+        for low in range(start, stop, block):
+            high = min(stop, low + block)
+            out, part = acc[..., low:high, :], left[..., low:high, :]
+            term = np.empty(out.shape, left.dtype)
+            np.multiply(part[0], right[0], out=out)
+            for index in range(1, part.shape[0]):
+                np.multiply(part[index], right[index], out=term)
+                np.add(out, term, out=out)
+
+    run_ranges(rows, out_shape[-2], acc.size * left.shape[0])
     return acc
 
 

@@ -1,0 +1,67 @@
+"""Large kernels split across CPU threads; numpy releases the GIL inside its loops.
+
+A split never changes bits: every output element is computed by the same operations in the
+same order, whichever thread computes it and however many threads there are. The thread
+count is the CPU count the process may use (at most 8), or SEXPGPU_CPU_THREADS.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+MIN_ELEMENTS = 1 << 15  # below this a split costs more than it saves
+
+_pool = None
+
+
+def thread_count() -> int:
+    setting = os.environ.get("SEXPGPU_CPU_THREADS")
+    if setting and setting.isdigit() and int(setting) >= 1:
+        return int(setting)
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(available, 8))
+
+
+def _executor():
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=thread_count(), thread_name_prefix="sexpgpu-cpu")
+    return _pool
+
+
+def ranges(count: int, parts: int) -> list:
+    """`parts` contiguous (start, stop) ranges covering range(count), the first ones longest."""
+    parts = max(1, min(parts, count))
+    base, extra = divmod(count, parts)
+    bounds, start = [], 0
+    for index in range(parts):
+        stop = start + base + (1 if index < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def run_ranges(work, count: int, elements: int) -> None:
+    """work(start, stop) over a split of range(count), in threads when `elements` is large."""
+    threads = thread_count()
+    if threads == 1 or elements < MIN_ELEMENTS or count < 2:
+        work(0, count)
+        return
+    futures = [_executor().submit(work, start, stop) for start, stop in ranges(count, threads)]
+    for future in futures:
+        future.result()
+
+
+def elementwise(function, *arrays) -> np.ndarray:
+    """function(*arrays) for an elementwise function, computed in slices across threads."""
+    shaped = np.broadcast_arrays(*arrays)
+    shape = shaped[0].shape
+    size = shaped[0].size
+    if thread_count() == 1 or size < MIN_ELEMENTS:
+        return np.asarray(function(*(np.ascontiguousarray(a) for a in shaped)))
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in shaped]
+    futures = [_executor().submit(function, *(a[low:high] for a in flat)) for low, high in ranges(size, thread_count())]
+    return np.concatenate([np.asarray(future.result()) for future in futures]).reshape(shape)

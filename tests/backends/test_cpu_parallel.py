@@ -1,0 +1,38 @@
+"""Splitting kernels across threads changes no bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sexpgpu import numerics as nx
+from sexpgpu.backends.cpu import folds, parallel
+
+
+def test_ranges_cover_everything_once_in_order():
+    for count in (1, 5, 17, 100):
+        for parts in (1, 2, 3, 8):
+            bounds = parallel.ranges(count, parts)
+            assert bounds[0][0] == 0 and bounds[-1][1] == count
+            assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(bounds, bounds[1:]))
+
+
+def test_matmul_bits_do_not_depend_on_the_thread_count(monkeypatch):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((3, 200, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 300)).astype(np.float32)
+    results = []
+    for threads in ("1", "2", "5"):
+        monkeypatch.setenv("SEXPGPU_CPU_THREADS", threads)
+        results.append(folds.matmul(a, b).tobytes())
+    assert results[0] == results[1] == results[2]
+
+
+@pytest.mark.skipif(not hasattr(nx, "tanh"), reason="sexpgpu.numerics is not built yet")
+def test_elementwise_bits_do_not_depend_on_the_thread_count(monkeypatch):
+    x = np.random.default_rng(5).standard_normal((70, 1000)).astype(np.float32)
+    results = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("SEXPGPU_CPU_THREADS", threads)
+        results.append(parallel.elementwise(nx.tanh, x))
+    assert results[0].shape == x.shape and results[0].tobytes() == results[1].tobytes()
