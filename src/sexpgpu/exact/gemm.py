@@ -42,8 +42,8 @@ def det_finalize(acc: Accumulator, dtype: torch.dtype = torch.float32) -> torch.
 
 def _accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Normalised (WIDTH, M, N) planes of x @ w.T, in backend calls of at most MAX_K_PER_CALL."""
-    x, w, special = split_special(x, w)
     backend = backends.select(x.device)
+    x, w, special = split_special(x, w)
     planes = None
     for k0 in range(0, x.shape[1], MAX_K_PER_CALL):
         part = backend.accumulate(x[:, k0 : k0 + MAX_K_PER_CALL], w[:, k0 : k0 + MAX_K_PER_CALL])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .accumulator import Accumulator
@@ -30,6 +32,6 @@ def _sum_planes(fn: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     # A sum is a product with a row of ones: (P, K) @ (1, K).T, exact like any other.
     dim = check_dim(fn, x, dim)
     rows = x.movedim(dim, -1)
-    flat = rows.reshape(-1, rows.shape[-1])
+    flat = rows.reshape(math.prod(rows.shape[:-1]), rows.shape[-1])
     ones = torch.ones((1, flat.shape[1]), dtype=x.dtype, device=x.device)
     return _accumulate(flat, ones).reshape(WIDTH, *rows.shape[:-1])

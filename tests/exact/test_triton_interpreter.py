@@ -1,0 +1,23 @@
+"""The Triton kernel's logic, run on the CPU by Triton's interpreter, against the CPU implementation."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_triton_kernel_in_the_interpreter_gives_the_cpu_digits():
+    environment = dict(os.environ, TRITON_INTERPRET="1")
+    environment["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [environment.get("PYTHONPATH")])])
+    done = subprocess.run(
+        [sys.executable, str(HERE / "exact_interpreter_check.py")],
+        env=environment, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("same:") == 7
