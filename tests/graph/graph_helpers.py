@@ -44,3 +44,17 @@ def _array(rng, dtype: str, shape: tuple, kind: str) -> np.ndarray:
     else:
         values = rng.standard_normal(count)
     return values.reshape(shape)
+
+
+def expression_graph(text: str, inputs: dict, options: dict | None = None):
+    """The graph of one body expression over inputs {name: (shape, dtype)}, output "y"."""
+    from sexpgpu.graph.build import Builder, Frame
+
+    e = Emitter()
+    builder = Builder(e, {}, seed=0, batch=1, mode="model")
+    env = dict(options or {})
+    nodes = {name: e.input(name, dtype, shape) for name, (shape, dtype) in inputs.items()}
+    env.update(nodes)
+    (expression,) = read_text(text, NAME)
+    y = builder.evaluate(expression, Frame(env, "", "test"))
+    return e.graph(nodes, {"y": y})

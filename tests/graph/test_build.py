@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from graph_helpers import experiment
+from graph_helpers import experiment, expression_graph
+from sexpgpu import numerics as nx
 from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.graph import compile_program, field_specs_of_generator
 
@@ -167,3 +169,15 @@ def test_layers_on_bf16_inputs_keep_float32_parameters_and_cast_them():
     casts = [node for node in program.training.micro.nodes if node.op == "cast" and node.dtype == "bf16"]
     assert len(casts) >= 3  # x, w and b
     assert all(node.dtype == "f32" for name, node in program.training.micro.outputs.items())
+
+
+@pytest.mark.skipif(not hasattr(nx, "erf"), reason="sexpgpu.numerics is not built yet")
+def test_the_language_gelu_gives_the_bits_of_the_gelu_op():
+    from sexpgpu.graph.emit import Emitter
+
+    x = (np.random.default_rng(1).standard_normal(1000) * 3).astype(np.float32)
+    composed = Interpreter().run(expression_graph("(gelu x)", {"x": ((1000,), "f32")}), {"x": x})["y"]
+    e = Emitter()
+    node = e.input("x", "f32", (1000,))
+    single = Interpreter().run(e.graph({"x": node}, {"y": e("gelu", node)}), {"x": x})["y"]
+    assert composed.tobytes() == single.tobytes()

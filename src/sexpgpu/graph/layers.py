@@ -12,6 +12,7 @@ emits IR through the op table. Derived ops are compositions:
 - attention: q k v = x @ transpose(wq wk wv), split into heads, scores = q @ k^T * (1/sqrt(d)),
   where(causal_mask, scores, -inf), softmax, @ v, heads merged, @ transpose(wo); each
   w (D, D) `(glorot-uniform)`;
+- gelu = (x * 0.5) * (1 + erf(x * (1/sqrt 2))), the erf form;
 - dropout = (x * cast(keep)) / (1 - p), keep = bernoulli(1 - p) drawn with the salt; the
   identity in passes.
 A layer's parameters are float32; on a bf16 input the layer casts them to bf16 where it
@@ -149,8 +150,17 @@ def _unary(op: str):
 
 for _name in ("add", "sub", "mul", "div"):
     _builtin(_name, ("value", "value"))(_binary(_name))
-for _name in ("neg", "relu", "gelu", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "square"):
+for _name in ("neg", "relu", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "square"):
     _builtin(_name, ("value",))(_unary(_name))
+
+
+@_builtin("gelu", ("value",))
+def _gelu(b, frame, x):
+    """(x * 0.5) * (1 + erf(x * (1/sqrt 2))): the steps of the `gelu` op, as nodes, so that the
+    gradient reuses the forward's erf instead of computing it again."""
+    x = _float_tensor(b, x, "gelu")
+    scaled = b.emit("mul", x, b.const(1.0 / math.sqrt(2.0), like=x))
+    return b.emit("mul", b.emit("mul", x, b.const(0.5, like=x)), b.emit("add", b.const(1.0, like=x), b.emit("erf", scaled)))
 
 
 @_builtin("pow", ("value", "number"))
@@ -405,7 +415,7 @@ _builtin("uniform", ("dims",), {"low": ("number", 0.0), "high": ("number", 1.0),
 _builtin("truncated-normal", ("dims",), {"mean": ("number", 0.0), "std": ("number", 1.0), "bound": ("number", 2.0),
                                          "salt": _SALT})(
     _draw("truncated-normal", "truncated_normal",
-          lambda p: None if p["std"] >= 0 and p["bound"] > 0 else ":std must be at least 0 and :bound above 0"))
+          lambda p: None if p["std"] >= 0 and p["bound"] >= 0.1 else ":std must be at least 0 and :bound at least 0.1"))
 _builtin("bernoulli", ("dims",), {"p": ("number", REQUIRED), "salt": _SALT})(
     _draw("bernoulli", "bernoulli", lambda p: None if 0 <= p["p"] <= 1 else ":p must be from 0 to 1"))
 _builtin("randint", ("dims",), {"low": ("int", REQUIRED), "high": ("int", REQUIRED), "salt": _SALT})(
