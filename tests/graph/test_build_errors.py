@@ -94,6 +94,17 @@ def test_a_loss_graph_must_give_a_scalar():
     assert caught.value.code == "E-SHAPE-001" and "the loss must be a float scalar" in caught.value.message
 
 
+def test_a_generator_declares_no_parameters():
+    text = ("(defgenerator g (record :x (linear (normal (batch 3)) :out 2 :as fc)))\n"
+            "(defgraph net (x) (linear x :out 3 :as fc))\n"
+            "(defrun r :seed 1 :data (generator g) :model (net x) :loss (mse x)\n"
+            "  :optimizer (sgd :lr 0.1) :batch 4 :steps 1)\n")
+    with pytest.raises(SexpgpuError) as caught:
+        compile_program(experiment(text))
+    assert caught.value.code == "E-GRAPH-003" and "a generator has no parameters" in caught.value.message
+    assert caught.value.location == Location(NAME, 1, 28)
+
+
 def test_a_generator_field_must_lead_with_the_batch():
     text = ("(defgenerator g (record :x (normal (3 2)) :y (randint (4) :low 0 :high 3)))\n"
             "(defgraph net (x) (linear x :out 3 :as fc))\n"

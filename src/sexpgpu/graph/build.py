@@ -147,6 +147,9 @@ class Builder:
 
     def declare_param(self, frame: Frame, name: str, shape: tuple, dtype: str, init, load, loc) -> Node:
         path = join_path(frame.scope, name)
+        if self.mode == "generator":
+            raise self.error("E-GRAPH-003", f"a generator has no parameters, but this declares '{path}': "
+                                            "draw its values instead (normal, uniform, ...).", loc)
         spec = ParamSpec(path, tuple(shape), dtype, init, load, loc)
         existing = self.params.get(path)
         if existing is not None:

@@ -106,9 +106,11 @@ class Node:
         return f"<{self.op} {self.dtype}[{dims}] {self.name!r}>"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Graph:
-    """Named inputs and outputs and every node in a fixed topological order."""
+    """Named inputs and outputs and every node in a fixed topological order.
+
+    Graphs compare and hash by identity, so a backend may key its compiled form by graph."""
 
     inputs: dict  # name -> Node (op "input"), in the documented order of the graph's maker
     outputs: dict  # name -> Node, in the documented order of the graph's maker

@@ -68,9 +68,9 @@ class Interpreter:
         return np.asarray(array)
 
     def _prepare(self, graph):
-        cached = self._prepared.get(id(graph))
-        if cached is not None and cached[0] is graph:
-            return cached[1]
+        cached = self._prepared.get(graph)
+        if cached is not None:
+            return cached
         positions = graph.positions()
         last_reader = {}
         for index, node in enumerate(graph.nodes):
@@ -87,7 +87,7 @@ class Interpreter:
                 continue
             sources = tuple(positions[source] for source in node.inputs)
             steps.append((index, node, KERNELS[node.op], sources, tuple(dying.get(index, ()))))
-        self._prepared[id(graph)] = (graph, (steps, positions))
+        self._prepared[graph] = (steps, positions)
         return steps, positions
 
     @staticmethod
