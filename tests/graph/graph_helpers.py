@@ -57,4 +57,6 @@ def expression_graph(text: str, inputs: dict, options: dict | None = None):
     env.update(nodes)
     (expression,) = read_text(text, NAME)
     y = builder.evaluate(expression, Frame(env, "", "test"))
+    nodes.update({f"param/{path}": node for path, node in builder.param_nodes.items()})
+    nodes.update(builder.scalar_nodes)
     return e.graph(nodes, {"y": y})
