@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import time
 
@@ -197,6 +198,23 @@ def test_sigkill_while_writing_never_leaves_a_checkpoint_that_latest_takes(tmp_p
     # The next attempt at the step succeeds, and the crashed writer's leftovers go.
     write(tmp_path, 2, big_bytes=1 << 20)
     assert sorted(os.listdir(tmp_path)) == ["step-1", "step-2"]
+
+
+def test_a_finished_but_unrenamed_directory_is_not_a_checkpoint_even_when_named(tmp_path):
+    killed = checkpoint_child.run(tmp_path, 1, 1, env={"SEXPGPU_TEST_CHECKPOINT_KILL_AT": "commit"})
+    assert killed.returncode == -signal.SIGKILL
+    (partial,) = [p for p in tmp_path.iterdir() if p.name.startswith(".step-1.partial-")]
+    assert (partial / "COMMITTED").exists()
+    for attempt in (lambda: resolve_checkpoint(str(partial), str(tmp_path)), lambda: read_checkpoint(str(partial))):
+        with pytest.raises(SexpgpuError) as caught:
+            attempt()
+        assert caught.value.code == "E-CKPT-003"
+
+
+def test_a_checkpoint_copied_under_another_name_still_reads(tmp_path):
+    shutil.copytree(write(tmp_path / "run", 2), tmp_path / "best")
+    assert resolve_checkpoint(str(tmp_path / "best"), str(tmp_path / "run")) == str(tmp_path / "best")
+    assert read_checkpoint(str(tmp_path / "best")).step == 2
 
 
 def test_sigkill_after_the_commit_keeps_the_new_checkpoint(tmp_path):

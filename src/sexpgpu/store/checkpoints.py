@@ -22,7 +22,7 @@ import numpy as np
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import crash_points, local_steps, s3_steps, safetensors_io
 from sexpgpu.store.digests import BackgroundSha256, chunks
-from sexpgpu.store.uris import MissingFile, basename, is_s3, join, parent
+from sexpgpu.store.uris import MissingFile, is_s3, join, parent
 
 FORMAT = "sexpgpu-checkpoint/1"
 MODEL_FILE = "model.safetensors"
@@ -152,9 +152,8 @@ def resolve_checkpoint(spec: str, run_root: str) -> str:
             raise SexpgpuError("E-CKPT-003", f"there is no committed checkpoint under {run_root} to resume from.",
                                hint="Start the run without --resume, or name the directory that holds its checkpoints.")
         return found[-1][1]
-    candidates = [spec]
-    if local_steps.STEP_NAME.fullmatch(spec):
-        candidates.append(join(run_root, spec))
+    # A bare step-<n> means the one under the run's root.
+    candidates = [join(run_root, spec), spec] if local_steps.STEP_NAME.fullmatch(spec) else [spec]
     for candidate in candidates:
         if _steps_module(candidate).is_committed(candidate):
             return candidate
@@ -195,22 +194,26 @@ def read_checkpoint(path: str) -> Checkpoint:
 def read_record(path: str) -> dict:
     """A committed checkpoint's experiment.json, verified against its commit marker."""
     steps = _steps_module(path)
+    if not steps.is_committed(path):
+        raise _missing_step(path)
     try:
-        marker = steps.read_small(join(path, MARKER))
-    except MissingFile:
-        raise _missing_step(path) from None
-    try:
-        expected = json.loads(marker)[EXPERIMENT_FILE]
-    except (ValueError, KeyError, TypeError):
+        marker = json.loads(steps.read_small(join(path, MARKER)))
+        expected = marker[EXPERIMENT_FILE]
+    except (MissingFile, ValueError, KeyError, TypeError):
         raise _corrupt(path, f"its {MARKER} marker is not one sexpgpu writes") from None
     try:
         data, sha = steps.read_whole(join(path, EXPERIMENT_FILE))
     except MissingFile:
         raise _corrupt(path, f"{EXPERIMENT_FILE} is missing") from None
     _check_digest(path, EXPERIMENT_FILE, data, sha, expected)
-    record = json.loads(data)
-    if record.get("format") != FORMAT or not isinstance(record.get("tensors"), dict):
+    try:
+        record = json.loads(bytes(data))
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("tensors"), dict):
         raise _corrupt(path, f"{EXPERIMENT_FILE} is not in the {FORMAT} format")
+    if record.get("step") != marker.get("step"):
+        raise _corrupt(path, f"{EXPERIMENT_FILE} is for step {record.get('step')} but {MARKER} for {marker.get('step')}")
     return record
 
 
@@ -251,7 +254,3 @@ def tensor_headers(path: str, record: dict) -> dict[str, safetensors_io.Header]:
             raise _corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
     return headers
 
-
-def step_of(path: str) -> int | None:
-    match = local_steps.STEP_NAME.fullmatch(basename(path))
-    return int(match.group(1)) if match else None

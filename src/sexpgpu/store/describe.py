@@ -47,8 +47,8 @@ def format_checkpoint(summary: dict) -> str:
     ]
     loads = summary.get("loads") or []
     lines.append(_row("loads", f"{len(loads)}" if loads else "none"))
-    lines += [f"  {pin['param']}  <-  {pin['file']}  tensor {pin['tensor']}, {pin['bytes']} bytes, "
-              f"{pin['version_kind']} {pin['version']}" for pin in loads]
+    lines += [f"  {pin.get('param')}  <-  {pin.get('file')}  tensor {pin.get('tensor')}, {pin.get('bytes')} bytes, "
+              f"{pin.get('version_kind')} {pin.get('version')}" for pin in loads]
     lines.append(_row("tensors", f"{len(summary['tensors'])} in {len(summary['files'])} files"))
     width = max((len(t["name"]) for t in summary["tensors"]), default=0)
     lines += [f"  {t['name']:<{width}}  {t['dtype']:<4}  {t['shape']}  {t['file']}" for t in summary["tensors"]]

@@ -12,7 +12,10 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+
+import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import crash_points
@@ -21,6 +24,8 @@ from sexpgpu.store.uris import MissingFile
 
 MARKER = "COMMITTED"
 STEP_NAME = re.compile(r"step-(0|[1-9][0-9]*)")
+# A writer's temporary directory, or one being deleted: never a checkpoint, even with a marker.
+UNFINISHED_NAME = re.compile(r"\.step-(\d+)\.(partial-.*|deleting)")
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
@@ -32,9 +37,9 @@ def disk_errors(path: str, doing: str, nbytes: int | None = None):
     except OSError as error:
         if error.errno in _FULL:
             need = f" ({nbytes} bytes to write)" if nbytes is not None else ""
-            raise SexpgpuError("E-DISK-001", f"the disk is full while {doing} {path}{need}: {error.strerror}.",
+            raise SexpgpuError("E-DISK-001", f"the disk is full: cannot {doing} {path}{need}: {error.strerror}.",
                                hint="Free space or point the checkpoints elsewhere; nothing already written was changed.") from None
-        raise SexpgpuError("E-DISK-002", f"cannot write {path} while {doing}: {error.strerror or error}.") from None
+        raise SexpgpuError("E-DISK-002", f"cannot {doing} {path}: {error.strerror or error}.") from None
 
 
 class Writer:
@@ -43,7 +48,7 @@ class Writer:
     def __init__(self, root: str, step: int):
         self.final = os.path.join(root, f"step-{step}")
         self.root = root
-        with disk_errors(root, "creating the checkpoint directory in"):
+        with disk_errors(root, "create a checkpoint in"):
             os.makedirs(root, exist_ok=True)
             self.temp = tempfile.mkdtemp(prefix=f".step-{step}.partial-", dir=root)
         crash_points.reached("start")
@@ -52,14 +57,16 @@ class Writer:
         """Write one file from its buffers and fsync it; returns its SHA-256."""
         path = os.path.join(self.temp, name)
         half, written = nbytes // 2, 0
-        with disk_errors(path, "writing", nbytes), open(path, "wb", buffering=0) as file, BackgroundSha256() as digest:
+        with (disk_errors(path, "write", nbytes), open(path, "wb", buffering=0) as file,
+              BackgroundSha256() as digest, _Flusher(file.fileno()) as flusher):
             for piece in chunks(buffers, CHUNK_BYTES):
                 digest.update(piece)
                 _write_all(file, piece)
+                flusher.kick()
                 if written < half <= written + len(piece):
                     crash_points.reached(f"mid:{name}")
                 written += len(piece)
-            os.fsync(file.fileno())
+            flusher.finish()
             sha = digest.hexdigest()
         crash_points.reached(f"file:{name}")
         return sha
@@ -68,7 +75,7 @@ class Writer:
         """Write the marker, make the directory durable and give it its final name."""
         self.write(MARKER, [marker], len(marker))
         crash_points.reached("commit")
-        with disk_errors(self.final, "committing"):
+        with disk_errors(self.final, "commit"):
             _fsync_dir(self.temp)
             if os.path.exists(self.final):
                 raise SexpgpuError("E-CKPT-004", f"{self.final} appeared while this checkpoint was written; it was left as it is.")
@@ -78,6 +85,33 @@ class Writer:
 
     def abort(self) -> None:
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+class _Flusher:
+    """fdatasync on a worker thread while the next chunks are written, so the disk writes
+    back the file as it grows instead of all at the final fsync."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fdatasync")
+        self._running = None
+
+    def kick(self) -> None:
+        if self._running is None or self._running.done():
+            if self._running is not None:
+                self._running.result()  # an error in writeback (ENOSPC) surfaces here
+            self._running = self._pool.submit(os.fdatasync, self._fd)
+
+    def finish(self) -> None:
+        if self._running is not None:
+            self._running.result()
+        os.fsync(self._fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True)
 
 
 def _write_all(file, view: memoryview) -> None:
@@ -94,11 +128,12 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def read_whole(path: str) -> tuple[bytearray, str]:
-    """A file's bytes and SHA-256, hashing each chunk while the next is read."""
+def read_whole(path: str) -> tuple[np.ndarray, str]:
+    """A file's bytes (a uint8 array) and SHA-256, hashing each chunk while the next is read."""
     try:
         size = os.stat(path).st_size
-        data = bytearray(size)
+        # np.empty, not bytearray: zero-filling a large buffer first costs as much as the read.
+        data = np.empty(size, dtype=np.uint8)
         view = memoryview(data)
         with open(path, "rb", buffering=0) as file, BackgroundSha256() as digest:
             position = 0
@@ -141,13 +176,14 @@ def committed_steps(root: str) -> dict[int, str]:
 
 
 def is_committed(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, MARKER))
+    unfinished = UNFINISHED_NAME.fullmatch(os.path.basename(os.path.normpath(path)))
+    return not unfinished and os.path.isfile(os.path.join(path, MARKER))
 
 
 def remove_step(path: str) -> None:
     """Uncommit first (rename away), then delete, so a crash midway leaves no half checkpoint."""
     doomed = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.deleting")
-    with disk_errors(path, "deleting"):
+    with disk_errors(path, "delete"):
         shutil.rmtree(doomed, ignore_errors=True)
         os.rename(path, doomed)
         shutil.rmtree(doomed)
@@ -155,8 +191,7 @@ def remove_step(path: str) -> None:
 
 def remove_partials(root: str, up_to_step: int) -> None:
     """Delete `.partial` and `.deleting` leftovers of crashed writers for steps up to `up_to_step`."""
-    pattern = re.compile(r"\.step-(\d+)\.(partial-.*|deleting)")
     for name in os.listdir(root):
-        match = pattern.fullmatch(name)
+        match = UNFINISHED_NAME.fullmatch(name)
         if match and int(match.group(1)) <= up_to_step:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
