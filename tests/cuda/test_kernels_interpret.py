@@ -121,9 +121,21 @@ def _row_kernel(shape, phases, outputs, row_stores=(), inputs=("f32",), reduced_
     return RowKernel(RowSpec(tuple(shape), reduced_rank, tuple(inputs), tuple(outputs), tuple(phases), tuple(row_stores)))
 
 
-@pytest.mark.parametrize("length", [50, 3000])  # one chunk, and several chunks of 2048
-def test_softmax_and_log_softmax(length):
-    a = tensor((3, length), scale=4.0)
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Chunks and splits at small sizes, so that the interpreter walks several of them
+    quickly: the generated loops depend on these sizes only through their values."""
+    from sexpgpu.backends.cuda.kernels import columns, rows
+
+    monkeypatch.setattr(rows, "MAX_BLOCK", 32)
+    monkeypatch.setattr(rows, "SPLIT_CHUNK", 64)
+    monkeypatch.setattr(rows, "SPLIT_MIN_LENGTH", 200)
+    monkeypatch.setattr(columns, "CHUNK_TILES", 1)
+
+
+@pytest.mark.parametrize("length", [20, 70])  # one chunk, and three chunks of 32
+def test_softmax_and_log_softmax(length, small_blocks):
+    a = tensor((2, length), scale=4.0)
     x = E.load(0, contiguous(a.shape))
     out = torch.empty_like(a)
     _row_kernel(a.shape, recipes.softmax(x, 0), [(contiguous(a.shape), "f32")])(a, out)
@@ -178,12 +190,12 @@ def test_sum_over_two_trailing_axes():
     close(out, a.double().sum((1, 2)).numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_long_rows_split_into_partials_then_reduce_them():
-    a = tensor((2, 70_000))
+def test_long_rows_split_into_partials_then_reduce_them(small_blocks):
+    a = tensor((2, 300))
     out = torch.empty(2)
     phase = Phase((Reduction("sum", E.load(0, contiguous(a.shape)) * E.load(0, contiguous(a.shape))),))
     kernel = _row_kernel(a.shape, [phase], [(View(a.shape, (1, 0)), "f32")], [(0, E.unary("sqrt", E.row(0)))])
-    assert kernel.parts == 5
+    assert kernel.parts == 5  # 300 elements in chunks of 64
     kernel(a, out)
     want = [math.sqrt(math.fsum(float(v) ** 2 for v in row)) for row in a.numpy()]
     close(out, want, rtol=1e-5)
@@ -206,8 +218,8 @@ def test_a_row_gives_the_same_bits_whatever_the_other_rows():
 # --- columns -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rows", [10, 3000])  # one chunk, and partial sums of several chunks
-def test_column_sums_and_maxima(rows):
+@pytest.mark.parametrize("rows", [10, 300])  # one chunk, and partial sums of several chunks
+def test_column_sums_and_maxima(rows, small_blocks):
     a = tensor((rows, 5))
     x = E.load(0, contiguous(a.shape))
     spec = ColumnSpec((rows,), (5,), ("f32",), (Reduction("sum", x * x), Reduction("max", x)),

@@ -14,7 +14,6 @@ import ctypes
 import os
 
 from sexpgpu.backends.cuda.fusion import FusionPolicy
-from sexpgpu.backends.cuda.kernels import mathlib
 
 CUBLAS_LIBRARIES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
 
@@ -31,6 +30,9 @@ def configure() -> None:
     torch.backends.cudnn.benchmark = False
     torch.set_float32_matmul_precision("highest")
     torch.use_deterministic_algorithms(True)
+    # every kernel writes each element it allocates; filling new memory with NaN first (the
+    # deterministic mode's default) would only cost a pass over it
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def cublas_version() -> str:
@@ -72,16 +74,13 @@ def facts(device, policy: FusionPolicy) -> dict:
     import torch
 
     found = device_facts(device, policy)
-    stand_ins = mathlib.missing()
-    math = ("portable math from sexpgpu.numerics" if not stand_ins else
-            f"{', '.join(stand_ins)} from CUDA libdevice until sexpgpu.numerics offers them to Triton")
     return {
         "name": f"cuda {found['gpu']} (torch {torch.__version__}, SEXPGPU_OPTIMIZE={policy.level})",
         "determinism": (
             "1: this machine repeats these bits with this binary: every kernel sums in a fixed order, "
             "there are no floating-point atomics, and nothing is measured yet, so there are no choices "
             "to remember in ~/.cache/sexpgpu; a machine with the device facts below lowers alike (2), "
-            f"another is 3; {math}"
+            "another is 3"
         ),
         "choices": (
             f"stacking 1, recompute {policy.budget:.2f} flops a byte, 0 convolution engines; "

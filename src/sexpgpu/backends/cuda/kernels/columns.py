@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source
+from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
 from sexpgpu.backends.cuda.kernels.expr import Expr, load, operand_views, shift_operands
-from sexpgpu.backends.cuda.kernels.flat import broadcast_load, iota_source, load_source, store_source
+from sexpgpu.backends.cuda.kernels.flat import indexed_load, iota_source, store_source
 from sexpgpu.backends.cuda.kernels.render import Renderer
 from sexpgpu.backends.cuda.kernels.rows import COMBINE, INITIAL, Reduction
 from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
@@ -82,13 +82,14 @@ class _ColumnSource:
             return offset_expression(flat, view.dims, view.strides, view.offset)
         reduced = offset_expression("rr", self.spec.reduced, view.strides[:self.rank], view.offset)
         kept = offset_expression("kk", self.spec.kept, view.strides[self.rank:])
-        return f"({reduced}) + ({kept})"
+        if kept == "0":
+            return reduced
+        return kept if reduced == "0" else f"({reduced}) + ({kept})"
 
     def _leaf(self, node: Expr, args) -> str:
         if node.op == "load":
             operand, view = node.attr
-            single = broadcast_load(self.pointers[operand], self.spec.inputs[operand], view)
-            return single or load_source(self.pointers[operand], self.spec.inputs[operand], self._tile_offset(view), "mask")
+            return indexed_load(self.pointers[operand], self.spec.inputs[operand], self._tile_offset(view), "mask")
         if node.op == "iota":
             return iota_source(self._tile_offset(node.attr))
         if node.op == "scalar":
@@ -104,7 +105,7 @@ class _ColumnSource:
         wide = needs_wide_index(spec.space, operand_views(roots))
         lines = [
             "@triton.jit",
-            f"def kernel({', '.join(self.pointers)}):",
+            "",  # the signature, once the body says whether it reads the numerics table
             f"    k = tl.program_id(0) * {self.block_k} + tl.arange(0, {self.block_k})",
             f"    kmask = k < {kept_count}",
             "    kk = k[None, :]",
@@ -128,18 +129,22 @@ class _ColumnSource:
         for number, reduction in enumerate(spec.reductions):
             lines.append(f"    s{number} = tl.reduce(a{number}, 0, {COMBINE[reduction.kind]})")
         lines += self._stores(kept_count)
+        lines[1] = signature(self.pointers, self.renderer.uses_table or self._epilogue_table)
         return module_source(self.renderer.imports, lines)
 
     def _stores(self, kept_count: int) -> list[str]:
         base = len(self.spec.inputs)
+        self._epilogue_table = False
         if self.parts > 1:
             return [f"    tl.store({self.pointers[base + number]} + part * {kept_count} + k, s{number}, mask=kmask)"
                     for number in range(len(self.spec.reductions))]
         epilogue = Renderer(self._leaf)
         epilogue.imports = self.renderer.imports
         lines = []
+        self._epilogue_table = False
         for output, value in self.spec.stores:
             name = epilogue.value(value)
+            self._epilogue_table = self._epilogue_table or epilogue.uses_table
             view, dtype = self.spec.outputs[output]
             offset = offset_expression("k", view.dims, view.strides, view.offset)
             lines.append("    " + store_source(self.pointers[base + output], dtype, offset, name, "kmask"))

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 
 HEADER = "import triton\nimport triton.language as tl\n"
+TABLE_ARGUMENT = ", tab):"  # the signature of a kernel that reads the numerics table
 _loaded: dict[str, object] = {}
 
 
@@ -62,9 +63,19 @@ class Launch:
 
     def __post_init__(self):
         self.function = load_kernel(self.source)
+        self.uses_table = TABLE_ARGUMENT in self.source
 
     def __call__(self, *operands) -> None:
+        if self.uses_table:
+            from sexpgpu.backends.cuda.kernels.portable_math import table
+
+            operands = operands + (table(operands[0].device),)
         self.function[self.grid](*operands, num_warps=self.num_warps, enable_fp_fusion=False)
+
+
+def signature(pointers, uses_table: bool) -> str:
+    names = list(pointers) + (["tab"] if uses_table else [])
+    return f"def kernel({', '.join(names)}):"
 
 
 def module_source(imports, body_lines) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source
+from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
 from sexpgpu.backends.cuda.kernels.expr import Expr, operand_views
 from sexpgpu.backends.cuda.kernels.render import Renderer
 from sexpgpu.backends.cuda.kernels.space import STORAGE_TYPES, View, needs_wide_index, numel, view_offset
@@ -40,15 +40,14 @@ def store_source(pointer: str, dtype: str, offset: str, value: str, mask: str | 
     return f"tl.store({pointer} + {offset}, {converted}{masked})"
 
 
-def broadcast_load(pointer: str, dtype: str, view: View) -> str | None:
-    """A load of one element for every position (all strides 0), read once unmasked."""
-    if any(view.strides):
-        return None
-    return load_source(pointer, dtype, str(view.offset), None)
+def indexed_load(pointer: str, dtype: str, offset: str, mask: str) -> str:
+    """A masked load at `offset`; an offset that is one constant (every position reads the
+    same element) is read once, unmasked, as a scalar."""
+    return load_source(pointer, dtype, offset, None if offset.isdigit() else mask)
 
 
 def iota_source(offset: str) -> str:
-    return "tl.full([], 0, tl.int32)" if offset == "0" else f"({offset}).to(tl.int32)"
+    return f"tl.full([], {offset}, tl.int32)" if offset.isdigit() else f"({offset}).to(tl.int32)"
 
 
 def flat_source(spec: FlatSpec) -> str:
@@ -59,8 +58,7 @@ def flat_source(spec: FlatSpec) -> str:
     def leaf(node: Expr, args):
         if node.op == "load":
             operand, view = node.attr
-            single = broadcast_load(pointers[operand], spec.inputs[operand], view)
-            return single or load_source(pointers[operand], spec.inputs[operand], view_offset("i", view), "mask")
+            return indexed_load(pointers[operand], spec.inputs[operand], view_offset("i", view), "mask")
         if node.op == "scalar":
             return load_source(pointers[node.attr], spec.inputs[node.attr], "0", None)
         if node.op == "iota":
@@ -71,7 +69,7 @@ def flat_source(spec: FlatSpec) -> str:
     first = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
     lines = [
         "@triton.jit",
-        f"def kernel({', '.join(pointers)}):",
+        "",  # the signature, once the body says whether it reads the numerics table
         f"    i = {first} * {BLOCK} + tl.arange(0, {BLOCK})",
         f"    mask = i < {numel(spec.shape)}",
     ]
@@ -79,8 +77,10 @@ def flat_source(spec: FlatSpec) -> str:
     for number, (view, dtype, value) in enumerate(spec.outputs):
         name = renderer.value(value)
         pointer = pointers[len(spec.inputs) + number]
-        offset = view_offset("i", view) if any(view.strides) else "i * 0"  # a 0-d output: lane 0 writes it
+        offset = view_offset("i", view)
+        offset = f"i * 0 + {offset}" if offset.isdigit() else offset  # one element: lane 0 writes it
         stores.append("    " + store_source(pointer, dtype, offset, name, "mask"))
+    lines[1] = signature(pointers, renderer.uses_table)
     return module_source(renderer.imports, lines + renderer.lines + stores)
 
 

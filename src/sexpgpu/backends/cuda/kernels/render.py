@@ -38,6 +38,7 @@ class Renderer:
         self.lines: list[str] = []
         self.names: dict[Expr, str] = {}
         self.imports: set[str] = {BITS_IMPORT}
+        self.uses_table = False  # a math function reads the numerics table (argument `tab`)
         self.counter = counter if counter is not None else [0]  # shared with nested blocks
 
     def value(self, root: Expr) -> str:
@@ -52,7 +53,14 @@ class Renderer:
         inner = Renderer(self.leaf, self.indent + "    ", self.counter)
         inner.names = dict(self.names)
         inner.imports = self.imports
+        inner.parent = self
         return inner
+
+    def _use_table(self) -> None:
+        renderer = self
+        while renderer is not None:
+            renderer.uses_table = True
+            renderer = getattr(renderer, "parent", None)
 
     def _emit(self, node: Expr) -> None:
         name = f"v{self.counter[0]}"
@@ -95,7 +103,8 @@ class Renderer:
             return f"{args[0]}.to({TRITON_TYPES[node.dtype]})"
         if op in mathlib.FUNCTIONS:
             self.imports.add(mathlib.import_line(op))
-            return f"m_{op}({', '.join(args)})"
+            self._use_table()
+            return f"m_{op}({', '.join(args)}, tab)"
         if op == "draw":
             kind, key, params = node.attr
             self.imports.add(mathlib.import_line(kind))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source
+from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
 from sexpgpu.backends.cuda.kernels.expr import Expr, load, nodes_in_order, operand_views, shift_operands
 from sexpgpu.backends.cuda.kernels.flat import iota_source, load_source, store_source
 from sexpgpu.backends.cuda.kernels.render import Renderer
@@ -120,10 +120,8 @@ class _RowSource:
             flat = f"(r * {self.spec.length} + c)"
             return offset_expression(flat, view.dims, view.strides, view.offset), "0"
         row_part = offset_expression("r", self.spec.lead, view.strides[:len(view.strides) - rank], view.offset)
-        column_strides = view.strides[len(view.strides) - rank:]
-        if not any(column_strides):
-            return row_part, None
-        return row_part, offset_expression("c", self.spec.reduced, column_strides)
+        element_part = offset_expression("c", self.spec.reduced, view.strides[len(view.strides) - rank:])
+        return row_part, None if element_part == "0" else element_part
 
     def _offset(self, view: View) -> str:
         row_part, element_part = self._split_view(view)
@@ -165,7 +163,7 @@ class _RowSource:
         wide = needs_wide_index(self.spec.shape, operand_views(roots) + [view for view, _ in self.spec.outputs])
         head = [
             "@triton.jit",
-            f"def kernel({', '.join(self.pointers)}):",
+            "",  # the signature, once the body says whether it reads the numerics table
             "    r = tl.program_id(0).to(tl.int64)" if wide else "    r = tl.program_id(0)",
             f"    lanes = tl.arange(0, {self.block})",
         ]
@@ -181,6 +179,7 @@ class _RowSource:
             self._partial_stores(number)
         else:
             self._row_stores()
+        head[1] = signature(self.pointers, self.renderer.uses_table)
         return module_source(self.renderer.imports, head + self.lines)
 
     def _phase(self, phase: Phase, first: int) -> None:

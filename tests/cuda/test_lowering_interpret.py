@@ -1,0 +1,177 @@
+"""The CUDA lowering, run on the CPU by Triton's interpreter, against the CPU interpreter.
+
+`CudaBackend(device="cpu")` lowers a graph exactly as on the GPU (the same fusion, kernels,
+memory plan and PyTorch calls) and runs it on CPU tensors. What differs on a GPU is only the
+reduction trees' arithmetic and cuBLAS: tests/cuda/test_gpu.py repeats these on the device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
+    pytest.skip("Triton's interpreter mode is off in this process", allow_module_level=True)
+
+from cuda_cases import CASES, FORWARD_CASES, assert_matches, case_graph, case_id, random_array  # noqa: E402
+from sexpgpu.backends.cpu import Interpreter  # noqa: E402
+from sexpgpu.backends.cuda import views  # noqa: E402
+from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
+from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
+from sexpgpu.backends.cuda.memory import Lifetime, plan_arena  # noqa: E402
+from sexpgpu.graph.emit import Emitter  # noqa: E402
+
+CPU = Interpreter()
+SMALL_CASES = [case for case in CASES if max(np.prod(shape) for _, shape, _ in case[1]) <= 200]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return CudaBackend(device="cpu")
+
+
+def compare(backend, graph, values):
+    want = CPU.run(graph, values)
+    got = backend.run(graph, values)
+    for name in want:
+        assert_matches(name, backend.to_host(got[name]), want[name], graph.outputs[name].dtype)
+    return got
+
+
+@pytest.mark.parametrize("case", SMALL_CASES, ids=case_id)
+def test_op_and_its_gradient_match_the_interpreter(backend, case):
+    compare(backend, *case_graph(case))
+
+
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=case_id)
+def test_op_without_gradient_matches_the_interpreter(backend, case):
+    compare(backend, *case_graph(case, differentiate=False))
+
+
+EXACT = ["neg", "relu", "gelu", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "square", "erf"]
+
+
+@pytest.mark.parametrize("op", EXACT)
+def test_elementwise_ops_give_the_interpreters_bits(backend, op):
+    """No sum is involved, and the math functions are the portable ones: bit for bit."""
+    kind = "positive" if op in ("log", "sqrt", "rsqrt") else "normal"
+    for dtype in ("f32", "bf16"):
+        graph, values = case_graph((op, [(dtype, (7, 9), kind)], {}), differentiate=False)
+        got = backend.to_host(backend.run(graph, values)["y"])
+        want = CPU.run(graph, values)["y"]
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+def _mlp_training_graph():
+    """A small MLP's loss and gradients: matmuls, a fused bias-relu chain, cross-entropy."""
+    e = Emitter()
+    x = e.input("x", "f32", (6, 5))
+    labels = e.input("y", "i32", (6,))
+    w1, b1 = e.input("w1", "f32", (8, 5)), e.input("b1", "f32", (8,))
+    w2 = e.input("w2", "f32", (3, 8))
+    hidden = e("relu", e("add", e("matmul", x, e("transpose", w1, perm=(1, 0))), b1))
+    logits = e("matmul", hidden, e("transpose", w2, perm=(1, 0)))
+    loss = e("div", e("sum", e("cross_entropy", logits, labels), axes=None), e.const(6.0))
+    from sexpgpu.graph.autodiff import gradients
+
+    grads = gradients(e, loss, [w1, b1, w2])
+    inputs = {"x": x, "y": labels, "w1": w1, "b1": b1, "w2": w2}
+    graph = e.graph(inputs, {"loss": loss, "g1": grads[0], "gb": grads[1], "g2": grads[2]})
+    rng = np.random.default_rng(5)
+    values = {name: random_array(rng, node.dtype, node.shape, "normal") for name, node in inputs.items()}
+    values["y"] = rng.integers(0, 3, 6).astype(np.int32)
+    return graph, values
+
+
+def test_fusion_on_and_off_give_the_same_bits():
+    """Fusion decides where a value is computed, never what it is: every node keeps its
+    rounding, and a reduction's tree depends only on its length."""
+    graph, values = _mlp_training_graph()
+    fused = CudaBackend(device="cpu", policy=FusionPolicy("on"))
+    unfused = CudaBackend(device="cpu", policy=FusionPolicy("off"))
+    on, off = fused.run(graph, values), unfused.run(graph, values)
+    for name in on:
+        assert torch.equal(on[name], off[name]), name
+    assert len(fused.lowered(graph).steps) < len(unfused.lowered(graph).steps)
+    compare(fused, graph, values)
+
+
+def test_an_elementwise_chain_is_one_kernel(backend):
+    e = Emitter()
+    x, b = e.input("x", "f32", (4, 6)), e.input("b", "f32", (6,))
+    y = e("tanh", e("mul", e("add", x, b), e("sigmoid", x)))
+    graph = e.graph({"x": x, "b": b}, {"y": y})
+    lowered = backend.lowered(graph)
+    assert [step.kind for step in lowered.steps] == ["elementwise"]
+
+
+def test_a_value_read_by_several_kernels_is_recomputed_within_the_budget():
+    e = Emitter()
+    x = e.input("x", "f32", (4, 6))
+    cheap = e("add", x, x)  # 1 flop: recomputed by each reader
+    costly = e("exp", e("exp", e("exp", e("exp", e("exp", x)))))  # 40 flops > 9 x 4 bytes: written once
+    outputs = {"a": e("sum", cheap, axes=(1,)), "b": e("max", cheap, axes=(1,)),
+               "c": e("sum", costly, axes=(1,)), "d": e("max", costly, axes=(1,))}
+    graph = e.graph({"x": x}, outputs)
+    kinds = [step.kind for step in CudaBackend(device="cpu").lowered(graph).steps]
+    assert kinds.count("elementwise") == 1  # only `costly` is written out
+
+
+def test_the_arena_never_overlaps_buffers_that_live_together():
+    rng = np.random.default_rng(1)
+    lives = []
+    for index in range(60):
+        born = int(rng.integers(0, 40))
+        lives.append(Lifetime(f"b{index}", int(rng.integers(1, 5000)), born, born + int(rng.integers(0, 10))))
+    plan = plan_arena(lives)
+    for first in lives:
+        for second in lives:
+            if first.key >= second.key or first.dies < second.born or second.dies < first.born:
+                continue
+            a, b = plan.offsets[first.key], plan.offsets[second.key]
+            assert a + first.nbytes <= b or b + second.nbytes <= a
+    assert plan.arena_bytes <= sum(-(-life.nbytes // 256) * 256 for life in lives)
+
+
+def test_reshape_strides_agree_with_torch_view():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        shape = tuple(int(size) for size in rng.integers(1, 4, rng.integers(1, 5)))
+        base = torch.arange(int(np.prod(shape)) * 2).reshape(shape + (2,))[..., 0]
+        perm = tuple(rng.permutation(len(shape)))
+        source = base.permute(perm)
+        target = tuple(int(size) for size in rng.permutation(list(source.shape)))
+        ours = views.reshape_strides(tuple(source.shape), tuple(source.stride()), target)
+        try:
+            theirs = tuple(source.view(target).stride())
+        except RuntimeError:
+            theirs = None
+        if ours is not None and theirs is not None:
+            assert ours == theirs or torch.equal(source.reshape(target), source.as_strided(target, ours))
+        assert (ours is None) == (theirs is None), (source.shape, source.stride(), target)
+
+
+def test_a_tiny_training_run_follows_the_interpreter():
+    """tiny-adam through the run loop, a few steps on each backend: the losses agree to
+    float32 rounding of differently ordered sums."""
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.loop import Trainer
+    from sexpgpu.run.setup import build_run
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tiny-adam.sexp")
+    experiment = load_experiment(root)
+    losses = {}
+    for device in ("cpu", "cuda"):
+        built = build_run(experiment, "cpu")
+        if device == "cuda":
+            built.backend = CudaBackend(device="cpu")
+            built.feeder.backend = built.backend
+        state = built.initial_state()
+        trainer = Trainer(experiment.run, built.program, built.backend, built.feeder)
+        losses[device] = [trainer.step(state)["loss"] for _ in range(3)]
+    np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-5)
