@@ -116,7 +116,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if k == 0:
         return np.zeros(out_shape, a.dtype)
     # left[k] * right[k] is the k-th product of every output element, by broadcasting
-    left = _lead_k(np.swapaxes(a, -1, -2), len(batch))[..., :, None]  # (K, ..., M, 1)
+    left = _lead_k(a.swapaxes(-1, -2), len(batch))[..., :, None]  # (K, ..., M, 1)
     right = _lead_k(b, len(batch))[..., None, :]  # (K, ..., 1, N)
     width = math.prod(out_shape)
     if width >= LARGE:
@@ -152,7 +152,8 @@ def _matmul_in_place(left, right, out_shape) -> np.ndarray:
 def _lead_k(x: np.ndarray, batch_rank: int) -> np.ndarray:
     """x (..., K, C) as a contiguous (K, 1.., ..., C) with `batch_rank` leading dims after K."""
     padded = x.reshape((1,) * (batch_rank - (x.ndim - 2)) + x.shape)
-    return np.ascontiguousarray(np.moveaxis(padded, -2, 0))
+    rank = padded.ndim
+    return np.ascontiguousarray(padded.transpose((rank - 2,) + tuple(range(rank - 2)) + (rank - 1,)))
 
 
 def _fold_terms(acc, terms: np.ndarray) -> np.ndarray:

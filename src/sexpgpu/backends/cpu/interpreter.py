@@ -44,7 +44,9 @@ class Interpreter:
         rounds_bf16 = self.math.rounds_bf16
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are values here, not warnings
             for index, node, kernel, sources, dead in steps:
-                value = np.asarray(kernel(node, [values[source] for source in sources], self.math))
+                value = kernel(node, [values[source] for source in sources], self.math)
+                if type(value) is not np.ndarray:
+                    value = np.asarray(value)
                 if rounds_bf16 and node.dtype == "bf16":
                     value = round_bf16(value)
                 values[index] = value

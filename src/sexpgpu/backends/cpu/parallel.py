@@ -15,14 +15,14 @@ import numpy as np
 MIN_ELEMENTS = 1 << 15  # below this a split costs more than it saves
 
 _pool = None
+_AVAILABLE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def thread_count() -> int:
     setting = os.environ.get("SEXPGPU_CPU_THREADS")
     if setting and setting.isdigit() and int(setting) >= 1:
         return int(setting)
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(available, 8))
+    return max(1, min(_AVAILABLE, 8))
 
 
 def _executor():
