@@ -29,7 +29,8 @@ def test_cosine_matches_a_float64_reference_within_float32_rounding():
         else:
             progress = (step - 10) / 90
             reference = 0.001 + 0.5 * (0.01 - 0.001) * (1 + math.cos(math.pi * progress))
-        assert abs(ours - reference) <= 2e-7 * max(abs(reference), 1e-3)
+        # The cosine's argument is rounded to float32 first: an error of about 1e-7 of the peak rate.
+        assert abs(ours - reference) <= 1e-7 * 0.01 + 6e-8 * reference
     assert float(learning_rate(schedule, 0.01, 100, 100)) == np.float32(0.001)
 
 

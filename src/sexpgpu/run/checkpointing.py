@@ -11,7 +11,6 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
 from sexpgpu.run.state import TrainingState
 
-CHECKPOINT_FORMAT = "sexpgpu-checkpoint/1"
 # Parts of the resolved run that do not change a training step's bits. The microbatch layout
 # is checked on its own (it decides which data a global microbatch index holds).
 _NOT_BIT_RELEVANT = ("checkpoint", "passes", "microbatches", "path", "loc")
@@ -49,7 +48,6 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
     run = built.experiment.run
     identity = bit_identity(built.experiment)
     return {
-        "format": CHECKPOINT_FORMAT,
         "experiment": {"resolved": identity, "digest": identity_digest(identity),
                        "name": run.name, "file": experiment_to_json(built.experiment)},
         "selection": run.name,

@@ -30,7 +30,7 @@ def lowering_report(experiment, program, backend_facts: dict, memory: dict, sour
         f"sexpgpu {sexpgpu.__version__}: run {run.name} from {experiment.path} (sha256 {experiment.source_sha256[:16]})",
         _line("backend", backend_facts["name"]),
         _line("graph", f"{len(training.micro.nodes)} nodes a microbatch, {len(training.update.nodes)} in the update; "
-                       f"{len(program.passes)} passes"),
+                       f"{len(program.passes)} pass{'' if len(program.passes) == 1 else 'es'}"),
         _line("parameters", f"{len(program.params)} tensors, {param_values:,} values"),
         _line("memory plan", ", ".join(f"{name} peak {_bytes(peak)}" for name, peak in memory.items())),
         _line("data", _describe_data(source_identity)),
