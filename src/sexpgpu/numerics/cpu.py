@@ -48,24 +48,24 @@ def _index_words(a, b):
     return (i & np.uint64(0xFFFFFFFF)).astype(np.uint32), (i >> np.uint64(32)).astype(np.uint32)
 
 
-def draw(element, n, dtype, key, *params):
-    """element(i_lo, i_hi, k0, k1, *params) for the flat indices 0..n-1."""
+def draw(element, n, dtype, key, *params, start=0):
+    """element(i_lo, i_hi, k0, k1, *params) for the flat indices start..start+n-1."""
     out = np.empty(n, dtype=dtype)
     k0, k1 = np.uint32(key[0]), np.uint32(key[1])
     with np.errstate(all="ignore"):
         for a, b in _pieces(n):
-            i_lo, i_hi = _index_words(a, b)
+            i_lo, i_hi = _index_words(start + a, start + b)
             out[a:b] = element(i_lo, i_hi, k0, k1, *params)
     return out
 
 
-def truncated_normal(n, key, mean, std, bound):
+def truncated_normal(n, key, mean, std, bound, start=0):
     """Each element redraws (attempt 1, 2, ...) until its z lies in [-bound, bound]."""
     out = np.empty(n, dtype=np.uint32)
     k0, k1 = np.uint32(key[0]), np.uint32(key[1])
     with np.errstate(all="ignore"):
         for a, b in _pieces(n):
-            i_lo, i_hi = _index_words(a, b)
+            i_lo, i_hi = _index_words(start + a, start + b)
             z = draws.normal_attempt(i_lo, i_hi, 0, k0, k1)
             pending = np.flatnonzero((z > bound) | (z < -bound))
             attempt = 1

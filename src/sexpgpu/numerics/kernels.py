@@ -77,6 +77,16 @@ def normal_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
     store_f32(out_ptr, offsets, n, scaled_f32(z, f64_arg(args, 2), f64_arg(args, 3)))
 
 
+def larger(a, b):
+    return tl.maximum(a, b)
+
+
+def any_set(flags):
+    # tl.reduce with our own combine function rather than tl.max, which Triton defines as a
+    # jitted library function and so would not follow a switch to the interpreter
+    return tl.reduce(flags.to(tl.int32), 0, larger) > 0
+
+
 def truncated_normal_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
     """Each element redraws (attempt 1, 2, ...) until |z| <= bound; the block loops until
     all of its elements are done."""
@@ -85,7 +95,7 @@ def truncated_normal_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
     z = normal_attempt(i_lo, i_hi, 0, k0, k1)
     rejected = ((z > bound) | (z < -bound)) & (offsets < n)
     attempt = tl.full([], 1, tl.uint32)
-    while tl.max(rejected.to(tl.int32), axis=0) > 0:
+    while any_set(rejected):
         z = tl.where(rejected, normal_attempt(i_lo, i_hi, attempt, k0, k1), z)
         rejected = ((z > bound) | (z < -bound)) & (offsets < n)
         attempt += 1

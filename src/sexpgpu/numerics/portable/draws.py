@@ -6,7 +6,7 @@ distribution's use of the words is documented in docs/numerics.md.
 """
 
 from . import numpy_ops as K
-from .ieee import f32_to_f64, round_f32
+from .ieee import f32_to_f64, neg, round_f32
 from .log import log_f64
 from .philox import philox4x32
 from .trig import sin_cos_small
@@ -45,7 +45,7 @@ def standard_normal(w0, w1, w2):
     quadrant = (turn >> 30) & 3
     s, c = sin_cos_small(K.to_f64((turn & (QUARTER - 1)) - EIGHTH) * TURN_UNIT, 0.0)
     cosine = K.where((quadrant & 1) == 1, s, c)
-    return radius * K.where(((quadrant + 1) & 2) == 2, -cosine, cosine)
+    return radius * K.where(((quadrant + 1) & 2) == 2, neg(cosine), cosine)
 
 
 def normal_attempt(i_lo, i_hi, attempt, k0, k1):

@@ -9,7 +9,7 @@ erf rounds to 1.
 
 from . import numpy_ops as K
 from .exp import clamp, exp_f64, finish
-from .ieee import f32_to_f64, horner
+from .ieee import absolute, f32_to_f64, horner, neg
 from .tables import ERF_CASES
 
 ERF_T = (1.1283791670955126, -0.37612638903183754, 0.11283791670955126,
@@ -24,10 +24,10 @@ ERFCX_G = (0.2108063640611436, -0.07434734678979495, 0.02493799708665696, -0.008
 
 def erf_f32(bits, tab):
     x = f32_to_f64(bits)
-    a = clamp(K.where(x < 0.0, -x, x), 0.0, 4.0)
+    a = clamp(absolute(x), 0.0, 4.0)
     w = a * a
     series = a * horner(w, ERF_T)
-    tail = 1.0 - exp_f64(-w, 0.0) * horner(a - 2.5, ERFCX_G)
+    tail = 1.0 - exp_f64(neg(w), 0.0) * horner(a - 2.5, ERFCX_G)
     y = K.where(a < 1.0, series, tail)
-    y = K.where(x < 0.0, -y, K.where(x == 0.0, x, y))
+    y = K.where(x < 0.0, neg(y), K.where(x == 0.0, x, y))
     return finish(bits, x != x, y, 0.0, tab, ERF_CASES)

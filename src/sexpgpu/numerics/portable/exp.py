@@ -7,7 +7,7 @@ r + r^2 q(r) with q the Taylor series through r^14/14!, whose truncation error i
 """
 
 from . import numpy_ops as K
-from .ieee import QUIET_NAN, f32_to_f64, fast_two_sum, horner, pow2, rint, round_f32
+from .ieee import QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, neg, pow2, rint, round_f32
 from .tables import EXP_CASES, EXPM1_CASES, SIGMOID_CASES, TANH_CASES, hard_case
 
 INV_LN2 = 1.4426950408889634
@@ -70,23 +70,23 @@ def expm1_f32(bits, tab):
 
 def tanh_f32(bits, tab):
     x = f32_to_f64(bits)
-    a = clamp(K.where(x < 0.0, -x, x), 0.0, 20.0)
+    a = clamp(absolute(x), 0.0, 20.0)
     t = expm1_f64(a + a)
     y = t / (t + 2.0)
-    y = K.where(x < 0.0, -y, K.where(x == 0.0, x, y))
+    y = K.where(x < 0.0, neg(y), K.where(x == 0.0, x, y))
     return finish(bits, x != x, y, 0.0, tab, TANH_CASES)
 
 
 def sigmoid_f32(bits, tab):
     """1 / (1 + exp(-x)); near 0 it is 1/2 + x/4 - x^3/48 + ..., rounded from hi + lo."""
     x = f32_to_f64(bits)
-    a = clamp(K.where(x < 0.0, -x, x), 0.0, 110.0)
-    e = exp_f64(-a, 0.0)
+    a = clamp(absolute(x), 0.0, 110.0)
+    e = exp_f64(neg(a), 0.0)
     y = K.where(x < 0.0, e, 1.0) / (1.0 + e)
     # |x| < 2^-11: 1/2 + x/4 lies within x^3/48 of sigmoid(x) and no float32 or rounding
     # midpoint lies strictly between them, so -x^3/48 only breaks ties (docs/numerics.md)
     s = clamp(x, -SERIES_LIMIT, SERIES_LIMIT)
-    hi, lo = fast_two_sum(0.5 + 0.25 * s, -(s * s * s) / 48.0)
+    hi, lo = fast_two_sum(0.5 + 0.25 * s, (s * s * s) / -48.0)
     near_zero = (x < SERIES_LIMIT) & (x > -SERIES_LIMIT)
     return finish(bits, x != x, K.where(near_zero, hi, y), K.where(near_zero, lo, 0.0), tab,
                   SIGMOID_CASES)

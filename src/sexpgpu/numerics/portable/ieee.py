@@ -15,6 +15,16 @@ TWO_P149 = 2.0**149
 SPLITTER = 134217729.0  # 2^27 + 1
 
 
+def neg(x):
+    """-x, exactly, with the sign of zero (Triton's unary minus computes 0 - x, so -(+0) = +0)."""
+    return x * -1.0
+
+
+def absolute(x):
+    """|x| for float64, by clearing the sign bit."""
+    return K.f64_from_bits(K.f64_bits(x) & 0x7FFFFFFFFFFFFFFF)
+
+
 def f32_to_f64(bits):
     """The float64 equal to the float32 with these bits (uint32)."""
     w = K.i64(bits)
@@ -24,7 +34,7 @@ def f32_to_f64(bits):
     special = K.f64_from_bits((2047 << 52) | (m << 29))
     tiny = K.to_f64(m) * TWO_M149
     v = K.where(e == 0, tiny, K.where(e == 255, special, normal))
-    return K.where((w >> 31) == 1, -v, v)
+    return K.where((w >> 31) == 1, neg(v), v)
 
 
 def round_f32(hi, lo):

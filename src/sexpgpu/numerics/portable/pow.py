@@ -8,7 +8,7 @@ sqrt(x), x and 1/x, each correctly rounded.
 
 from . import numpy_ops as K
 from .exp import exp_f64
-from .ieee import QUIET_NAN, f32_to_f64, fast_two_sum, round_f32, two_prod
+from .ieee import QUIET_NAN, absolute, f32_to_f64, fast_two_sum, neg, round_f32, two_prod
 from .log import log_pair
 
 TWO_P24 = 16777216.0
@@ -42,7 +42,7 @@ def magnitude(ax, y):
 
 def special_magnitude(ax, y, general):
     """|x|^y where x is 0 or infinite or y is infinite; `general` elsewhere."""
-    ay = K.where(y < 0.0, -y, y)
+    ay = absolute(y)
     towards_zero = ((ax < 1.0) == (y > 0.0)) & (ax != 1.0)
     y_inf = K.where(ax == 1.0, 1.0, K.where(towards_zero, 0.0, INF))
     x_zero = K.where(y < 0.0, INF, 0.0)
@@ -54,12 +54,12 @@ def special_magnitude(ax, y, general):
 def pow_f32(x_bits, y_bits, tab):
     x = f32_to_f64(x_bits)
     y = f32_to_f64(y_bits)
-    ax = K.where(x < 0.0, -x, x)
-    ay = K.where(y < 0.0, -y, y)
+    ax = absolute(x)
+    ay = absolute(y)
     integral, odd = integral_and_odd(y, ay)
     x_negative = x_bits > 0x7FFFFFFF
     mag = special_magnitude(ax, y, magnitude(ax, y))
-    out = round_f32(K.where(x_negative & odd, -mag, mag), 0.0)
+    out = round_f32(K.where(x_negative & odd, neg(mag), mag), 0.0)
     finite_x = (ax > 0.0) & (ax < INF)
     invalid = (x != x) | (y != y) | (x_negative & finite_x & (ay < INF) & ~integral)
     out = K.where(invalid, QUIET_NAN, out)

@@ -3,8 +3,9 @@
 Hard cases sit in open-addressing-free hash tables: slot = (bits * multiplier mod 2^32)
 >> shift, with a multiplier chosen here (deterministically) so that no two keys share a
 slot. Each slot holds (key, answer); empty slots hold the key 0xFFFFFFFF, a NaN, whose
-answer is replaced by NaN anyway. Each function's table is described to the algorithms
-by the constant (offset, multiplier, shift).
+answer is replaced by NaN anyway. Even and odd functions are keyed by |x| and hold the
+answer for |x|; an odd function's answer takes the sign of x. Each function's table is
+described to the algorithms by the constant (offset, multiplier, shift, key mask, sign mask).
 """
 
 import numpy as np
@@ -17,6 +18,8 @@ from .hardcases import HARD_CASES
 TWO_OVER_PI_BITS = (0x00000000, 0xA2F9836E, 0x4E441529, 0xFC2757D1, 0xF534DDC0, 0xDB629599,
                     0x3C439041, 0xFE5163AB, 0xDEBBC561, 0xB7246E3A, 0x424DD2E0, 0x06492EEA)
 EMPTY = 0xFFFFFFFF
+EVEN = ("cos",)
+ODD = ("erf", "sin", "tanh")
 
 
 def _slots(cases):
@@ -41,7 +44,9 @@ def _build():
     specs = {}
     for name in sorted(HARD_CASES):
         multiplier, shift, slot_words = _slots(HARD_CASES[name])
-        specs[name] = (len(words), multiplier, shift)
+        key_mask = 0x7FFFFFFF if name in EVEN + ODD else 0xFFFFFFFF
+        sign_mask = 0x80000000 if name in ODD else 0
+        specs[name] = (len(words), multiplier, shift, key_mask, sign_mask)
         words.extend(slot_words)
     return np.array(words, dtype=np.uint32), specs
 
@@ -62,6 +67,7 @@ RSQRT_CASES = _SPECS["rsqrt"]
 
 def hard_case(bits, result, tab, spec):
     """The table's answer where `bits` is one of the function's hard cases, else `result`."""
-    slot = K.i64((bits * spec[1]) >> spec[2])
-    index = spec[0] + 2 * slot
-    return K.where(K.gather(tab, index) == bits, K.gather(tab, index + 1), result)
+    key = bits & spec[3]
+    index = spec[0] + 2 * K.i64((key * spec[1]) >> spec[2])
+    answer = K.gather(tab, index + 1) ^ (bits & spec[4])
+    return K.where(K.gather(tab, index) == key, answer, result)

@@ -8,7 +8,8 @@ correct bits even for the inputs closest to a multiple of pi/2.
 """
 
 from . import numpy_ops as K
-from .ieee import QUIET_NAN, f32_to_f64, fast_two_sum, horner, round_f32, split, two_prod_split
+from .ieee import (QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, neg, round_f32, split,
+                   two_prod_split)
 from .tables import COS_CASES, SIN_CASES, TWO_OVER_PI, hard_case
 
 PIO2_HI = 1.5707963267948966
@@ -75,7 +76,7 @@ def sin_cos_small(r_hi, r_lo):
 def reduce(bits, tab):
     """|x| as q pi/2 + r: the quadrant q and r_hi + r_lo with |r_hi| <= pi/4."""
     x = f32_to_f64(bits)
-    a = K.where(x < 0.0, -x, x)
+    a = absolute(x)
     q, r_hi, r_lo = reduce_large(bits, tab)
     small = a < PIO4
     return x, K.where(small, 0, q), K.where(small, a, r_hi), K.where(small, 0.0, r_lo)
@@ -85,7 +86,7 @@ def sin_f32(bits, tab):
     x, q, r_hi, r_lo = reduce(bits, tab)
     s, c = sin_cos_small(r_hi, r_lo)
     y = K.where((q & 1) == 1, c, s)
-    y = K.where(((q & 2) == 2) != (x < 0.0), -y, y)
+    y = K.where(((q & 2) == 2) != (x < 0.0), neg(y), y)
     out = hard_case(bits, round_f32(K.where(x == 0.0, x, y), 0.0), tab, SIN_CASES)
     return K.where((x - x) != 0.0, QUIET_NAN, out)
 
@@ -94,6 +95,6 @@ def cos_f32(bits, tab):
     x, q, r_hi, r_lo = reduce(bits, tab)
     s, c = sin_cos_small(r_hi, r_lo)
     y = K.where((q & 1) == 1, s, c)
-    y = K.where(((q + 1) & 2) == 2, -y, y)
+    y = K.where(((q + 1) & 2) == 2, neg(y), y)
     out = hard_case(bits, round_f32(y, 0.0), tab, COS_CASES)
     return K.where((x - x) != 0.0, QUIET_NAN, out)

@@ -1,0 +1,78 @@
+"""The hard cases and a random sample of every function against mpmath at 200 bits.
+
+Hard cases: every input of ../shared/numerics/hardcases (exp, log, erf, tanh, rsqrt) and of
+tests/numerics/hardcases (our scans of cos, sin, expm1, log1p, sigmoid) whose exact value
+lies within 2^-26 float32 ulps of a rounding midpoint, with both signs where the function
+is odd or even.
+"""
+
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+import numerics_reference as ref
+from sexpgpu import numerics as nx
+
+HERE = pathlib.Path(__file__).resolve()
+SHARED = HERE.parents[2].parent / "shared" / "numerics" / "hardcases"
+OURS = HERE.parent / "hardcases"
+NAMES = ("exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "cos", "sin", "rsqrt")
+SYMMETRIC = ("cos", "erf", "sin", "tanh")
+SAMPLE = 10_000
+LINE = re.compile(r"^CAND (\w+) x=\S+ \((0x[0-9a-f]{8})\)")
+
+
+def hard_cases(folder):
+    found = {}
+    for path in sorted(folder.glob("*.txt")):
+        for line in path.read_text().splitlines():
+            match = LINE.match(line)
+            if match:
+                found.setdefault(match.group(1), set()).add(int(match.group(2), 16))
+    return found
+
+
+def _check(name, bits):
+    bits = np.array(sorted(bits), dtype=np.uint32)
+    if name in SYMMETRIC:
+        bits = np.concatenate([bits, bits ^ np.uint32(0x80000000)])
+    got = getattr(nx, name)(bits.view(np.float32)).view(np.uint32)
+    wrong = [(hex(int(b)), hex(int(g)), hex(ref.correct(name, b)))
+             for b, g in zip(bits, got) if int(g) != ref.correct(name, b)]
+    assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("name", ("exp", "log", "erf", "tanh", "rsqrt"))
+def test_published_hard_cases(name):
+    if not SHARED.is_dir():
+        pytest.skip(f"reference data not found at {SHARED} (../shared/numerics from the repo)")
+    cases = hard_cases(SHARED)[name]
+    assert len(cases) >= {"exp": 18, "log": 50, "erf": 4, "tanh": 1, "rsqrt": 100}[name]
+    _check(name, cases)
+
+
+@pytest.mark.parametrize("name", ("cos", "sin", "expm1", "log1p", "sigmoid"))
+def test_our_scanned_hard_cases(name):
+    _check(name, hard_cases(OURS)[name])
+
+
+def test_the_hardest_published_cases_by_name():
+    # README: erf 0x3940ead6 (d = 2^-32.58) and the 14 log inputs within one double ulp
+    _check("erf", [0x3940EAD6])
+    _check("log", [0x65D890D3, 0x4C5D65A5, 0x4D604EBE, 0x41178FEB, 0x1F116AB8, 0x66A8C860,
+                   0x3C413D3A, 0x6F31A8EC, 0x38DCBE38, 0x4665A9A6, 0x5EE8984E, 0x3BF86EF0,
+                   0x79E7EC37, 0x0DC8BBA4])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_random_sample(name):
+    rng = np.random.default_rng(NAMES.index(name) + 100)
+    anywhere = rng.integers(0, 0x7F800000, SAMPLE // 2, dtype=np.uint32)
+    moderate = (rng.uniform(-8, 8, SAMPLE // 2) * 2.0 ** rng.integers(-12, 8, SAMPLE // 2))
+    bits = np.concatenate([anywhere | (rng.integers(0, 2, SAMPLE // 2, dtype=np.uint32) << 31),
+                           moderate.astype(np.float32).view(np.uint32)])
+    got = getattr(nx, name)(bits.view(np.float32)).view(np.uint32)
+    wrong = [hex(int(b)) for b, g in zip(bits, got) if int(g) != ref.correct(name, b)]
+    assert not wrong, wrong[:5]
