@@ -1,0 +1,154 @@
+"""Resuming: a run killed with SIGKILL at random points, mid-checkpoint included, and resumed
+from `latest` each time ends with the same parameters and metrics log, bit for bit, as the
+run that was never interrupted. Locally and on a real S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sexpgpu.store import read_checkpoint
+
+from test_cli import EXAMPLES, ROOT, sexpgpu
+
+STEPS, EVERY = 60, 10
+
+
+def short_tiny(tmp_path: Path, microbatches: int = 1, to: str | None = None) -> Path:
+    """tiny-adam, shortened, with checkpoints every 10 steps keeping the last two."""
+    text = (EXAMPLES / "tiny-adam.sexp").read_text()
+    text = text.replace('"data/spirals.npz"', f'"{EXAMPLES}/data/spirals.npz"')
+    text = text.replace(":steps 200", f":steps {STEPS} :microbatches {microbatches}")
+    target = f' :to "{to}"' if to else ""
+    text = text.replace(":checkpoint 100", f":checkpoint (every {EVERY} :keep 2{target})")
+    text = text.replace(":every 50", ":every 20")
+    path = tmp_path / f"tiny-{microbatches}.sexp"
+    path.write_text(text)
+    return path
+
+
+def start(args, env=None) -> subprocess.Popen:
+    environment = dict(os.environ, **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "sexpgpu", *args], cwd=ROOT, env=environment,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def kill_after(process: subprocess.Popen, condition, extra_seconds: float, timeout: float = 300) -> None:
+    """SIGKILL `process` `extra_seconds` after `condition()` first holds (or when it ends)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(extra_seconds)
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def final_tensors(root: str) -> dict:
+    return read_checkpoint(f"{root}/step-{STEPS}").tensors
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in run_dir.glob("step-*") if (p / "COMMITTED").exists())
+
+
+def crash_and_resume(file: Path, run_dir: Path, has_checkpoint, crash_points, extra=()) -> None:
+    rng = random.Random(20261129)
+    base = ["run", str(file), "--device", "cpu", "--run-dir", str(run_dir), *extra]
+    # 1. A fresh start, killed at a random moment after its first checkpoint.
+    kill_after(start(base), has_checkpoint, rng.uniform(0.0, 1.5))
+    # 2. and 3. Resumes killed in the middle of writing a checkpoint, and just before its commit.
+    for point in crash_points:
+        process = start(base + ["--resume", "latest"], env={"SEXPGPU_TEST_CHECKPOINT_KILL_AT": point})
+        process.wait(timeout=300)
+        assert process.returncode == -signal.SIGKILL, process.stderr.read()
+    # 4. A resume killed at a random moment.
+    kill_after(start(base + ["--resume", "latest"]), lambda: True, rng.uniform(0.5, 2.0))
+    # 5. The last resume runs to the end.
+    result = sexpgpu(*base, "--resume", "latest")
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stdout
+
+
+def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_bits_locally(tmp_path):
+    file = short_tiny(tmp_path)
+    reference, crashed = tmp_path / "reference", tmp_path / "crashed"
+    assert sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(reference)).returncode == 0
+    crash_and_resume(file, crashed, lambda: bool(committed_steps(crashed)), ("mid:model.safetensors", "commit"))
+    assert (crashed / "metrics.jsonl").read_bytes() == (reference / "metrics.jsonl").read_bytes()
+    ours, theirs = final_tensors(str(crashed)), final_tensors(str(reference))
+    assert ours.keys() == theirs.keys()
+    assert all(np.array_equal(ours[name].view(np.uint8), theirs[name].view(np.uint8)) for name in ours)
+    assert committed_steps(crashed)[-2:] == [STEPS - EVERY, STEPS]  # :keep 2
+
+
+def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_bits_on_s3(tmp_path, s3):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    reference_file = short_tiny(tmp_path / "a", to=s3.uri("ref"))
+    crashed_file = short_tiny(tmp_path / "b", to=s3.uri("crash"))
+    reference, crashed = tmp_path / "reference", tmp_path / "crashed"
+    result = sexpgpu("run", str(reference_file), "--device", "cpu", "--run-dir", str(reference))
+    assert result.returncode == 0, result.stderr
+    # Small objects go up in one part: the crash falls between the model's and the optimizer's files.
+    crash_and_resume(crashed_file, crashed, lambda: any(key.endswith("COMMITTED") for key in s3.keys("crash/")),
+                     ("file:model.safetensors", "commit"))
+    assert (crashed / "metrics.jsonl").read_bytes() == (reference / "metrics.jsonl").read_bytes()
+    ours, theirs = final_tensors(s3.uri("crash")), final_tensors(s3.uri("ref"))
+    assert all(np.array_equal(ours[name].view(np.uint8), theirs[name].view(np.uint8)) for name in ours)
+
+
+def test_resume_refuses_a_changed_microbatch_layout_unless_told(tmp_path):
+    run_dir = tmp_path / "run"
+    one = short_tiny(tmp_path, microbatches=1)
+    assert sexpgpu("run", str(one), "--device", "cpu", "--run-dir", str(run_dir)).returncode == 0
+    two = short_tiny(tmp_path, microbatches=2)
+    refused = sexpgpu("run", str(two), "--device", "cpu", "--run-dir", str(run_dir), "--resume", f"{run_dir}/step-50")
+    assert refused.returncode == 2
+    assert "E-RESUME-001" in refused.stderr and "1 microbatches" in refused.stderr and "this run has 2" in refused.stderr
+    # Continuing from step 50 into the same directory would overwrite its step 60: refused, kept.
+    clash = sexpgpu("run", str(two), "--device", "cpu", "--run-dir", str(run_dir), "--resume", f"{run_dir}/step-50",
+                    "--allow-layout-change")
+    assert clash.returncode == 2 and "E-CKPT-004" in clash.stderr
+    allowed = sexpgpu("run", str(two), "--device", "cpu", "--run-dir", str(tmp_path / "branch"),
+                      "--resume", f"{run_dir}/step-50", "--allow-layout-change")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "bits will differ" in allowed.stdout
+
+
+def test_resume_from_another_experiment_shows_the_difference(tmp_path):
+    run_dir = tmp_path / "run"
+    file = short_tiny(tmp_path)
+    assert sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(run_dir)).returncode == 0
+    file.write_text(file.read_text().replace(":seed 20261129", ":seed 5"))
+    result = sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(run_dir), "--resume", "latest")
+    assert result.returncode == 2
+    assert "E-CKPT-002" in result.stderr and "seed" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resume_of_a_missing_step_is_an_error_not_a_fresh_start(tmp_path):
+    file = short_tiny(tmp_path)
+    result = sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(tmp_path / "empty"), "--resume", "latest")
+    assert result.returncode == 2
+    assert "E-CKPT-003" in result.stderr
+    assert not (tmp_path / "empty" / "metrics.jsonl").exists()
+
+
+def test_checkpoint_command_shows_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    file = short_tiny(tmp_path)
+    assert sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(run_dir)).returncode == 0
+    shown = sexpgpu("checkpoint", str(run_dir / f"step-{STEPS}"))
+    assert shown.returncode == 0, shown.stderr
+    assert "tiny-adam" in shown.stdout and "param/fc1/w" in shown.stdout
+    described = json.loads(sexpgpu("checkpoint", str(run_dir / f"step-{STEPS}"), "--json").stdout)
+    assert described["step"] == STEPS
