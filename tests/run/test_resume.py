@@ -152,3 +152,21 @@ def test_checkpoint_command_shows_a_checkpoint(tmp_path):
     assert "tiny-adam" in shown.stdout and "param/fc1/w" in shown.stdout
     described = json.loads(sexpgpu("checkpoint", str(run_dir / f"step-{STEPS}"), "--json").stdout)
     assert described["step"] == STEPS
+
+
+def test_ctrl_c_stops_cleanly_and_says_where(tmp_path):
+    file = short_tiny(tmp_path)
+    run_dir = tmp_path / "run"
+    process = start(["run", str(file), "--device", "cpu", "--run-dir", str(run_dir)])
+    deadline = time.monotonic() + 300
+    while not committed_steps(run_dir) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip("the run finished before Ctrl-C reached it")
+    assert process.returncode == 130
+    assert "stopped by Ctrl-C after step" in stderr and "--resume latest" in stderr
+    assert "Traceback" not in stderr
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps)
