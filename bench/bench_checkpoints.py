@@ -66,15 +66,12 @@ def local_figures(tensors, repeats: int, where: str) -> None:
             os.remove(copy)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    write, read, cp, cp_sync = (min(times[k]) for k in ("write", "read", "cp", "cp_sync"))
-    print(f"local disk ({where}), {nbytes / 2**30:.2f} GiB in {len(tensors)} tensors, best of {repeats}:")
-    _row("write_checkpoint (fsync)", nbytes, write)
-    _row("read_checkpoint (verify)", nbytes, read)
-    _row("cp", nbytes, cp)
-    _row("cp + sync", nbytes, cp_sync)
-    print(f"  ratio write / cp          {write / cp:5.2f}x")
-    print(f"  ratio write / (cp + sync) {write / cp_sync:5.2f}x")
-    print(f"  ratio read / cp           {read / cp:5.2f}x")
+    best = {name: min(values) for name, values in times.items()}
+    report(f"local disk ({where}), {nbytes / 2**30:.2f} GiB in {len(tensors)} tensors, best of {repeats}:", nbytes,
+           {"write_checkpoint (fsync)": best["write"], "read_checkpoint (verify)": best["read"],
+            "cp": best["cp"], "cp + sync": best["cp_sync"]},
+           [("write / cp", "write_checkpoint (fsync)", "cp"), ("write / (cp + sync)", "write_checkpoint (fsync)", "cp + sync"),
+            ("read / cp", "read_checkpoint (verify)", "cp")])
 
 
 def s3_figures(tensors, where: str) -> None:
@@ -97,17 +94,19 @@ def s3_figures(tensors, where: str) -> None:
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"S3 (moto server on 127.0.0.1), {nbytes / 2**30:.2f} GiB:")
-    _row("write_checkpoint", nbytes, write)
-    _row("read_checkpoint (verify)", nbytes, read)
-    _row("boto3 upload_file", nbytes, upload)
-    _row("boto3 download_file", nbytes, download)
-    print(f"  ratio write / upload_file   {write / upload:5.2f}x")
-    print(f"  ratio read / download_file  {read / download:5.2f}x")
+    report(f"S3 (moto server on 127.0.0.1), {nbytes / 2**30:.2f} GiB:", nbytes,
+           {"write_checkpoint": write, "read_checkpoint (verify)": read,
+            "boto3 upload_file": upload, "boto3 download_file": download},
+           [("write / upload_file", "write_checkpoint", "boto3 upload_file"),
+            ("read / download_file", "read_checkpoint (verify)", "boto3 download_file")])
 
 
-def _row(label: str, nbytes: int, seconds: float) -> None:
-    print(f"  {label:<26}{seconds:7.3f} s  {nbytes / seconds / 2**20:8.0f} MiB/s")
+def report(title: str, nbytes: int, times: dict[str, float], ratios) -> None:
+    print(title)
+    for label, taken in times.items():
+        print(f"  {label:<26}{taken:7.3f} s  {nbytes / taken / 2**20:8.0f} MiB/s")
+    for label, ours, peer in ratios:
+        print(f"  ratio {label:<21}{times[ours] / times[peer]:5.2f}x")
 
 
 def main() -> None:

@@ -60,8 +60,17 @@ def write_checkpoint(dest_root: str, step: int, tensors: dict[str, np.ndarray], 
     files = _encode_files(tensors, bf16)
     existing = steps.committed_steps(dest_root).get(step)
     if existing is not None:
-        return _same_or_refuse(existing, files)
-    writer = steps.Writer(dest_root, step)
+        path = _same_or_refuse(existing, files)
+    else:
+        path = _write_new(steps.Writer(dest_root, step), step, files, experiment)
+    if keep is not None:
+        _retain(steps, dest_root, step, keep)
+    steps.remove_partials(dest_root, step)
+    return path
+
+
+def _write_new(writer, step: int, files: dict[str, safetensors_io.Encoded], experiment: dict) -> str:
+    """Tensor files, then experiment.json with their digests, then the commit."""
     try:
         digests = {name: {"sha256": writer.write(name, enc.buffers, enc.nbytes), "bytes": enc.nbytes}
                    for name, enc in files.items()}
@@ -74,9 +83,6 @@ def write_checkpoint(dest_root: str, step: int, tensors: dict[str, np.ndarray], 
         writer.abort()
         raise
     crash_points.reached("committed")
-    if keep is not None:
-        _retain(steps, dest_root, step, keep)
-    steps.remove_partials(dest_root, step)
     return path
 
 
