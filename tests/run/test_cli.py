@@ -115,3 +115,30 @@ def test_plain_lines_when_output_is_not_a_terminal(tmp_path):
     assert "step 200/200" in result.stderr
     assert result.stdout.splitlines()[-2].strip().startswith("determinism")
     assert result.stdout.splitlines()[-1].strip().startswith("choices")
+
+
+def test_device_cuda_without_a_gpu_names_what_is_missing(tmp_path):
+    from sexpgpu.backends.select import cuda_problem
+
+    if cuda_problem() is None:
+        pytest.skip("a usable GPU is present")
+    result = sexpgpu("run", "examples/tiny-adam.sexp", "--device", "cuda", "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert "E-DEVICE-001" in result.stderr and cuda_problem() in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_device_name_from_python():
+    from sexpgpu.backends.select import select_backend
+    from sexpgpu.errors import SexpgpuError
+
+    with pytest.raises(SexpgpuError) as error:
+        select_backend("tpu")
+    assert error.value.code == "E-CLI-002"
+
+
+def test_check_prints_the_report_without_running(tmp_path):
+    result = sexpgpu("check", "examples/char-lm.sexp")
+    assert result.returncode == 0, result.stderr
+    assert "parameters" in result.stdout and "memory plan" in result.stdout
+    assert result.stdout.rstrip().splitlines()[-1].strip().startswith("choices")
