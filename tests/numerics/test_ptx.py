@@ -1,0 +1,39 @@
+"""The compiled kernels use IEEE float64 arithmetic only: compiled here for sm_90 (no GPU
+needed), their PTX has no fused multiply-add, every float64 add, subtract and multiply
+carries an explicit rounding mode (.rn, which ptxas never contracts), and division and
+square root are div.rn.f64 and sqrt.rn.f64."""
+
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from sexpgpu.numerics import cuda, retarget  # noqa: E402
+
+UNARY = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "tab": "*i32"}
+CASES = [
+    ("unary_kernel", UNARY, "erf_f32"),
+    ("unary_kernel", UNARY, "sin_f32"),
+    ("binary_kernel", {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+                       "tab": "*i32"}, "pow_f32"),
+    ("normal_kernel", {"out_ptr": "*fp32", "n": "i32", "args": "*i64"}, None),
+]
+
+
+@pytest.mark.parametrize("kernel, signature, fn", CASES, ids=[c[2] or c[0] for c in CASES])
+def test_ptx_has_no_fused_or_approximate_float_operations(kernel, signature, fn):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ns = retarget.namespace(False)
+    constants = {"BLOCK": cuda.BLOCK, **({"FN": ns[fn]} if fn else {})}
+    compiled = triton.compile(ASTSource(fn=ns[kernel], signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"enable_fp_fusion": False, "num_warps": cuda.NUM_WARPS})
+    ptx = compiled.asm["ptx"]
+    float_ops = re.findall(r"^\s*((?:add|sub|mul|fma|mad|div|sqrt|rcp|rsqrt|ex2|lg2|sin|cos)"
+                           r"(?:\.\w+)*\.f(?:32|64))\b", ptx, re.M)
+    assert float_ops, "no float64 arithmetic found"
+    allowed = {"add.rn.f64", "sub.rn.f64", "mul.rn.f64", "div.rn.f64", "sqrt.rn.f64"}
+    assert set(float_ops) <= allowed, sorted(set(float_ops) - allowed)
