@@ -13,8 +13,10 @@ import os
 import numpy as np
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
+if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_gpu.py instead
+    pytest.skip("a GPU is present: the GPU tests check these kernels there", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
 pytest.importorskip("triton")
 
 if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - a GPU session imported triton first

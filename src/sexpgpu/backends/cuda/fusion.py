@@ -6,7 +6,8 @@ normalisation). A node read by one kernel is therefore computed once, where it i
 node read by several kernels is recomputed by each of them when that is cheaper than
 writing it once and reading it back: when its expression costs at most BUDGET flops per
 byte of the value (9 flops a byte, the spec's figure for an A100, as used under
---deterministic; the later choices issue measures it per device and records it). Otherwise,
+--deterministic; the later choices issue measures it per device and records it), and it has
+at most four readers (each recomputing reader is one more kernel to compile). Otherwise,
 or when a reader needs memory (a product, a gather, a copy, an output of the graph), the
 node is written out by a fused elementwise kernel, which also takes the other values of the
 same shape written out just before it.
@@ -30,6 +31,7 @@ from sexpgpu.errors import SexpgpuError
 
 BUDGET_FLOPS_PER_BYTE = 9.0
 MAX_INLINE_NODES = 160  # a longer expression is written out, to bound compile time
+MAX_RECOMPUTING_READERS = 4  # more readers than this read the value back: each is a kernel to compile
 VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
 LEVELS = ("on", "off")
 
@@ -73,4 +75,9 @@ def recompute(policy: FusionPolicy, value, readers: int, itemsize: int) -> bool:
         return False
     if len(nodes_in_order([value])) > MAX_INLINE_NODES:
         return False
-    return readers <= 1 or flops([value]) <= policy.budget * itemsize
+    cost = flops([value])
+    if cost == 0:  # a constant or a view: nothing to recompute
+        return True
+    if readers > MAX_RECOMPUTING_READERS:
+        return False
+    return readers <= 1 or cost <= policy.budget * itemsize

@@ -23,7 +23,7 @@ from sexpgpu.backends.cuda.fusion import FusionPolicy, reader_counts, recompute
 from sexpgpu.backends.cuda.kernels.expr import Expr, cast, load, nodes_in_order, scalar
 from sexpgpu.backends.cuda.kernels.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
-from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep
+from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, strided
 
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
 _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
@@ -214,10 +214,20 @@ class Lowerer:
             key = self._output_of.get(node)
             if key is None or key in outputs.values():
                 key = self.new_buffer(node.dtype, node.shape, "output")
-                self.emit_elementwise(node.shape, key, node.dtype, self.values[node])
+                self._copy_out(node, key)
                 self._output_of.setdefault(node, key)
             outputs[name] = key
         return outputs
+
+    def _copy_out(self, node, key: str) -> None:
+        """An output that is a view of a written-out value is copied by PyTorch (no kernel to
+        generate for each offset); any other value is written by a fused kernel."""
+        value = self.values[node]
+        if value.op == "load" and value.attr[1].over(node.shape):
+            source, view = value.attr
+            self.steps.append(TorchStep(_copier(key, source, view), (source,), (key,), "copy"))
+            return
+        self.emit_elementwise(node.shape, key, node.dtype, value)
 
     def _finish(self, inputs: dict, outputs: dict) -> Lowered:
         steps = [step.finish(self.buffers) if isinstance(step, FlatStep) else step for step in self.steps]
@@ -226,6 +236,13 @@ class Lowerer:
         used = {key for step in steps for key in step.reads + step.writes}
         buffers = {key: buffer for key, buffer in self.buffers.items() if key in used or buffer.kind != "arena"}
         return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable)
+
+
+def _copier(key: str, source: str, view: View):
+    def run(env):
+        env[key].copy_(strided(env, source, view))
+
+    return run
 
 
 def views_ops() -> tuple:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
 from sexpgpu.backends.cuda.kernels.expr import Expr, load, operand_views, shift_operands
-from sexpgpu.backends.cuda.kernels.flat import indexed_load, iota_source, store_source
+from sexpgpu.backends.cuda.kernels.flat import indexed_load, iota_source, load_source, store_source
 from sexpgpu.backends.cuda.kernels.render import Renderer
 from sexpgpu.backends.cuda.kernels.rows import COMBINE, INITIAL, Reduction
 from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
