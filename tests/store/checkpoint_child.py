@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from samples import BF16, sample_record, sample_tensors
+from store_samples import BF16, sample_record, sample_tensors
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import write_checkpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from samples import BF16, sample_record, sample_tensors
+from store_samples import BF16, sample_record, sample_tensors
 from sexpgpu.store import describe_checkpoint, format_checkpoint, load_parameter, write_checkpoint
 
 

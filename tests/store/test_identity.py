@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from samples import sample_record
+from store_samples import sample_record
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import BIT_KEYS, check_same_experiment
 

@@ -16,7 +16,7 @@ import safetensors.numpy
 import safetensors.torch
 
 import checkpoint_child
-from samples import BF16, sample_record, sample_tensors, same_tensors
+from store_samples import BF16, sample_record, sample_tensors, same_tensors
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, write_checkpoint
 

@@ -10,7 +10,7 @@ import pytest
 
 import checkpoint_child
 from s3server import SECRET_KEY, S3Server, free_port
-from samples import BF16, sample_record, sample_tensors, same_tensors
+from store_samples import BF16, sample_record, sample_tensors, same_tensors
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, write_checkpoint
 
