@@ -70,7 +70,8 @@ def save(built, state: TrainingState, root: str, options) -> str:
 
     keep = built.experiment.run.checkpoint.keep if built.experiment.run.checkpoint else None
     host = {name: built.backend.to_host(value) for name, value in state.tensors().items()}
-    return write_checkpoint(root, state.step, host, checkpoint_record(built, state, options), keep=keep)
+    bf16 = [f"param/{path}" for path, spec in built.program.params.items() if spec.dtype == "bf16"]
+    return write_checkpoint(root, state.step, host, checkpoint_record(built, state, options), keep=keep, bf16=bf16)
 
 
 def resume_state(built, options, run_dir: str) -> Resumed:
