@@ -24,7 +24,7 @@ from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
 from sexpgpu.graph.ops import OpError, dims_text
 from sexpgpu.graph.ir import Node
 from sexpgpu.lang.keywords import first_keyword, split_pairs
-from sexpgpu.lang.syntax import Float, Integer, Keyword, SList, String, Symbol, describe
+from sexpgpu.lang.syntax import Float, Integer, SList, String, Symbol, describe
 
 SPECIAL_FORMS = ("param", "repeat", "step", "trip")
 
