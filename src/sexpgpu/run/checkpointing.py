@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
+from sexpgpu.run.setup import load_source
 from sexpgpu.run.state import TrainingState
 
 # Parts of the resolved run that do not change a training step's bits. The microbatch layout
 # is checked on its own (it decides which data a global microbatch index holds).
 _NOT_BIT_RELEVANT = ("checkpoint", "passes", "microbatches", "path", "loc")
 WORLD_SIZE = 1
+_LOAD_PATH = re.compile(r':load "(?:[^"\\]|\\.)*"')
 
 
 @dataclass
@@ -32,10 +35,13 @@ def due(run, step: int) -> bool:
 
 
 def bit_identity(experiment) -> dict:
-    """The resolved experiment without what cannot change a training step's bits."""
+    """The resolved experiment without what cannot change a training step's bits. A `:load`
+    path is left out too: the load pins check the bytes, wherever they now lie."""
     resolved = experiment_to_json(experiment)
     run = {key: value for key, value in resolved["run"].items() if key not in _NOT_BIT_RELEVANT}
-    return {"run": run, "graphs": resolved["graphs"]}
+    graphs = {name: dict(graph, body=[_LOAD_PATH.sub(':load "<pinned>"', form) for form in graph["body"]])
+              for name, graph in resolved["graphs"].items()}
+    return {"run": run, "graphs": graphs}
 
 
 def identity_digest(identity: dict) -> str:
@@ -102,7 +108,7 @@ def _current_source(built, pin) -> str | None:
     elsewhere resumes, and the annotation names the new path."""
     path = pin["param"] if isinstance(pin, dict) else pin.param
     spec = built.program.params.get(path)
-    return spec.load.source if spec is not None and spec.load is not None else None
+    return load_source(built.experiment, spec) if spec is not None and spec.load is not None else None
 
 
 def _check_layout(recorded: dict, run, options) -> str | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import os
+
 import numpy as np
 
 from sexpgpu.backends.select import select_backend
@@ -60,9 +62,19 @@ def _read_loads(built: BuiltRun) -> None:
     for path, spec in built.program.params.items():
         if spec.load is None:
             continue
-        array, pin = load_parameter(spec.load.source, spec.load.tensor, tuple(spec.shape), path)
+        array, pin = load_parameter(load_source(built.experiment, spec), spec.load.tensor, tuple(spec.shape), path,
+                                    dtype=spec.dtype)
         built.loaded[path] = np.ascontiguousarray(array, dtype=np.float32)
         built.load_pins.append(pin)
+
+
+def load_source(experiment, spec) -> str:
+    """Where a :load parameter's file is: an s3:// URI as written, a relative path joined to
+    the experiment file's folder."""
+    source = spec.load.source
+    if source.startswith("s3://") or os.path.isabs(source):
+        return source
+    return os.path.normpath(os.path.join(os.path.dirname(experiment.path), source))
 
 
 def checkpoint_root(run, options, run_dir: str) -> str:
