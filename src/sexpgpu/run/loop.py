@@ -57,6 +57,8 @@ class Trainer:
         for batch_index in range(pass_spec.batches):
             inputs = dict(_prefixed("param/", state.params))
             inputs.update(self.feeder.eval_batch(pass_spec, name, state.step, batch_index))
+            # A pass graph that reads :step or :microbatch sees the step it follows and its batch.
+            inputs.update({"step": np.int32(state.step), "microbatch": np.int32(batch_index)})
             outputs = self.backend.run(graph, _only(graph, inputs))
             for key, value in outputs.items():
                 totals.setdefault(key, []).append(value)
