@@ -13,14 +13,23 @@ from sexpgpu.numerics.portable import draws
 KEY = nx.stream_key(20261129, "encoder/block0/w")
 
 
-def words(i, key=KEY, attempt=0):
-    return philox_reference((i & 0xFFFFFFFF, i >> 32, attempt, 0), key.words)
+def words(b, key=KEY, attempt=0):
+    """The Philox block b: counter (b mod 2^32, b >> 32, attempt, 0)."""
+    return philox_reference((b & 0xFFFFFFFF, b >> 32, attempt, 0), key.words)
+
+
+def word(i, key=KEY):
+    """Element i's word for uniform and bernoulli draws: word i mod 4 of block i div 4."""
+    return words(i // 4, key)[i % 4]
 
 
 def reference_normal(i, key=KEY, attempt=0):
-    w0, w1, w2, _ = words(i, key, attempt)
+    """Element i of a normal draw: the cosine (even i) or sine (odd i) Box-Muller normal of
+    block i div 2, computed with libm in float64."""
+    w0, w1, w2, _ = words(i // 2, key, attempt)
     u1 = (((w0 << 21) | (w1 >> 11)) + 1) * 2.0**-53
-    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2 * math.pi * w2 * 2.0**-32)
+    angle = 2 * math.pi * w2 * 2.0**-32
+    return math.sqrt(-2.0 * math.log(u1)) * (math.sin(angle) if i % 2 else math.cos(angle))
 
 
 def ulp32(x):
@@ -30,12 +39,12 @@ def ulp32(x):
 def test_uniform_is_the_top_24_bits():
     got = nx.uniform(KEY, 1000)
     assert got.dtype == np.float32 and got.shape == (1000,)
-    assert [float(v) for v in got] == [(words(i)[0] >> 8) * 2.0**-24 for i in range(1000)]
+    assert [float(v) for v in got] == [(word(i) >> 8) * 2.0**-24 for i in range(1000)]
 
 
 def test_uniform_range_rounds_once_and_stays_inside():
     got = nx.uniform(KEY, 2000, low=-0.5, high=3.25)
-    want = [np.float32(-0.5 + 3.75 * ((words(i)[0] >> 8) * 2.0**-24)) for i in range(2000)]
+    want = [np.float32(-0.5 + 3.75 * ((word(i) >> 8) * 2.0**-24)) for i in range(2000)]
     assert np.array_equal(got, np.array(want, np.float32))
     edge = nx.uniform(KEY, 20000, low=1.0, high=2.0)  # 1 + u rounds up to 2 when u is 1 - 2^-24
     assert edge.min() >= 1.0 and edge.max() < 2.0
@@ -44,22 +53,15 @@ def test_uniform_range_rounds_once_and_stays_inside():
 
 
 def test_normal_is_box_muller_of_words_0_to_2():
-    got = nx.normal(KEY, 3000)
+    got = nx.normal(KEY, 3001)
     for i, v in enumerate(got):
         assert abs(float(v) - reference_normal(i)) <= ulp32(reference_normal(i))
     scaled = nx.normal(KEY, 3000, mean=2.0, std=0.5)
+    blocks = np.arange(1500, dtype=np.uint32)
     with np.errstate(over="ignore"):
-        z = draws.normal_attempt(*_index(3000), *_key())
+        z0, z1 = draws.normal_pair(blocks, blocks * np.uint32(0), 0, np.uint32(KEY.k0), np.uint32(KEY.k1))
+    z = np.stack((z0, z1), axis=-1).reshape(-1)
     assert np.array_equal(scaled, (2.0 + 0.5 * z).astype(np.float32))
-
-
-def _index(n, start=0):
-    i = np.arange(start, start + n, dtype=np.uint64)
-    return (i & np.uint64(0xFFFFFFFF)).astype(np.uint32), (i >> np.uint64(32)).astype(np.uint32), 0
-
-
-def _key(key=KEY):
-    return np.uint32(key.k0), np.uint32(key.k1)
 
 
 def test_truncated_normal_takes_the_first_attempt_inside_the_bound():
@@ -79,16 +81,22 @@ def test_bernoulli_compares_word_0_with_round_p_2_32():
     got = nx.bernoulli(KEY, 2000, 0.3)
     threshold = round(0.3 * 2**32)
     assert got.dtype == np.bool_
-    assert got.tolist() == [words(i)[0] < threshold for i in range(2000)]
+    assert got.tolist() == [word(i) < threshold for i in range(2000)]
     assert nx.bernoulli(KEY, 100, 1.0).all() and not nx.bernoulli(KEY, 100, 0.0).any()
 
 
+def u64(i):
+    """Element i's 64 bits for randint: words 0, 1 (even i) or 2, 3 (odd i) of block i div 2."""
+    w = words(i // 2)
+    return (w[0] << 32) | w[1] if i % 2 == 0 else (w[2] << 32) | w[3]
+
+
 def test_randint_is_the_high_part_of_u64_times_the_span():
-    got = nx.randint(KEY, 2000, -7, 10)
-    want = [-7 + (((words(i)[0] << 32) | words(i)[1]) * 17 >> 64) for i in range(2000)]
+    got = nx.randint(KEY, 2001, -7, 10)
+    want = [-7 + (u64(i) * 17 >> 64) for i in range(2001)]
     assert got.dtype == np.int32 and got.tolist() == want
     full = nx.randint(KEY, 1000, -(2**31), 2**31)
-    assert full.tolist() == [-(2**31) + words(i)[0] for i in range(1000)]
+    assert full.tolist() == [-(2**31) + (u64(i) >> 32) for i in range(1000)]
 
 
 def test_element_index_is_the_c_order_flat_index():
@@ -98,10 +106,11 @@ def test_element_index_is_the_c_order_flat_index():
     assert nx.normal(KEY, ()).shape == () and nx.normal(KEY, (0, 3)).shape == (0, 3)
 
 
-def test_indices_beyond_2_32_use_counter_word_1():
-    start = 2**32 + 5
-    got = cpu.draw(draws.uniform_f32, 3, np.uint32, KEY.words, 0.0, 1.0, 0, 0x3F7FFFFF, start=start)
-    want = [(words(start + j)[0] >> 8) * 2.0**-24 for j in range(3)]
+def test_blocks_beyond_2_32_use_counter_word_1():
+    start = 4 * (2**32 + 5)
+    got = cpu.draw(draws.uniform_f32, 4, 6, np.uint32, KEY.words, 0.0, 1.0, 0, 0x3F7FFFFF,
+                   start=start)
+    want = [(word(start + j) >> 8) * 2.0**-24 for j in range(6)]
     assert got.view(np.float32).tolist() == want
 
 
