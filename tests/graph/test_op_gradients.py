@@ -64,6 +64,17 @@ CASES = [
     ("matmul", [(F, (2, 3, 4), "normal"), (F, (4, 5), "normal")], {}),
     ("matmul", [(F, (3, 4), "normal"), (F, (2, 4, 5), "normal")], {}),
     ("matmul", [(F, (2, 1, 3, 4), "normal"), (F, (5, 4, 2), "normal")], {}),
+    # window ops (test_conv.py checks them against torch); H 6 leaves a row no window reaches
+    ("conv2d", [(F, (2, 3, 6, 4), "normal"), (F, (2, 3, 3, 2), "normal")], {"stride": (2, 1), "padding": (1, 0)}),
+    ("conv2d_input_grad", [(F, (2, 2, 3, 3), "normal"), (F, (2, 3, 3, 2), "normal")],
+     {"stride": (2, 1), "padding": (1, 0), "input_shape": (2, 3, 6, 4)}),
+    ("conv2d_weight_grad", [(F, (2, 3, 6, 4), "normal"), (F, (2, 2, 3, 3), "normal")],
+     {"stride": (2, 1), "padding": (1, 0), "weight_shape": (2, 3, 3, 2)}),
+    ("max_pool2d", [(F, (2, 2, 5, 5), "spread")], {"kernel": (3, 3), "stride": (2, 2)}),
+    ("max_pool2d_grad", [(F, (2, 2, 5, 5), "spread"), (F, (2, 2, 2, 2), "normal")], {"kernel": (3, 3), "stride": (2, 2)}),
+    ("max_pool2d_pick", [(F, (2, 2, 5, 5), "spread"), (F, (2, 2, 5, 5), "normal")], {"kernel": (3, 3), "stride": (2, 2)}),
+    ("avg_pool2d", [(F, (2, 2, 5, 6), "normal")], {"kernel": (2, 3), "stride": (1, 2)}),
+    ("avg_pool2d_grad", [(F, (2, 2, 4, 2), "normal")], {"kernel": (2, 3), "stride": (1, 2), "input_shape": (2, 2, 5, 6)}),
 ]
 
 

@@ -14,7 +14,10 @@ emits IR through the op table. Derived ops are compositions:
   w (D, D) `(glorot-uniform)`;
 - gelu = (x * 0.5) * (1 + erf(x * (1/sqrt 2))), the erf form;
 - dropout = (x * cast(keep)) / (1 - p), keep = bernoulli(1 - p) drawn with the salt; the
-  identity in passes.
+  identity in passes;
+- conv2d = conv2d(x, w) + reshape(b, (OUT, 1, 1)), w (OUT, IN, KH, KW) `(glorot-uniform)`,
+  b (OUT) `zeros`; max-pool and avg-pool are the max_pool2d and avg_pool2d ops, :stride
+  defaulting to :kernel.
 A layer's parameters are float32; on a bf16 input the layer casts them to bf16 where it
 reads them.
 """
@@ -88,6 +91,12 @@ def _convert(b: Builder, kind: str, item, frame: Frame):
         return b.static_number(item, frame)
     if kind == "bool":
         return b.static_bool(item, frame)
+    if kind == "pair":
+        items = item.items if isinstance(item, SList) else (item,)
+        values = tuple(b.static_int(value, frame, "an integer, or a list of two like (3 3)") for value in items)
+        if len(values) != 2 and not (len(values) == 1 and not isinstance(item, SList)):
+            raise b.error("E-GRAPH-003", f"expected an integer, or a list of two like (3 3), found {describe(item)}.", item.loc)
+        return values * 2 if len(values) == 1 else values
     if kind == "axes":
         items = item.items if isinstance(item, SList) else (item,)
         return tuple(b.static_int(axis, frame, "an axis (an integer)") for axis in items)
@@ -391,6 +400,44 @@ def _dropout(b, frame, x, p, salt):
     keep = b.draw(frame, "dropout", "bernoulli", x.shape, {"p": 1.0 - p}, salt, b.e.loc)
     kept = b.emit("mul", x, b.emit("cast", keep, dtype=x.dtype))
     return b.emit("div", kept, b.const(1.0 - p, like=x))
+
+
+# --- convolution and pooling (NCHW) ---------------------------------------------------------------
+
+
+def _image(b: Builder, x, what: str) -> Node:
+    x = _float_tensor(b, x, what)
+    if x.rank != 4:
+        raise b.error("E-SHAPE-001", f"{what} needs images (N C H W), got {dims_text(x.shape)}.", b.e.loc)
+    return x
+
+
+@_builtin("conv2d", ("value",), {"out": ("int", REQUIRED), "kernel": ("pair", REQUIRED), "as": ("scope", REQUIRED),
+                                 "stride": ("pair", (1, 1)), "padding": ("pair", (0, 0)),
+                                 "bias": ("bool", True), "init": ("init", _GLOROT)})
+def _conv2d(b, frame, x, out, kernel, as_, stride, padding, bias, init):
+    x = _image(b, x, "conv2d")
+    if out < 1 or min(kernel) < 1:
+        raise b.error("E-GRAPH-003", f"conv2d needs :out and :kernel of at least 1, got :out {out} and "
+                                     f":kernel {dims_text(kernel)}.", b.e.loc)
+    inner = _layer_frame(frame, as_)
+    w = _weight(b, inner, "w", (out, x.shape[1]) + kernel, init, x)
+    with b.e.at(scope=inner.scope):
+        y = b.emit("conv2d", x, w, stride=stride, padding=padding)
+        if bias:
+            y = b.emit("add", y, b.emit("reshape", _weight(b, inner, "b", (out,), _ZEROS, x), shape=(out, 1, 1)))
+    return y
+
+
+def _pool(op: str, name: str):
+    def build(b, frame, x, kernel, stride):
+        return b.emit(op, _image(b, x, name), kernel=kernel, stride=stride or kernel)
+
+    return build
+
+
+_builtin("max-pool", ("value",), {"kernel": ("pair", REQUIRED), "stride": ("pair", None)})(_pool("max_pool2d", "max-pool"))
+_builtin("avg-pool", ("value",), {"kernel": ("pair", REQUIRED), "stride": ("pair", None)})(_pool("avg_pool2d", "avg-pool"))
 
 
 # --- draws ------------------------------------------------------------------------------------------

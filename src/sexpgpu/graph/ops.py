@@ -19,7 +19,8 @@ Ops are grouped by kind, in the order of this file:
 - index: gather (rows of a table), scatter_add (its transpose), one_hot
 - movement: reshape transpose slice pad concat broadcast
 - contract: matmul (batched, leading dims broadcast)
-Convolution and pooling (a later issue) join as a `window` kind.
+- window (NCHW images): conv2d and its two cotangents conv2d_input_grad conv2d_weight_grad,
+  max_pool2d max_pool2d_grad max_pool2d_pick, avg_pool2d avg_pool2d_grad
 
 Derived operations of the language (mean, mse, linear, attention, dropout, ...) are
 compositions built by build.py; their gradients come from these rules.
@@ -703,3 +704,211 @@ def _vjp_matmul(e, node, g):
 
 
 _register("matmul", "contract", _infer_matmul, _vjp_matmul, 2)
+
+
+# --- window --------------------------------------------------------------------------------------------------
+# Convolution and pooling over the last two axes of NCHW values: N images, C channels, H rows,
+# W columns. Every geometric attribute is a pair (rows, columns) of ints:
+# - conv2d(x, w): x (N, C, H, W), w (O, C, KH, KW) -> (N, O, OH, OW), a cross-correlation (no
+#   kernel flip, as torch's conv2d and cuDNN's CROSS_CORRELATION mode); attrs stride (>= 1) and
+#   padding (>= 0 zeros before and after each spatial axis); no dilation, one group;
+#   OH = (H + 2 * padding[0] - KH) // stride[0] + 1, OW likewise.
+# - conv2d_input_grad(g, w): the cotangent of conv2d's x (cuDNN's backward-data); attrs stride,
+#   padding and input_shape (N, C, H, W), which g's shape cannot give when stride > 1.
+# - conv2d_weight_grad(x, g): the cotangent of conv2d's w (cuDNN's backward-filter); attrs
+#   stride, padding and weight_shape (O, C, KH, KW).
+# - max_pool2d(x), avg_pool2d(x): attrs kernel (>= 1) and stride (>= 1); no padding, and rows
+#   or columns that do not fill a last window are left out (floor), as torch's default.
+# - max_pool2d_grad(x, g): each window's cotangent goes to the window's first maximum, the
+#   first element in the window's row-major order that compares equal to it (the first NaN
+#   when it is NaN); max_pool2d_pick(x, h) reads h there (the adjoint, for second derivatives).
+# - avg_pool2d_grad(g): each window's cotangent divided by KH * KW, spread over the window;
+#   attrs kernel, stride and input_shape (N, C, H, W).
+# The interpreter's summation orders are documented in backends/cpu/conv.py.
+
+
+def _pair(op: str, name: str, value, low: int) -> tuple:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or any(not isinstance(v, int) or isinstance(v, bool) or v < low for v in pair):
+        raise OpError("E-GRAPH-003", f"{op}: :{name} must be an integer or two integers of at least {low}, found {value!r}.")
+    return pair
+
+
+def _window_count(op: str, size, kernel, stride, padding) -> tuple:
+    """(OH, OW): how many windows of `kernel` fit in `size` padded by `padding`, `stride` apart."""
+    counts = tuple((dim + 2 * pad - k) // step + 1 for dim, k, step, pad in zip(size, kernel, stride, padding))
+    if any(dim + 2 * pad < k for dim, k, pad in zip(size, kernel, padding)):
+        padded = f" padded by {dims_text(padding)}" if any(padding) else ""
+        raise OpError("E-SHAPE-001", f"{op}: a {dims_text(kernel)} window does not fit in {dims_text(size)}{padded}.")
+    return counts
+
+
+def _image(op: str, node, what: str = "its input") -> None:
+    _require_dtype(op, node, FLOAT_DTYPES, what)
+    if node.rank != 4:
+        raise OpError("E-SHAPE-001", f"{op}: {what} must be (N C H W), got {dims_text(node.shape)}.")
+
+
+def _conv_geometry(op: str, attrs) -> dict:
+    return {"stride": _pair(op, "stride", attrs.get("stride", 1), 1), "padding": _pair(op, "padding", attrs.get("padding", 0), 0)}
+
+
+def _conv_result(op: str, x_shape, w_shape, geometry) -> tuple:
+    """The shape conv2d gives an input of `x_shape` and a weight of `w_shape`."""
+    if x_shape[1] != w_shape[1]:
+        raise OpError("E-SHAPE-001", f"{op}: the input {dims_text(x_shape)} has {x_shape[1]} channels, "
+                                     f"the weight {dims_text(w_shape)} expects {w_shape[1]}.")
+    rows, cols = _window_count(op, x_shape[2:], w_shape[2:], geometry["stride"], geometry["padding"])
+    return (x_shape[0], w_shape[0], rows, cols)
+
+
+def _given_shape(op: str, attrs, name: str) -> tuple:
+    shape = tuple(attrs[name])
+    if len(shape) != 4 or any(not isinstance(dim, int) or dim < 1 for dim in shape):
+        raise OpError("E-SHAPE-001", f"{op}: {name} must be four dimensions of at least 1, found {shape!r}.")
+    return shape
+
+
+def _check_cotangent(op: str, g, expected) -> None:
+    if g.shape != tuple(expected):
+        raise OpError("E-SHAPE-001", f"{op}: the cotangent is {dims_text(g.shape)}, expected {dims_text(expected)}.")
+
+
+def _conv_inputs(op: str, inputs, attrs, roles) -> tuple:
+    """(dtype, canonical stride and padding) of a convolution op whose inputs play `roles`."""
+    dtype = _same_dtype(op, inputs)
+    for node, role in zip(inputs, roles):
+        _image(op, node, role)
+    return dtype, _conv_geometry(op, attrs)
+
+
+def _infer_conv2d(inputs, attrs):
+    x, w = inputs
+    dtype, geometry = _conv_inputs("conv2d", inputs, attrs, ("its input", "its weight"))
+    return dtype, _conv_result("conv2d", x.shape, w.shape, geometry), geometry
+
+
+def _infer_conv2d_input_grad(inputs, attrs):
+    op, (g, w) = "conv2d_input_grad", inputs
+    dtype, geometry = _conv_inputs(op, inputs, attrs, ("its cotangent", "its weight"))
+    shape = _given_shape(op, attrs, "input_shape")
+    _check_cotangent(op, g, _conv_result(op, shape, w.shape, geometry))
+    return dtype, shape, dict(geometry, input_shape=shape)
+
+
+def _infer_conv2d_weight_grad(inputs, attrs):
+    op, (x, g) = "conv2d_weight_grad", inputs
+    dtype, geometry = _conv_inputs(op, inputs, attrs, ("its input", "its cotangent"))
+    shape = _given_shape(op, attrs, "weight_shape")
+    _check_cotangent(op, g, _conv_result(op, x.shape, shape, geometry))
+    return dtype, shape, dict(geometry, weight_shape=shape)
+
+
+def _geometry_of(node) -> dict:
+    return {"stride": node.attrs["stride"], "padding": node.attrs["padding"]}
+
+
+def _vjp_conv2d(e, node, g):
+    x, w = node.inputs
+    geometry = _geometry_of(node)
+    return (e("conv2d_input_grad", g, w, input_shape=x.shape, **geometry),
+            e("conv2d_weight_grad", x, g, weight_shape=w.shape, **geometry))
+
+
+def _vjp_conv2d_input_grad(e, node, h):
+    # <h, conv2d_input_grad(g, w)> = <conv2d(h, w), g>, bilinear in (g, w)
+    g, w = node.inputs
+    geometry = _geometry_of(node)
+    return e("conv2d", h, w, **geometry), e("conv2d_weight_grad", h, g, weight_shape=w.shape, **geometry)
+
+
+def _vjp_conv2d_weight_grad(e, node, k):
+    # <k, conv2d_weight_grad(x, g)> = <conv2d(x, k), g>, bilinear in (x, g)
+    x, g = node.inputs
+    geometry = _geometry_of(node)
+    return e("conv2d_input_grad", g, k, input_shape=x.shape, **geometry), e("conv2d", x, k, **geometry)
+
+
+def _pool_window(op: str, attrs) -> dict:
+    kernel = _pair(op, "kernel", attrs["kernel"], 1)
+    return {"kernel": kernel, "stride": _pair(op, "stride", attrs.get("stride") or kernel, 1)}
+
+
+def _pooled(op: str, shape, window) -> tuple:
+    return tuple(shape[:2]) + _window_count(op, shape[2:], window["kernel"], window["stride"], (0, 0))
+
+
+def _infer_pool(op: str):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        _image(op, x)
+        window = _pool_window(op, attrs)
+        return x.dtype, _pooled(op, x.shape, window), window
+
+    return infer
+
+
+def _infer_max_pool2d_grad(inputs, attrs):
+    x, g = inputs
+    dtype = _same_dtype("max_pool2d_grad", inputs)
+    _image("max_pool2d_grad", x)
+    window = _pool_window("max_pool2d_grad", attrs)
+    _check_cotangent("max_pool2d_grad", g, _pooled("max_pool2d_grad", x.shape, window))
+    return dtype, x.shape, window
+
+
+def _infer_max_pool2d_pick(inputs, attrs):
+    x, h = inputs
+    dtype = _same_dtype("max_pool2d_pick", inputs)
+    _image("max_pool2d_pick", x)
+    _check_cotangent("max_pool2d_pick", h, x.shape)
+    window = _pool_window("max_pool2d_pick", attrs)
+    return dtype, _pooled("max_pool2d_pick", x.shape, window), window
+
+
+def _infer_avg_pool2d_grad(inputs, attrs):
+    (g,) = inputs
+    _image("avg_pool2d_grad", g, "its cotangent")
+    window = _pool_window("avg_pool2d_grad", attrs)
+    shape = _given_shape("avg_pool2d_grad", attrs, "input_shape")
+    _check_cotangent("avg_pool2d_grad", g, _pooled("avg_pool2d_grad", shape, window))
+    return g.dtype, shape, dict(window, input_shape=shape)
+
+
+def _window_of(node) -> dict:
+    return {"kernel": node.attrs["kernel"], "stride": node.attrs["stride"]}
+
+
+def _vjp_max_pool2d(e, node, g):
+    (x,) = node.inputs
+    return (e("max_pool2d_grad", x, g, **_window_of(node)),)
+
+
+def _vjp_max_pool2d_grad(e, node, h):
+    # the routing is constant where the first maxima do not move, so x gets no cotangent
+    x, _ = node.inputs
+    return None, e("max_pool2d_pick", x, h, **_window_of(node))
+
+
+def _vjp_max_pool2d_pick(e, node, g):
+    x, _ = node.inputs
+    return None, e("max_pool2d_grad", x, g, **_window_of(node))
+
+
+def _vjp_avg_pool2d(e, node, g):
+    (x,) = node.inputs
+    return (e("avg_pool2d_grad", g, input_shape=x.shape, **_window_of(node)),)
+
+
+def _vjp_avg_pool2d_grad(e, node, h):
+    return (e("avg_pool2d", h, **_window_of(node)),)
+
+
+_register("conv2d", "window", _infer_conv2d, _vjp_conv2d, 2)
+_register("conv2d_input_grad", "window", _infer_conv2d_input_grad, _vjp_conv2d_input_grad, 2)
+_register("conv2d_weight_grad", "window", _infer_conv2d_weight_grad, _vjp_conv2d_weight_grad, 2)
+_register("max_pool2d", "window", _infer_pool("max_pool2d"), _vjp_max_pool2d, 1)
+_register("max_pool2d_grad", "window", _infer_max_pool2d_grad, _vjp_max_pool2d_grad, 2)
+_register("max_pool2d_pick", "window", _infer_max_pool2d_pick, _vjp_max_pool2d_pick, 2)
+_register("avg_pool2d", "window", _infer_pool("avg_pool2d"), _vjp_avg_pool2d, 1)
+_register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_grad, 1)

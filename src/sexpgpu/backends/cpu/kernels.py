@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cpu import folds
+from sexpgpu.backends.cpu.conv import WINDOW_KERNELS
 from sexpgpu.backends.cpu.draws import draw
 from sexpgpu.errors import SexpgpuError
 
@@ -238,3 +239,4 @@ KERNELS = {
 }
 for _name in _NUMPY_BINARY:
     KERNELS[_name] = _numpy_binary(_name)
+KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: conv.py
