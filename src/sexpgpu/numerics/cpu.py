@@ -43,35 +43,42 @@ def philox4x32(counter, key):
     return out
 
 
-def _index_words(a, b):
-    i = np.arange(a, b, dtype=np.uint64)
-    return (i & np.uint64(0xFFFFFFFF)).astype(np.uint32), (i >> np.uint64(32)).astype(np.uint32)
+def _block_words(first, count):
+    b = np.arange(first, first + count, dtype=np.uint64)
+    return (b & np.uint64(0xFFFFFFFF)).astype(np.uint32), (b >> np.uint64(32)).astype(np.uint32)
 
 
-def draw(element, n, dtype, key, *params, start=0):
-    """element(i_lo, i_hi, k0, k1, *params) for the flat indices start..start+n-1."""
+def draw(blocks_fn, per_block, n, dtype, key, *params, start=0):
+    """Elements start..start+n-1 of a draw whose blocks_fn(b_lo, b_hi, k0, k1, *params)
+    returns the `per_block` elements of each of its blocks, in element order."""
+    assert start % per_block == 0 and PIECE % per_block == 0
     out = np.empty(n, dtype=dtype)
     k0, k1 = np.uint32(key[0]), np.uint32(key[1])
     with np.errstate(all="ignore"):
         for a, b in _pieces(n):
-            i_lo, i_hi = _index_words(start + a, start + b)
-            out[a:b] = element(i_lo, i_hi, k0, k1, *params)
+            count = -(-(b - a) // per_block)
+            b_lo, b_hi = _block_words((start + a) // per_block, count)
+            out[a:b] = blocks_fn(b_lo, b_hi, k0, k1, *params)[: b - a]
     return out
 
 
-def truncated_normal(n, key, mean, std, bound, start=0):
-    """Each element redraws (attempt 1, 2, ...) until its z lies in [-bound, bound]."""
-    out = np.empty(n, dtype=np.uint32)
-    k0, k1 = np.uint32(key[0]), np.uint32(key[1])
-    with np.errstate(all="ignore"):
-        for a, b in _pieces(n):
-            i_lo, i_hi = _index_words(start + a, start + b)
-            z = draws.normal_attempt(i_lo, i_hi, 0, k0, k1)
-            pending = np.flatnonzero((z > bound) | (z < -bound))
-            attempt = 1
-            while len(pending):
-                z[pending] = draws.normal_attempt(i_lo[pending], i_hi[pending], attempt, k0, k1)
-                pending = pending[(z[pending] > bound) | (z[pending] < -bound)]
-                attempt += 1
-            out[a:b] = draws.scaled_f32(z, mean, std)
-    return out.view(np.float32)
+def _outside(z, bound):
+    return (z > bound) | (z < -bound)
+
+
+def truncated_normal_pairs(b_lo, b_hi, k0, k1, bound):
+    """Both normals of each block's pair, each redrawn (attempt 1, 2, ...) until it lies in
+    [-bound, bound]; as float64, in element order."""
+    z0, z1 = draws.normal_pair(b_lo, b_hi, 0, k0, k1)
+    pending0, pending1 = np.flatnonzero(_outside(z0, bound)), np.flatnonzero(_outside(z1, bound))
+    attempt = 1
+    while len(pending0) or len(pending1):
+        pending = np.union1d(pending0, pending1)
+        n0, n1 = draws.normal_pair(b_lo[pending], b_hi[pending], attempt, k0, k1)
+        redo0, redo1 = np.isin(pending, pending0), np.isin(pending, pending1)
+        z0[pending[redo0]] = n0[redo0]
+        z1[pending[redo1]] = n1[redo1]
+        pending0 = pending0[_outside(z0[pending0], bound)]
+        pending1 = pending1[_outside(z1[pending1], bound)]
+        attempt += 1
+    return np.stack((z0, z1), axis=-1).reshape(-1)

@@ -48,12 +48,13 @@ def philox_kernel(counter_ptr, key_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(o + 3, w3.to(tl.int32, bitcast=True), mask=mask)
 
 
-def draw_setup(args, BLOCK: tl.constexpr):
-    """Offsets, the counter's index words and the key words of this block's elements."""
+def draw_setup(args, BLOCK: tl.constexpr, PER_BLOCK: tl.constexpr):
+    """This program's element offsets, its Philox blocks' number words, and the key words."""
     offsets = block_offsets(BLOCK)
-    i_lo = (offsets & WORD).to(tl.uint32)
-    i_hi = (offsets >> 32).to(tl.uint32)
-    return offsets, i_lo, i_hi, tl.load(args).to(tl.uint32), tl.load(args + 1).to(tl.uint32)
+    blocks = tl.program_id(0).to(tl.int64) * (BLOCK // PER_BLOCK) + tl.arange(0, BLOCK // PER_BLOCK)
+    b_lo = (blocks & WORD).to(tl.uint32)
+    b_hi = (blocks >> 32).to(tl.uint32)
+    return offsets, b_lo, b_hi, tl.load(args).to(tl.uint32), tl.load(args + 1).to(tl.uint32)
 
 
 def f64_arg(args, i):
@@ -65,16 +66,27 @@ def store_f32(out_ptr, offsets, n, bits):
 
 
 def uniform_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
-    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
-    out = uniform_f32(i_lo, i_hi, k0, k1, f64_arg(args, 2), f64_arg(args, 3),
+    offsets, b_lo, b_hi, k0, k1 = draw_setup(args, BLOCK, 4)
+    out = uniform_f32(b_lo, b_hi, k0, k1, f64_arg(args, 2), f64_arg(args, 3),
                       tl.load(args + 4).to(tl.uint32), tl.load(args + 5).to(tl.uint32))
     store_f32(out_ptr, offsets, n, out)
 
 
+def bernoulli_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
+    offsets, b_lo, b_hi, k0, k1 = draw_setup(args, BLOCK, 4)
+    hit = bernoulli(b_lo, b_hi, k0, k1, tl.load(args + 2).to(tl.uint64))
+    tl.store(out_ptr + offsets, hit.to(tl.uint8), mask=offsets < n)
+
+
+def randint_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
+    offsets, b_lo, b_hi, k0, k1 = draw_setup(args, BLOCK, 2)
+    out = randint_i32(b_lo, b_hi, k0, k1, tl.load(args + 2), tl.load(args + 3).to(tl.uint64))
+    tl.store(out_ptr + offsets, out, mask=offsets < n)
+
+
 def normal_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
-    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
-    z = normal_attempt(i_lo, i_hi, 0, k0, k1)
-    store_f32(out_ptr, offsets, n, scaled_f32(z, f64_arg(args, 2), f64_arg(args, 3)))
+    offsets, b_lo, b_hi, k0, k1 = draw_setup(args, BLOCK, 2)
+    store_f32(out_ptr, offsets, n, normal_f32(b_lo, b_hi, k0, k1, f64_arg(args, 2), f64_arg(args, 3)))
 
 
 def larger(a, b):
@@ -87,28 +99,28 @@ def any_set(flags):
     return tl.reduce(flags.to(tl.int32), 0, larger) > 0
 
 
+def outside(z, bound, valid):
+    return ((z > bound) | (z < -bound)) & valid
+
+
 def truncated_normal_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
-    """Each element redraws (attempt 1, 2, ...) until |z| <= bound; the block loops until
+    """Each element redraws (attempt 1, 2, ...) until |z| <= bound; the program loops until
     all of its elements are done."""
-    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
+    offsets, b_lo, b_hi, k0, k1 = draw_setup(args, BLOCK, 2)
     bound = f64_arg(args, 4)
-    z = normal_attempt(i_lo, i_hi, 0, k0, k1)
-    rejected = ((z > bound) | (z < -bound)) & (offsets < n)
+    first = 2 * (tl.program_id(0).to(tl.int64) * (BLOCK // 2) + tl.arange(0, BLOCK // 2))
+    valid0 = first < n
+    valid1 = first + 1 < n
+    z0, z1 = normal_pair(b_lo, b_hi, 0, k0, k1)
+    redo0 = outside(z0, bound, valid0)
+    redo1 = outside(z1, bound, valid1)
     attempt = tl.full([], 1, tl.uint32)
-    while any_set(rejected):
-        z = tl.where(rejected, normal_attempt(i_lo, i_hi, attempt, k0, k1), z)
-        rejected = ((z > bound) | (z < -bound)) & (offsets < n)
+    while any_set(redo0 | redo1):
+        n0, n1 = normal_pair(b_lo, b_hi, attempt, k0, k1)
+        z0 = tl.where(redo0, n0, z0)
+        z1 = tl.where(redo1, n1, z1)
+        redo0 = outside(z0, bound, valid0)
+        redo1 = outside(z1, bound, valid1)
         attempt += 1
+    z = K.interleave(z0, z1)
     store_f32(out_ptr, offsets, n, scaled_f32(z, f64_arg(args, 2), f64_arg(args, 3)))
-
-
-def bernoulli_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
-    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
-    hit = bernoulli(i_lo, i_hi, k0, k1, tl.load(args + 2).to(tl.uint64))
-    tl.store(out_ptr + offsets, hit.to(tl.uint8), mask=offsets < n)
-
-
-def randint_kernel(out_ptr, n, args, BLOCK: tl.constexpr):
-    offsets, i_lo, i_hi, k0, k1 = draw_setup(args, BLOCK)
-    out = randint_i32(i_lo, i_hi, k0, k1, tl.load(args + 2), tl.load(args + 3).to(tl.uint64))
-    tl.store(out_ptr + offsets, out, mask=offsets < n)

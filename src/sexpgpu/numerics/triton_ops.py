@@ -55,3 +55,7 @@ def umulhi(a, b):
 def gather(table, index):
     # the table is stored as int32 on the device; its words are uint32
     return tl.load(table + index).to(tl.uint32, bitcast=True)
+
+
+def interleave(a, b):
+    return tl.reshape(tl.join(a, b), [2 * a.shape[0]])

@@ -1,8 +1,10 @@
-"""Draws: each element is a function of the Philox block of its own counter.
+"""Draws: elements read the words of Philox blocks, several elements to a block.
 
-Element i (C order) under key (k0, k1) reads the block philox4x32((i mod 2^32, i >> 32,
-attempt, 0), (k0, k1)), words w0..w3; attempt is 0 except in truncated normals. Each
-distribution's use of the words is documented in docs/numerics.md.
+Block b under key (k0, k1) is philox4x32((b mod 2^32, b >> 32, attempt, 0), (k0, k1)),
+words w0..w3; attempt is 0 except in truncated normals. Element i (C order) of a uniform
+or bernoulli draw reads word i mod 4 of block i div 4; of a normal or randint draw, half of
+block i div 2 (docs/numerics.md). Each function here takes the block numbers of its lanes
+and returns the elements of those blocks, in element order.
 """
 
 from . import numpy_ops as K
@@ -18,9 +20,14 @@ QUARTER = 0x40000000
 EIGHTH = 0x20000000
 
 
-def block(i_lo, i_hi, attempt, k0, k1):
-    zero = i_lo ^ i_lo
-    return philox4x32(i_lo, i_hi, zero + attempt, zero, k0, k1)
+def block(b_lo, b_hi, attempt, k0, k1):
+    zero = b_lo ^ b_lo
+    return philox4x32(b_lo, b_hi, zero + attempt, zero, k0, k1)
+
+
+def in_order(e0, e1, e2, e3):
+    """The elements of four lanes' words, word by word: e0[0], e1[0], e2[0], e3[0], e0[1]..."""
+    return K.interleave(K.interleave(e0, e2), K.interleave(e1, e3))
 
 
 def inside(bits, low, high, low_cap, high_cap):
@@ -29,42 +36,60 @@ def inside(bits, low, high, low_cap, high_cap):
     return K.where(x < low, low_cap, K.where(x >= high, high_cap, bits))
 
 
-def uniform_f32(i_lo, i_hi, k0, k1, low, high, low_cap, high_cap):
-    """low + (high - low) u with u = (w0 >> 8) 2^-24, rounded to float32."""
-    w0, w1, w2, w3 = block(i_lo, i_hi, 0, k0, k1)
-    u = K.to_f64(w0 >> 8) * TWO_M24
+def uniform_word(w, low, high, low_cap, high_cap):
+    """low + (high - low) u with u = (w >> 8) 2^-24, rounded to float32."""
+    u = K.to_f64(w >> 8) * TWO_M24
     return inside(round_f32(low + (high - low) * u, 0.0), low, high, low_cap, high_cap)
 
 
-def standard_normal(w0, w1, w2):
-    """Box-Muller: sqrt(-2 log u1) cos(theta), u1 in (0, 1] from 53 bits of w0 w1, theta
-    the angle w2 2^-32 turns, reduced exactly to a quadrant and |r| <= pi/4."""
+def uniform_f32(b_lo, b_hi, k0, k1, low, high, low_cap, high_cap):
+    w0, w1, w2, w3 = block(b_lo, b_hi, 0, k0, k1)
+    return in_order(uniform_word(w0, low, high, low_cap, high_cap),
+                    uniform_word(w1, low, high, low_cap, high_cap),
+                    uniform_word(w2, low, high, low_cap, high_cap),
+                    uniform_word(w3, low, high, low_cap, high_cap))
+
+
+def bernoulli(b_lo, b_hi, k0, k1, threshold):
+    """True where the word is below threshold = round(p 2^32)."""
+    w0, w1, w2, w3 = block(b_lo, b_hi, 0, k0, k1)
+    return in_order(K.u64(w0) < threshold, K.u64(w1) < threshold, K.u64(w2) < threshold,
+                    K.u64(w3) < threshold)
+
+
+def randint_pair(high_word, low_word, low, span):
+    """low + floor(u span), u = (high_word 2^32 + low_word) 2^-64, span <= 2^32."""
+    scaled = (K.u64(high_word) * span + ((K.u64(low_word) * span) >> 32)) >> 32
+    return K.i32(K.i64(scaled) + low)
+
+
+def randint_i32(b_lo, b_hi, k0, k1, low, span):
+    w0, w1, w2, w3 = block(b_lo, b_hi, 0, k0, k1)
+    return K.interleave(randint_pair(w0, w1, low, span), randint_pair(w2, w3, low, span))
+
+
+def normal_pair(b_lo, b_hi, attempt, k0, k1):
+    """Box-Muller: r cos(theta) and r sin(theta), r = sqrt(-2 log u1), u1 in (0, 1] from 53
+    bits of w0 w1, theta the angle w2 2^-32 turns, reduced exactly to a quadrant and
+    |t| <= pi/4."""
+    w0, w1, w2, w3 = block(b_lo, b_hi, attempt, k0, k1)
     u1 = (K.to_f64((K.u64(w0) << 21) | K.u64(w1 >> 11)) + 1.0) * TWO_M53
     radius = K.sqrt(-2.0 * log_f64(u1))
     turn = K.i64(w2) + EIGHTH
     quadrant = (turn >> 30) & 3
     s, c = sin_cos_small(K.to_f64((turn & (QUARTER - 1)) - EIGHTH) * TURN_UNIT, 0.0)
-    cosine = K.where((quadrant & 1) == 1, s, c)
-    return radius * K.where(((quadrant + 1) & 2) == 2, neg(cosine), cosine)
-
-
-def normal_attempt(i_lo, i_hi, attempt, k0, k1):
-    w0, w1, w2, w3 = block(i_lo, i_hi, attempt, k0, k1)
-    return standard_normal(w0, w1, w2)
+    odd = (quadrant & 1) == 1
+    cosine = K.where(odd, s, c)
+    sine = K.where(odd, c, s)
+    cosine = K.where(((quadrant + 1) & 2) == 2, neg(cosine), cosine)
+    sine = K.where((quadrant & 2) == 2, neg(sine), sine)
+    return radius * cosine, radius * sine
 
 
 def scaled_f32(z, mean, std):
     return round_f32(mean + std * z, 0.0)
 
 
-def bernoulli(i_lo, i_hi, k0, k1, threshold):
-    """True where w0 < threshold, threshold = round(p 2^32)."""
-    w0, w1, w2, w3 = block(i_lo, i_hi, 0, k0, k1)
-    return K.u64(w0) < threshold
-
-
-def randint_i32(i_lo, i_hi, k0, k1, low, span):
-    """low + floor(u span) with u = (w0 2^32 + w1) 2^-64, span = high - low <= 2^32."""
-    w0, w1, w2, w3 = block(i_lo, i_hi, 0, k0, k1)
-    scaled = (K.u64(w0) * span + ((K.u64(w1) * span) >> 32)) >> 32
-    return K.i32(K.i64(scaled) + low)
+def normal_f32(b_lo, b_hi, k0, k1, mean, std):
+    z0, z1 = normal_pair(b_lo, b_hi, 0, k0, k1)
+    return scaled_f32(K.interleave(z0, z1), mean, std)

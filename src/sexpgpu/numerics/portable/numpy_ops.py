@@ -60,3 +60,8 @@ def umulhi(a, b):
 
 def gather(table, index):
     return table[index]
+
+
+def interleave(a, b):
+    """a[0], b[0], a[1], b[1], ... of two equal-length 1-D arrays."""
+    return np.stack((a, b), axis=-1).reshape(-1)
