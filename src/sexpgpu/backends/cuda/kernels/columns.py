@@ -3,8 +3,8 @@
 The space is the reduced axes followed by the kept axes. A program owns BLOCK_K kept
 positions and a fixed CHUNK of reduced positions, walked as tiles of BLOCK_R x BLOCK_K:
 tile lane (i, j) folds reduced positions i, i + BLOCK_R, ... of its chunk in increasing
-order, then `tl.reduce` combines the BLOCK_R lanes of each column in the fixed tree of this
-tile shape and warp count. When the reduced extent is longer than one CHUNK, each chunk
+order, then the pairwise tree of rows.combine_lanes combines the BLOCK_R lanes of each
+column. When the reduced extent is longer than one CHUNK, each chunk
 writes a partial result and a second column kernel reduces the partials the same way. Every
 size here is a function of the shapes alone.
 """
@@ -17,7 +17,7 @@ from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signatu
 from sexpgpu.backends.cuda.kernels.expr import Expr, load, operand_views, shift_operands
 from sexpgpu.backends.cuda.kernels.flat import indexed_load, iota_source, load_source, store_source
 from sexpgpu.backends.cuda.kernels.render import Renderer
-from sexpgpu.backends.cuda.kernels.rows import COMBINE, INITIAL, Reduction
+from sexpgpu.backends.cuda.kernels.rows import COMBINE, INITIAL, Reduction, combine_lanes
 from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
 
 NUM_WARPS = 4
@@ -127,7 +127,7 @@ class _ColumnSource:
             updates.append(f"        a{number} = {COMBINE[reduction.kind]}(a{number}, {masked})")
         lines += self.renderer.lines + updates
         for number, reduction in enumerate(spec.reductions):
-            lines.append(f"    s{number} = tl.reduce(a{number}, 0, {COMBINE[reduction.kind]})")
+            lines += combine_lanes(f"a{number}", f"s{number}", reduction.kind, [self.block_r, self.block_k])
         lines += self._stores(kept_count)
         lines[1] = signature(self.pointers, self.renderer.uses_table or self._epilogue_table)
         return module_source(self.renderer.imports, lines)

@@ -3,10 +3,10 @@
 The space is `lead + reduced`: a row is one position of the lead axes and its LENGTH
 elements are the reduced axes in C order. A phase walks its row in chunks of BLOCK. Each of
 its reductions keeps BLOCK lane accumulators: lane j folds elements j, j + BLOCK,
-j + 2 BLOCK, ... in increasing order, then `tl.reduce` combines the BLOCK lanes in the fixed
-tree Triton lowers for this BLOCK and warp count (in order within a thread, then warp
-shuffles, then across warps). BLOCK and the warp count are functions of LENGTH alone, so
-the tree is too: no timing, no atomics. A row that fits one chunk is read once and every
+j + 2 BLOCK, ... in increasing order, then a pairwise tree combines the lanes: at each level
+lane i becomes lane 2i + lane 2i+1 (`combine_lanes`). BLOCK is a function of LENGTH alone, so
+the tree is too, and it does not depend on the register layout Triton picks: no timing, no
+atomics. A row that fits one chunk is read once and every
 phase reuses it. The reductions of a phase become per-row values `row(k)` that later phases
 and the per-row stores read: softmax is max, then the sum of exponentials, then the stores.
 
@@ -77,6 +77,25 @@ class RowSpec:
         values = [reduction.value for phase in self.phases for reduction in phase.reductions]
         values += [value for phase in self.phases for _, value in phase.stores]
         return values + [value for _, value in self.row_stores]
+
+
+def combine_lanes(lanes: str, result: str, kind: str, shape: list[int]) -> list[str]:
+    """Lines reducing `lanes` (of `shape`, the reduced axis first and a power of two) along
+    its first axis. A sum is a pairwise tree written out: at each level lane i of the
+    result is (lane 2i + lane 2i+1), so the order is the same whatever register layout
+    Triton gives the lanes (its own tl.reduce order follows the layout, which follows how
+    the loads walk memory). max and min do not depend on order."""
+    if kind != "sum":
+        return [f"    {result} = tl.reduce({lanes}, 0, {COMBINE[kind]})"]
+    lines, width, rest = [], shape[0], shape[1:]
+    current = lanes
+    while width > 2:
+        width //= 2
+        dims = ", ".join(str(size) for size in [width, 2] + rest)
+        lines.append(f"    {result} = tl.sum(tl.reshape({current}, [{dims}]), axis=1)")
+        current = result
+    lines.append(f"    {result} = tl.sum({current}, axis=0)")  # the last pair
+    return lines
 
 
 def with_roots(spec: RowSpec, roots, inputs) -> RowSpec:
@@ -188,7 +207,7 @@ class _RowSource:
         else:
             self._phase_in_chunks(phase, first)
         for number, reduction in enumerate(phase.reductions, first):
-            self.lines.append(f"    s{number} = tl.reduce(a{number}, 0, {COMBINE[reduction.kind]})")
+            self.lines += combine_lanes(f"a{number}", f"s{number}", reduction.kind, [self.block])
 
     def _phase_in_chunks(self, phase: Phase, first: int) -> None:
         roots = [reduction.value for reduction in phase.reductions] + [value for _, value in phase.stores]
