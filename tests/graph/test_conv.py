@@ -262,6 +262,19 @@ def test_conv2d_layer_on_bf16_images_reads_bf16_weights():
     assert [source.op for source in conv.inputs] == ["input", "cast"]
 
 
+def test_bf16_conv2d_sums_in_float32_and_rounds_once():
+    from sexpgpu.backends.cpu.arith import round_bf16
+
+    graph = expression_graph("(conv2d x :out 2 :kernel 3 :padding 1 :as c)", {"x": ((2, 3, 5, 5), "bf16")})
+    rng = np.random.default_rng(6)
+    x = round_bf16(rng.standard_normal((2, 3, 5, 5)).astype(np.float32))
+    w = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(2).astype(np.float32)
+    out = Interpreter().run(graph, {"x": x, "param/c/w": w, "param/c/b": b})["y"]
+    f32 = _run_op("conv2d", [x, round_bf16(w)], {"padding": (1, 1)}, "f32")
+    np.testing.assert_array_equal(out, round_bf16(round_bf16(f32) + round_bf16(b)[:, None, None]))
+
+
 @pytest.mark.parametrize("text, code, words", [
     ("(conv2d x :out 2 :kernel 3 :as c)", "E-SHAPE-001", "conv2d needs images (N C H W), got (4 5)"),
     ("(max-pool x :kernel 2)", "E-SHAPE-001", "max-pool needs images"),
@@ -309,3 +322,12 @@ def test_cnn_loss_and_gradients_match_torch_in_float64():
     assert sorted(params) == ["c1/b", "c1/w", "c2/b", "c2/w", "head/b", "head/w"]
     for path, tensor in tensors.items():
         np.testing.assert_allclose(ours[f"grad/{path}"], tensor.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=path)
+
+
+def test_conv2d_weight_fans_are_torchs():
+    from torch.nn.init import _calculate_fan_in_and_fan_out
+
+    from sexpgpu import numerics as nx
+
+    shape = (6, 4, 3, 2)
+    assert nx.fans(shape) == _calculate_fan_in_and_fan_out(torch.empty(shape)) == (4 * 3 * 2, 6 * 3 * 2)
