@@ -730,7 +730,8 @@ _register("matmul", "contract", _infer_matmul, _vjp_matmul, 2)
 def _pair(op: str, name: str, value, low: int) -> tuple:
     pair = (value, value) if isinstance(value, int) else tuple(value)
     if len(pair) != 2 or any(not isinstance(v, int) or isinstance(v, bool) or v < low for v in pair):
-        raise OpError("E-GRAPH-003", f"{op}: :{name} must be an integer or two integers of at least {low}, found {value!r}.")
+        found = value if isinstance(value, int) else dims_text(pair) if all(isinstance(v, int) for v in pair) else repr(value)
+        raise OpError("E-GRAPH-003", f"{op}: :{name} must be an integer or two integers of at least {low}, found {found}.")
     return pair
 
 
