@@ -59,3 +59,9 @@ def gather(table, index):
 
 def interleave(a, b):
     return tl.reshape(tl.join(a, b), [2 * a.shape[0]])
+
+
+def full_like(x, value):
+    # a float64 splat: a Python float passed to tl.where beside another scalar would be
+    # made float32 first
+    return tl.full(x.shape, value, tl.float64)

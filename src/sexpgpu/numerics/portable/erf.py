@@ -9,7 +9,7 @@ erf rounds to 1.
 
 from . import numpy_ops as K
 from .exp import clamp, exp_f64, finish
-from .ieee import absolute, f32_to_f64, horner, neg
+from .ieee import absolute, f32_to_f64, horner_either, neg
 from .tables import ERF_CASES
 
 ERF_T = (1.1283791670955126, -0.37612638903183754, 0.11283791670955126,
@@ -21,13 +21,17 @@ ERF_T = (1.1283791670955126, -0.37612638903183754, 0.11283791670955126,
          4.763348040515068e-18)
 ERFCX_G = (0.2108063640611436, -0.07434734678979495, 0.02493799708665696, -0.008001569382090781, 0.0024670368156992977, -0.0007335909372640017, 0.00021101982430921638, -5.8868964030705185e-05, 1.5961853006132e-05, -4.214297919719682e-06, 1.0852230313786508e-06, -2.7294910415707813e-07, 6.713949125870635e-08, -1.617358802372231e-08, 3.817410913620512e-09, -8.807216258471182e-10, 2.0031019435942918e-10, -4.633682738083616e-11, 1.0146551782430207e-11, -1.6954156353454019e-12, 3.6677267755511203e-13, -1.6538069435089902e-13, 3.3641269918883144e-14)
 
+ERF_T_PADDED = ERF_T + (0.0,) * (len(ERFCX_G) - len(ERF_T))
+
 
 def erf_f32(bits, tab):
     x = f32_to_f64(bits)
     a = clamp(absolute(x), 0.0, 4.0)
     w = a * a
-    series = a * horner(w, ERF_T)
-    tail = 1.0 - exp_f64(neg(w), 0.0) * horner(a - 2.5, ERFCX_G)
-    y = K.where(a < 1.0, series, tail)
+    small = a < 1.0
+    # one Horner evaluation for both ranges; the series' missing top coefficients are zeros,
+    # which leave its value exactly as a Horner evaluation of its own coefficients
+    p = horner_either(K.where(small, w, a - 2.5), small, ERF_T_PADDED, ERFCX_G)
+    y = K.where(small, a * p, 1.0 - exp_f64(neg(w), 0.0) * p)
     y = K.where(x < 0.0, neg(y), K.where(x == 0.0, x, y))
     return finish(bits, x != x, y, 0.0, tab, ERF_CASES)

@@ -113,3 +113,15 @@ def horner(x, coefs):
     for i in K.static_range(len(coefs) - 2):
         p = p * x + coefs[len(coefs) - 3 - i]
     return p
+
+
+def horner_either(x, first, coefs_a, coefs_b):
+    """horner(x, coefs_a) where `first`, else horner(x, coefs_b): one evaluation whose
+    coefficients are chosen per element (both tuples of one length). Lengths are written
+    inline: Triton would turn a local holding one into a tensor."""
+    p = x * K.where(first, K.full_like(x, coefs_a[len(coefs_a) - 1]), coefs_b[len(coefs_a) - 1])
+    p = p + K.where(first, K.full_like(x, coefs_a[len(coefs_a) - 2]), coefs_b[len(coefs_a) - 2])
+    for i in K.static_range(len(coefs_a) - 2):
+        p = p * x + K.where(first, K.full_like(x, coefs_a[len(coefs_a) - 3 - i]),
+                            coefs_b[len(coefs_a) - 3 - i])
+    return p

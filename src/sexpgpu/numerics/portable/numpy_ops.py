@@ -65,3 +65,8 @@ def gather(table, index):
 def interleave(a, b):
     """a[0], b[0], a[1], b[1], ... of two equal-length 1-D arrays."""
     return np.stack((a, b), axis=-1).reshape(-1)
+
+
+def full_like(x, value):
+    """The float64 constant `value` for every element of x (numpy broadcasts the scalar)."""
+    return value
