@@ -1,4 +1,4 @@
-"""The GPU checks behind test_gpu.py, runnable without pytest on a GPU machine:
+"""The GPU checks behind test_numerics_gpu.py, runnable without pytest on a GPU machine:
 
     PYTHONPATH=src python tests/numerics/gpu_checks.py REPORT.json
 

@@ -1,7 +1,7 @@
 """The CUDA code path, run by Triton's interpreter on CPU tensors: the same kernels and
 jitted functions that the GPU compiles, checked bit for bit against the numpy path.
 
-This is CI's check of the GPU code's logic; test_gpu.py runs the compiled kernels.
+This is CI's check of the GPU code's logic; test_numerics_gpu.py runs the compiled kernels.
 """
 
 import math
