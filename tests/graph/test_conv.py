@@ -118,11 +118,10 @@ def _loop_input_grad(g, w, stride, padding, shape):
     out = np.empty(shape, np.float32)
     for n, c, i, j in np.ndindex(*shape):
         terms = []
-        for a in range(kh):
-            for b in range(kw):
-                y, ry = divmod(i + padding[0] - a, stride[0])
-                z, rz = divmod(j + padding[1] - b, stride[1])
-                if ry == 0 and rz == 0 and 0 <= y < rows and 0 <= z < cols:
+        for y in range(rows):  # the windows reaching (i, j), in C order
+            for z in range(cols):
+                a, b = i + padding[0] - stride[0] * y, j + padding[1] - stride[1] * z
+                if 0 <= a < kh and 0 <= b < kw:
                     terms.append(_fold(np.float32(w[o, c, a, b] * g[n, o, y, z]) for o in range(out_channels)))
         out[n, c, i, j] = _fold(terms, start=np.float32(0.0))
     return out
@@ -156,12 +155,11 @@ def test_float32_pools_sum_in_the_documented_order_bit_for_bit():
     g = rng.standard_normal(average.shape).astype(np.float32)
     share = g / np.float32(9)
     spread = np.zeros(x.shape, np.float32)
-    for a in range(3):
-        for b in range(3):
-            for y in range(3):
-                for z in range(3):
+    for y in range(3):  # each element receives from its windows in C order
+        for z in range(3):
+            for a in range(3):
+                for b in range(3):
                     spread[:, :, 2 * y + a, 2 * z + b] += share[:, :, y, z]
-    # the offsets reaching an element arrive in C order, which the loops above follow
     np.testing.assert_array_equal(_run_op("avg_pool2d_grad", [g], dict(attrs, input_shape=x.shape), "f32"), spread)
 
 
@@ -199,6 +197,14 @@ def test_overlapping_max_windows_add_their_gradients():
                     [0.0, 1.0, 0.0]])
     grad = _run_op("max_pool2d_grad", [x, _one_image([[1.0, 2.0], [3.0, 4.0]])], {"kernel": (2, 2), "stride": (1, 1)})
     assert grad[0, 0, 1, 1] == 10.0 and np.count_nonzero(grad) == 1
+
+
+def test_overlapping_max_windows_add_in_window_order():
+    x = np.zeros((1, 1, 5, 5), np.float32)
+    x[0, 0, 2, 2] = 1.0  # the maximum of all four 3x3 windows, 2 apart
+    g = _one_image([[1e8, 1.0], [-1e8, 1.0]]).astype(np.float32)
+    grad = _run_op("max_pool2d_grad", [x, g], {"kernel": (3, 3), "stride": (2, 2)}, "f32")
+    assert grad[0, 0, 2, 2] == 1.0  # ((1e8 + 1) - 1e8) + 1 in float32; the reverse order gives 0
 
 
 # --- rules of the op table --------------------------------------------------------------------------

@@ -16,17 +16,21 @@ sequential left fold of folds.py, starting from its first term unless it says fr
   g[n, o, y, x] * xp[n, c, sh*y + a, sw*x + b]; one folds.matmul.
 - conv2d_input_grad: first, for every window column, t[c, a, b, n, y, x] = fold over o of
   w[o, c, a, b] * g[n, o, y, x] (one folds.matmul); then dx[n, c, i, j] = fold from +0 over
-  the offsets (a, b) in C order of t[c, a, b, n, y, x] for the window (y, x) that puts offset
-  (a, b) on (i, j), i.e. sh*y + a = i + ph and sw*x + b = j + pw. Offsets that fall on
-  padding are dropped.
+  the windows (y, x) that reach (i, j), in C order, of t[c, a, b, n, y, x] with (a, b) the
+  offset of (i, j) in that window: sh*y + a = i + ph and sw*x + b = j + pw. What falls on
+  padding is dropped.
 - max_pool2d: the IEEE maximum of the window, which does not depend on order.
 - avg_pool2d: fold over (a, b) in C order of the window, then one division by KH*KW.
 - max_pool2d_grad: a window's first maximum is its first element in (a, b) C order that
   compares equal to the window's maximum (-0 equals +0), or its first NaN. dx[n, c, i, j] =
-  fold from +0 over (a, b) in C order of g of the window whose first maximum is at offset
-  (a, b) on (i, j).
+  fold from +0, over the windows (y, x) whose first maximum is (i, j), in C order, of
+  g[n, c, y, x].
 - avg_pool2d_grad: q = g / (KH*KW), one division per element; dx[n, c, i, j] = fold from +0
-  over (a, b) in C order of q of the window that puts (a, b) on (i, j).
+  over the windows (y, x) that reach (i, j), in C order, of q[n, c, y, x].
+
+The three folds "over the windows that reach (i, j)" take one term per window offset, the
+offsets in reverse C order: a larger offset (a, b) belongs to an earlier window. This is the
+order of a gather that loops over an element's windows, as GPU kernels for these sums do.
 - max_pool2d_pick: h at each window's first maximum; no arithmetic.
 
 Vectorised across output elements: each step of a fold is one numpy operation over every
@@ -43,6 +47,12 @@ from sexpgpu.backends.cpu import folds
 def _offsets(kernel) -> list:
     """Every (a, b) of a window, in C order."""
     return [(a, b) for a in range(kernel[0]) for b in range(kernel[1])]
+
+
+def _offsets_by_window(kernel) -> list:
+    """(index in C order, (a, b)) of every offset, in the order that visits the windows
+    reaching one element in C order: offsets in reverse C order."""
+    return list(reversed(list(enumerate(_offsets(kernel)))))
 
 
 def _at_offset(image: np.ndarray, offset, stride, counts) -> np.ndarray:
@@ -98,7 +108,7 @@ def _conv2d_input_grad(node, args, m):
     partial = folds.matmul(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), _rows_by_channel(g))
     partial = partial.reshape((channels,) + tuple(kernel) + (batch,) + tuple(counts))
     dxp = np.zeros((batch, channels, height + 2 * pad_rows, width + 2 * pad_cols), g.dtype)
-    for a, b in _offsets(kernel):
+    for _, (a, b) in _offsets_by_window(kernel):
         target = _at_offset(dxp, (a, b), stride, counts)
         np.add(target, partial[:, a, b].transpose(1, 0, 2, 3), out=target)
     return np.ascontiguousarray(dxp[:, :, pad_rows : pad_rows + height, pad_cols : pad_cols + width])
@@ -135,9 +145,10 @@ def _avg_pool2d(node, args, m):
 
 
 def _spread(values_at, shape, kernel, stride, counts, dtype) -> np.ndarray:
-    """dx from +0, adding values_at(index) to every window's offset `index`, offsets in C order."""
+    """dx from +0, adding values_at(index) at offset number `index` of every window, each
+    element's windows in C order."""
     dx = np.zeros(shape, dtype)
-    for index, offset in enumerate(_offsets(kernel)):
+    for index, offset in _offsets_by_window(kernel):
         target = _at_offset(dx, offset, stride, counts)
         np.add(target, values_at(index), out=target)
     return dx
