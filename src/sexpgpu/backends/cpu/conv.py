@@ -106,11 +106,9 @@ def _conv2d_input_grad(node, args, m):
     batch, channels, height, width = node.shape
     kernel, counts = w.shape[2:], g.shape[2:]
     partial = folds.matmul(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), _rows_by_channel(g))
-    partial = partial.reshape((channels,) + tuple(kernel) + (batch,) + tuple(counts))
-    dxp = np.zeros((batch, channels, height + 2 * pad_rows, width + 2 * pad_cols), g.dtype)
-    for _, (a, b) in _offsets_by_window(kernel):
-        target = _at_offset(dxp, (a, b), stride, counts)
-        np.add(target, partial[:, a, b].transpose(1, 0, 2, 3), out=target)
+    partial = partial.reshape((channels, kernel[0] * kernel[1], batch) + tuple(counts))
+    padded_shape = (batch, channels, height + 2 * pad_rows, width + 2 * pad_cols)
+    dxp = _spread(lambda index: partial[:, index].transpose(1, 0, 2, 3), padded_shape, kernel, stride, counts, g.dtype)
     return np.ascontiguousarray(dxp[:, :, pad_rows : pad_rows + height, pad_cols : pad_cols + width])
 
 
