@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--peers", default="eager,compile", help="which PyTorch peers to time")
     args = parser.parse_args()
     import sys
 
@@ -133,8 +134,9 @@ def main() -> None:
         first = time.perf_counter() - started
         seconds = ours.profile()
         torch.use_deterministic_algorithms(False)  # the peers are plain PyTorch (TF32 stays off)
-        eager = seconds_per_step(torch_step(options, batch, False), args.steps, args.warmup)
-        compiled = seconds_per_step(torch_step(options, batch, True), args.steps, args.warmup)
+        peers = args.peers.split(",")
+        eager = seconds_per_step(torch_step(options, batch, False), args.steps, args.warmup) if "eager" in peers else float("nan")
+        compiled = seconds_per_step(torch_step(options, batch, True), args.steps, args.warmup) if "compile" in peers else float("nan")
         products = seconds.get("matmul", 0.0)
         torch.use_deterministic_algorithms(True)
         rows.append((name, ours_seconds, eager, compiled, ours.product_flops() / ours_seconds / 1e12,

@@ -7,7 +7,10 @@ node read by several kernels is recomputed by each of them when that is cheaper 
 writing it once and reading it back: when its expression costs at most BUDGET flops per
 byte of the value (9 flops a byte, the spec's figure for an A100, as used under
 --deterministic; the later choices issue measures it per device and records it), and it has
-at most four readers (each recomputing reader is one more kernel to compile). Otherwise,
+at most four readers (each recomputing reader is one more kernel to compile). A value a
+reader sees broadcast to a larger shape (a per-row statistic, a scalar) is inlined only when
+it costs at most 2 flops, since the broadcast would repeat its arithmetic for every copy.
+Otherwise,
 or when a reader needs memory (a product, a gather, a copy, an output of the graph), the
 node is written out by a fused elementwise kernel, which also takes the other values of the
 same shape written out just before it.
@@ -32,6 +35,7 @@ from sexpgpu.errors import SexpgpuError
 BUDGET_FLOPS_PER_BYTE = 9.0
 MAX_INLINE_NODES = 160  # a longer expression is written out, to bound compile time
 MAX_RECOMPUTING_READERS = 4  # more readers than this read the value back: each is a kernel to compile
+BROADCAST_FLOPS = 2  # a value read broadcast to a larger shape is inlined only below this
 VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
 LEVELS = ("on", "off")
 
@@ -67,6 +71,13 @@ def reader_counts(graph) -> dict:
             total += counts[reader] if reader.op in VIEW_OPS else 1
         counts[node] = total
     return counts
+
+
+def broadcastable(policy: FusionPolicy, value, source_size: int, target_size: int) -> bool:
+    """Whether a reader that sees the value broadcast to more elements may inline it: a
+    broadcast repeats the value's arithmetic for every copy, so only a value that costs
+    (almost) nothing is inlined so; any other is written out at its own size first."""
+    return target_size <= source_size or flops([value]) <= BROADCAST_FLOPS
 
 
 def recompute(policy: FusionPolicy, value, readers: int, itemsize: int) -> bool:

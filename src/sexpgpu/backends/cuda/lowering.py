@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sexpgpu.backends.cuda import views
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
-from sexpgpu.backends.cuda.fusion import FusionPolicy, reader_counts, recompute
+from sexpgpu.backends.cuda.fusion import FusionPolicy, broadcastable, reader_counts, recompute
 from sexpgpu.backends.cuda.kernels.expr import Expr, cast, load, nodes_in_order, scalar
 from sexpgpu.backends.cuda.kernels.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
@@ -81,7 +81,16 @@ class Lowerer:
 
     def value_in(self, node, shape) -> Expr:
         """`node`'s value broadcast to `shape`."""
+        self._before_broadcast(node, shape)
         return self.value_through(node, lambda view: views.broadcast(view, node.shape, shape))
+
+    def _before_broadcast(self, node, shape) -> None:
+        """Write `node` out first when a broadcast to `shape` would repeat its arithmetic."""
+        size = 1
+        for dim in shape:
+            size *= int(dim)
+        if not broadcastable(self.policy, self.values[node], node.size, size):
+            self.realize(node)
 
     def addressable(self, node) -> tuple[str, View]:
         """(buffer, view over the node's own axes) holding `node`, writing it out if its
@@ -199,6 +208,8 @@ class Lowerer:
 
     def _view(self, node) -> None:
         (source,) = node.inputs
+        if node.op == "broadcast":
+            self._before_broadcast(source, node.shape)
         change = view_change(node, source)
         value = views.through(self.values[source], change)
         if value is None:

@@ -15,8 +15,11 @@ UNARY = ("neg", "abs", "exp", "log", "tanh", "erf", "sqrt", "rsqrt", "sigmoid", 
          "round_bf16", "not")
 BINARY = ("add", "sub", "mul", "div", "max", "min", "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
-# Ops whose flops the fusion planner counts as one each; the math functions count more.
-FLOPS = {"exp": 8, "log": 8, "tanh": 12, "erf": 12, "sqrt": 4, "rsqrt": 6, "sigmoid": 12, "div": 4, "pow": 20}
+# Flops the fusion planner counts for an op (1 unless listed): the math functions are the
+# portable float64 algorithms of sexpgpu.numerics, dozens of float64 operations and a table
+# lookup each.
+FLOPS = {"exp": 40, "log": 40, "tanh": 50, "sigmoid": 50, "erf": 60, "rsqrt": 30, "pow": 120,
+         "sqrt": 4, "div": 4}
 
 
 @dataclass(frozen=True)
