@@ -22,7 +22,7 @@ GENERATOR_NAMES = ("batch",)  # what a generator body reads without declaring it
 
 # The built-in ops whose `:init` is an initializer and whose `:salt` is a salt. A defgraph may
 # have options of those names, so other heads are left to the graph stage.
-INIT_OPS = ("linear", "embedding", "attention")
+INIT_OPS = ("linear", "embedding", "attention", "conv2d")
 SALT_OPS = ("dropout", "normal", "uniform", "truncated-normal", "bernoulli", "randint")
 # A `:p` literal of these ops is a probability; dropout's excludes 1 (it scales by 1/(1-p)).
 _PROBABILITIES = {"dropout": (0.0, 1.0, True), "bernoulli": (0.0, 1.0, False)}
