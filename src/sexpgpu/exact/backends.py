@@ -84,5 +84,7 @@ def forced(name: str):
         _forced.pop()
 
 
-register(Backend("cpu", ("cpu",), ".cpu_kernel"), default=True)
-register(Backend("triton", ("cuda",), ".triton_kernel"), default=True)
+# "bins" is the reference: integer arithmetic only, the simplest to check by reading.
+register(Backend("bins", ("cpu",), ".bins_kernel"))
+register(Backend("sliced", ("cpu", "cuda"), ".sliced_kernel"), default=True)  # default on CPU
+register(Backend("triton", ("cuda",), ".triton_kernel"), default=True)  # default on CUDA

@@ -1,4 +1,4 @@
-"""The CPU implementation of `accumulate`: integer significands binned by exponent.
+"""The reference implementation of `accumulate`, on CPU: integer significands binned by exponent.
 
 Every bf16 or f32 value is an integer significand s (|s| < 2**24) times 2**e. A product's
 significand s_x * s_w is an exact int64 and its exponent e_x + e_w selects a bin. Products
