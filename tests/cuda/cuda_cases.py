@@ -70,6 +70,22 @@ CASES = [
     ("matmul", [(B, (3, 8), "normal"), (B, (8, 5), "normal")], {}),
     ("layernorm", [(B, (3, 40), "normal")], {"eps": 1e-5}),
     ("softmax", [(F, (3, 2500), "normal")], {"axis": -1}),
+    ("conv2d", [(F, (2, 2, 5, 7), "normal"), (F, (3, 2, 2, 3), "normal")], {"stride": (1, 2), "padding": (0, 1)}),
+    ("conv2d_input_grad", [(F, (2, 3, 4, 4), "normal"), (F, (3, 2, 2, 3), "normal")],
+     {"stride": (1, 2), "padding": (0, 1), "input_shape": (2, 2, 5, 7)}),
+    ("conv2d_weight_grad", [(F, (2, 2, 5, 7), "normal"), (F, (2, 3, 4, 4), "normal")],
+     {"stride": (1, 2), "padding": (0, 1), "weight_shape": (3, 2, 2, 3)}),
+    ("max_pool2d", [(F, (1, 3, 6, 4), "spread")], {"kernel": (2, 2), "stride": (1, 2)}),
+    ("max_pool2d_grad", [(F, (1, 3, 6, 4), "spread"), (F, (1, 3, 5, 2), "normal")], {"kernel": (2, 2), "stride": (1, 2)}),
+    ("max_pool2d_pick", [(F, (1, 3, 6, 4), "spread"), (F, (1, 3, 6, 4), "normal")], {"kernel": (2, 2), "stride": (1, 2)}),
+    ("avg_pool2d", [(F, (1, 3, 6, 5), "normal")], {"kernel": (3, 2), "stride": (3, 1)}),
+    ("avg_pool2d_grad", [(F, (1, 3, 2, 4), "normal")], {"kernel": (3, 2), "stride": (3, 1), "input_shape": (1, 3, 6, 5)}),
+]
+
+# Cases for the GPU alone: PyTorch's CPU bf16 convolution, which the interpreter tests would
+# run, does not accumulate in float32 as cuDNN does.
+GPU_CASES = [
+    ("conv2d", [(B, (2, 4, 6, 6), "normal"), (B, (4, 4, 3, 3), "normal")], {"stride": (1, 1), "padding": (1, 1)}),
 ]
 
 # Ops without a gradient, checked forward only.

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-from cuda_cases import CASES, FORWARD_CASES, assert_matches, case_graph, case_id  # noqa: E402
+from cuda_cases import CASES, FORWARD_CASES, GPU_CASES, assert_matches, case_graph, case_id  # noqa: E402
 from gpu_driver import train  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
@@ -49,7 +49,7 @@ def _experiment(name: str):
     return load_experiment(str(path))
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", CASES + GPU_CASES, ids=case_id)
 def test_op_and_gradient_match_the_interpreter(backend, case):
     graph, values = case_graph(case)
     want = CPU.run(graph, values)
@@ -111,7 +111,7 @@ def test_each_example_twice_gives_the_same_bits(name):
         assert first[1][path].tobytes() == second[1][path].tobytes(), path
 
 
-@pytest.mark.parametrize("name, steps", [("tiny-adam.sexp", 200), ("char-lm.sexp", 60)])
+@pytest.mark.parametrize("name, steps", [("tiny-adam.sexp", 200), ("char-lm.sexp", 40)])
 def test_cpu_and_gpu_loss_curves_stay_in_the_envelope(backend, name, steps):
     experiment = _experiment(name)
     gpu, _ = train(experiment, backend, steps)

@@ -15,18 +15,45 @@ from sexpgpu.backends.cuda.steps import TorchStep, strided
 
 
 def matmul(lowerer, node) -> None:
-    import torch
-
     a, b = node.inputs
     left, left_view = lowerer.addressable(a)
     right, right_view = lowerer.addressable(b)
     key = lowerer.result_buffer(node)
+    product = _product(left_view, right_view, node.shape)
 
     def run(env):
-        torch.matmul(strided(env, left, left_view), strided(env, right, right_view), out=env[key])
+        product(strided(env, left, left_view), strided(env, right, right_view), env[key])
 
     lowerer.steps.append(TorchStep(run, (left, right), (key,), "matmul"))
     lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _product(left_view, right_view, shape):
+    """The PyTorch call that writes a product straight into its buffer: one GEMM (`mm`)
+    when the left operand's leading axes fold into its rows as a view and the right one is
+    a matrix, a strided batched GEMM (`bmm`) when both fold to one batch axis, and
+    torch.matmul, which may copy its operands, otherwise."""
+    import torch
+
+    from sexpgpu.backends.cuda.views import reshape_strides
+
+    rows = 1
+    for size in shape[:-1]:
+        rows *= int(size)
+    k = left_view.dims[-1]
+    if len(right_view.dims) == 2 and reshape_strides(left_view.dims, left_view.strides, (rows, k)) is not None:
+        return lambda a, b, out: torch.mm(a.reshape(rows, k), b, out=out.view(rows, shape[-1]))
+    batch = 1
+    for size in shape[:-2]:
+        batch *= int(size)
+    if (left_view.dims[:-2] == right_view.dims[:-2] == tuple(shape[:-2])
+            and reshape_strides(left_view.dims, left_view.strides, (batch,) + tuple(left_view.dims[-2:])) is not None
+            and reshape_strides(right_view.dims, right_view.strides, (batch,) + tuple(right_view.dims[-2:])) is not None):
+        def batched(a, b, out):
+            torch.bmm(a.reshape((batch,) + tuple(a.shape[-2:])), b.reshape((batch,) + tuple(b.shape[-2:])),
+                      out=out.view((batch,) + tuple(shape[-2:])))
+        return batched
+    return lambda a, b, out: torch.matmul(a, b, out=out)
 
 
 def gather(lowerer, node) -> None:
@@ -111,7 +138,10 @@ def draw(lowerer, node) -> None:
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
+from sexpgpu.backends.cuda.windows import WINDOWS  # noqa: E402
+
 SPECIAL = {
+    **WINDOWS,
     "matmul": matmul,
     "gather": gather,
     "scatter_add": scatter_add,

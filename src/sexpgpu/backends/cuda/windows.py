@@ -1,0 +1,124 @@
+"""Convolution and pooling (the op table's window ops) through cuDNN and PyTorch.
+
+Convolutions run cuDNN with `torch.backends.cudnn.deterministic` on and benchmarking off
+(device.py): cuDNN takes the first deterministic algorithm its heuristics offer for the
+role (forward, backward-data, backward-filter), shape and dtype, which the spec lists under
+--deterministic; measuring engines is the later choices issue's. TF32 is off, and bf16
+convolutions accumulate in float32 and round once.
+
+Pooling: max and average pooling are PyTorch's; the gradient of max pooling routes each
+window's cotangent to its first maximum, found by PyTorch's max pooling with indices, and
+adds them with `scatter_add_`, which PyTorch's deterministic mode runs without atomics.
+"""
+
+from __future__ import annotations
+
+from sexpgpu.backends.cuda.steps import TorchStep, strided
+
+
+def _window_step(lowerer, node, compute, kind: str) -> None:
+    """A step writing `compute(*tensors)` (the node's inputs as tensors) into its buffer."""
+    sources = [lowerer.addressable(source) for source in node.inputs]
+    key = lowerer.result_buffer(node)
+
+    def run(env):
+        env[key].copy_(compute(*[strided(env, source, view) for source, view in sources]))
+
+    reads = tuple(dict.fromkeys(source for source, _ in sources))
+    lowerer.steps.append(TorchStep(run, reads, (key,), kind))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def conv2d(lowerer, node) -> None:
+    import torch.nn.functional as functional
+
+    stride, padding = node.attrs["stride"], node.attrs["padding"]
+    _window_step(lowerer, node, lambda x, w: functional.conv2d(x, w, stride=stride, padding=padding), "convolution")
+
+
+def conv2d_input_grad(lowerer, node) -> None:
+    import torch
+
+    stride, padding, shape = node.attrs["stride"], node.attrs["padding"], node.attrs["input_shape"]
+    compute = lambda g, w: torch.nn.grad.conv2d_input(shape, w, g, stride=stride, padding=padding)  # noqa: E731
+    _window_step(lowerer, node, compute, "convolution")
+
+
+def conv2d_weight_grad(lowerer, node) -> None:
+    import torch
+
+    stride, padding, shape = node.attrs["stride"], node.attrs["padding"], node.attrs["weight_shape"]
+    compute = lambda x, g: torch.nn.grad.conv2d_weight(x, shape, g, stride=stride, padding=padding)  # noqa: E731
+    _window_step(lowerer, node, compute, "convolution")
+
+
+def max_pool2d(lowerer, node) -> None:
+    import torch.nn.functional as functional
+
+    kernel, stride = node.attrs["kernel"], node.attrs["stride"]
+    _window_step(lowerer, node, lambda x: functional.max_pool2d(x, kernel, stride), "pooling")
+
+
+def _first_maxima(x, kernel, stride):
+    """The flat (row * W + column) index in its image plane of each window's maximum."""
+    import torch.nn.functional as functional
+
+    _, indices = functional.max_pool2d(x, kernel, stride, return_indices=True)
+    return indices
+
+
+def max_pool2d_grad(lowerer, node) -> None:
+    import torch
+
+    kernel, stride = node.attrs["kernel"], node.attrs["stride"]
+
+    def compute(x, g):
+        indices = _first_maxima(x, kernel, stride)
+        planes = x.shape[0] * x.shape[1]
+        out = torch.zeros((planes, x.shape[2] * x.shape[3]), dtype=torch.float32, device=x.device)
+        out.scatter_add_(1, indices.reshape(planes, -1), g.reshape(planes, -1).float())
+        return out.reshape(x.shape)
+
+    _window_step(lowerer, node, compute, "pooling")
+
+
+def max_pool2d_pick(lowerer, node) -> None:
+    kernel, stride = node.attrs["kernel"], node.attrs["stride"]
+
+    def compute(x, h):
+        indices = _first_maxima(x, kernel, stride)
+        planes = x.shape[0] * x.shape[1]
+        return h.reshape(planes, -1).gather(1, indices.reshape(planes, -1)).reshape(indices.shape)
+
+    _window_step(lowerer, node, compute, "pooling")
+
+
+def avg_pool2d(lowerer, node) -> None:
+    import torch.nn.functional as functional
+
+    kernel, stride = node.attrs["kernel"], node.attrs["stride"]
+    _window_step(lowerer, node, lambda x: functional.avg_pool2d(x, kernel, stride), "pooling")
+
+
+def avg_pool2d_grad(lowerer, node) -> None:
+    import torch
+
+    kernel, stride, shape = node.attrs["kernel"], node.attrs["stride"], node.attrs["input_shape"]
+
+    def compute(g):
+        like = g.new_empty(()).expand(shape)  # only its shape is read
+        return torch.ops.aten.avg_pool2d_backward(g, like, list(kernel), list(stride), [0, 0], False, True, None)
+
+    _window_step(lowerer, node, compute, "pooling")
+
+
+WINDOWS = {
+    "conv2d": conv2d,
+    "conv2d_input_grad": conv2d_input_grad,
+    "conv2d_weight_grad": conv2d_weight_grad,
+    "max_pool2d": max_pool2d,
+    "max_pool2d_grad": max_pool2d_grad,
+    "max_pool2d_pick": max_pool2d_pick,
+    "avg_pool2d": avg_pool2d,
+    "avg_pool2d_grad": avg_pool2d_grad,
+}
