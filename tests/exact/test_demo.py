@@ -23,6 +23,7 @@ def test_det_linear_runs_are_identical_unsharded_and_k_sharded():
     result = demo.run_demo(steps=4, device="cpu", shape=shape)
     exact = result["DetLinear"]
     assert exact["loss_differences"] == [0.0] * 4
+    assert exact["loss_differences_fp64"] == [0.0] * 4
     unsharded, sharded = exact["weights"]
     assert unsharded.numpy().tobytes() == sharded.numpy().tobytes()
     initial = torch.cat([p.reshape(-1) for p in demo.initial_parameters(shape, "cpu")])

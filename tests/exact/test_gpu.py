@@ -105,7 +105,7 @@ def test_det_linear_on_cuda_gives_the_cpu_bits():
         layer = DetLinear(96, 48, device=device, k_shards=[10, 50])
         with torch.no_grad():
             layer.weight.copy_(torch.randn(48, 96, generator=torch.Generator().manual_seed(1)))
-        xd = x.to(device).requires_grad_(True)
+        xd = x.to(device).clone().requires_grad_(True)  # a fresh leaf on each device
         y = layer(xd)
         y.backward(grad_y.to(device))
         results.append([t.detach().cpu() for t in (y, xd.grad, layer.weight.grad, layer.bias.grad)])
