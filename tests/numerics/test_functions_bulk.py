@@ -87,8 +87,9 @@ def expected_bits(name, bits):
     below = np.where(below > a, np.nextafter(below.astype(np.float32), np.float32(0)), below)
     with np.errstate(all="ignore"):
         spacing = np.spacing(np.minimum(below, 3.4028234663852886e38).astype(np.float32))
-    midpoint = below + spacing.astype(np.float64) / 2
-    unsure = finite & np.isfinite(r) & (np.abs(a - midpoint) <= MARGIN_ULPS * np.spacing(a))
+    with np.errstate(all="ignore"):  # infinite and NaN references are never unsure
+        midpoint = below + spacing.astype(np.float64) / 2
+        unsure = finite & np.isfinite(r) & (np.abs(a - midpoint) <= MARGIN_ULPS * np.spacing(a))
     want = rounded.view(np.uint32).copy()
     want[np.isnan(r)] = ref.QUIET_NAN
     special = ~finite | unsure
