@@ -2,9 +2,8 @@
 
 import pytest
 
+from exact_random import CPU_IMPLEMENTATIONS
 from sexpgpu.exact import backends
-
-CPU_IMPLEMENTATIONS = ["bins", "sliced"]
 
 
 @pytest.fixture(params=CPU_IMPLEMENTATIONS)

@@ -59,6 +59,10 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
+def say(line: str) -> None:
+    os.write(1, (line + "\n").encode())  # one write per line: ranks share stdout
+
+
 def run(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -68,9 +72,9 @@ def run(rank: int, world: int, port: int, out_dir: str) -> None:
         bounds = uneven_k_bounds(world)
         a, b = bounds[rank], bounds[rank + 1]
         y = det_finalize(det_all_reduce(det_gemm_partial(x[:, a:b], w[:, a:b])))
-        print(f"rank {rank} of {world}: det_gemm digest {digest(y)}", flush=True)
+        say(f"rank {rank} of {world}: det_gemm digest {digest(y)}")
         weights = train_det_linear(rank, world, reduce_gradients=True)
-        print(f"rank {rank} of {world}: DetLinear weights digest {digest(weights)}", flush=True)
+        say(f"rank {rank} of {world}: DetLinear weights digest {digest(weights)}")
         torch.save({"y": y, "weights": weights}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

@@ -6,6 +6,8 @@ import torch
 
 from sexpgpu.exact import det_combine, det_gemm_partial
 
+CPU_IMPLEMENTATIONS = ["bins", "sliced"]  # the implementations every CPU test runs with
+
 
 def wide_random(shape, dtype: torch.dtype, generator: torch.Generator, spread: int = 60) -> torch.Tensor:
     """Normal values scaled by 2**e for e uniform in [-spread, spread), with some exact zeros."""

@@ -1,5 +1,6 @@
 """det_all_reduce over gloo: K-sharded GEMMs and data-parallel DetLinear at world sizes 1, 2, 4."""
 
+import re
 import socket
 import time
 
@@ -41,9 +42,9 @@ def test_sharded_gemm_and_data_parallel_det_linear_match_one_process(world, tmp_
         assert torch.equal(result["weights"], single_weights)
     printed = capfd.readouterr().out
     for what, value in [("det_gemm", single_y), ("DetLinear weights", single_weights)]:
-        lines = [line for line in printed.splitlines() if f"{what} digest" in line]
-        assert len(lines) == world
-        assert {line.rsplit(" ", 1)[1] for line in lines} == {worker.digest(value)}
+        said = re.findall(rf"rank (\d+) of {world}: {what} digest ([0-9a-f]+)", printed)
+        assert sorted(int(rank) for rank, _ in said) == list(range(world))
+        assert {digest for _, digest in said} == {worker.digest(value)}
 
 
 def test_float32_data_parallel_training_is_not_this_exact():

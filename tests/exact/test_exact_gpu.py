@@ -99,12 +99,13 @@ def test_cuda_k_beyond_one_call():
 def test_det_linear_on_cuda_gives_the_cpu_bits():
     generator = torch.Generator().manual_seed(63)
     x, grad_y = torch.randn(64, 96, generator=generator), torch.randn(64, 48, generator=generator)
+    weight, bias = torch.randn(48, 96, generator=generator), torch.randn(48, generator=generator)
     results = []
     for device in ("cpu", "cuda"):
-        torch.manual_seed(0)
         layer = DetLinear(96, 48, device=device, k_shards=[10, 50])
         with torch.no_grad():
-            layer.weight.copy_(torch.randn(48, 96, generator=torch.Generator().manual_seed(1)))
+            layer.weight.copy_(weight)
+            layer.bias.copy_(bias)
         xd = x.to(device).clone().requires_grad_(True)  # a fresh leaf on each device
         y = layer(xd)
         y.backward(grad_y.to(device))

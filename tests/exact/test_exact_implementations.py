@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from conftest import CPU_IMPLEMENTATIONS
-from exact_random import wide_random
+from exact_random import CPU_IMPLEMENTATIONS, wide_random
 from sexpgpu.exact import backends, det_gemm_partial
 from sexpgpu.exact.layout import DIGITS, WIDTH
 
