@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from sexpgpu.exact import DetLinear, backends, det_gemm, det_gemm_partial
+from sexpgpu.exact import DetLinear, backends, det_gemm
 from sexpgpu.exact import triton_kernel
 
 

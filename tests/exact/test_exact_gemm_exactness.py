@@ -112,6 +112,7 @@ def test_special_values_stay_in_their_own_outputs(implementation):
     assert same_bits(det_gemm(x, w), oracle_gemm(x, w))
 
 
-def test_empty_sums_are_zero():
+def test_empty_sums_are_zero(implementation):
     assert torch.equal(det_gemm(torch.zeros(2, 0), torch.zeros(3, 0)), torch.zeros(2, 3))
     assert det_gemm(torch.zeros(0, 4), torch.zeros(3, 4)).shape == (0, 3)
+    assert same_bits(det_gemm(-torch.zeros(2, 3), torch.ones(4, 3)), torch.zeros(2, 4))

@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from .layout import (
-    DIGITS,
-    LOW_MASK,
-    LOWEST_DIGIT_EXPONENT,
-    RADIX_BITS,
-    TOP,
-    WIDTH,
-)
+from .layout import DIGITS, LOW_MASK, LOWEST_DIGIT_EXPONENT, RADIX_BITS, TOP, WIDTH
 
 # A product's bin is s = e_x + e_w - LOWEST_DIGIT_EXPONENT, between 22 and 528; bins come in
 # groups of 32, and a group's index is the digit that its bins' lowest bits fall in.
 K_PER_BIN_PASS = 1 << 14  # products a bin may collect: 2**14 * 2**48 < 2**63
-OUTPUTS_PER_TILE = 4096  # bins per tile: 4096 * 544 int64, about 18 MB
+OUTPUTS_PER_TILE = 4096  # each with 32 int64 bins per digit its tile's products reach
 PRODUCTS_PER_TILE = 1 << 21
 
 

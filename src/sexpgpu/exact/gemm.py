@@ -15,13 +15,13 @@ from .special import split_special
 def det_gemm_partial(x: torch.Tensor, w: torch.Tensor) -> Accumulator:
     """The exact x @ w.T, for x (M, K) and w (N, K), as an unrounded Accumulator of shape (M, N)."""
     check_gemm_operands("det_gemm_partial", x, w)
-    return Accumulator(_accumulate(x, w))
+    return Accumulator(accumulate_planes(x, w))
 
 
 def det_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T for x (M, K) and w (N, K): the exact sum of products, rounded once to float32."""
     check_gemm_operands("det_gemm", x, w)
-    return round_planes(_accumulate(x, w), torch.float32)
+    return round_planes(accumulate_planes(x, w), torch.float32)
 
 
 def det_combine(accumulators) -> Accumulator:
@@ -40,7 +40,7 @@ def det_finalize(acc: Accumulator, dtype: torch.dtype = torch.float32) -> torch.
     return round_planes(acc.digits, dtype)
 
 
-def _accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def accumulate_planes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Normalised (WIDTH, M, N) planes of x @ w.T, in backend calls of at most MAX_K_PER_CALL."""
     backend = backends.select(x.device)
     x, w, special = split_special(x, w)

@@ -8,7 +8,7 @@ import torch
 
 from .accumulator import Accumulator
 from .checks import check_dim, check_operand, check_output_dtype
-from .gemm import _accumulate
+from .gemm import accumulate_planes
 from .layout import WIDTH
 from .rounding import round_planes
 
@@ -34,4 +34,4 @@ def _sum_planes(fn: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     rows = x.movedim(dim, -1)
     flat = rows.reshape(math.prod(rows.shape[:-1]), rows.shape[-1])
     ones = torch.ones((1, flat.shape[1]), dtype=x.dtype, device=x.device)
-    return _accumulate(flat, ones).reshape(WIDTH, *rows.shape[:-1])
+    return accumulate_planes(flat, ones).reshape(WIDTH, *rows.shape[:-1])
