@@ -16,7 +16,7 @@ if not hasattr(kernels, "get_local_kernel"):
 import sexpgpu.exact as exact  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNEL_DIR = ROOT / "kernels" / "det-train"
+KERNEL_DIR = ROOT / "hub" / "det-train"
 
 
 @pytest.fixture(scope="module")
