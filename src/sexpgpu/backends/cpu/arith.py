@@ -2,7 +2,10 @@
 
 `PortableF32` is the one runs use: float32 arrays, IEEE + - * / and sqrt from numpy, and
 every other function from sexpgpu.numerics, whose results do not depend on the machine.
-Nodes of dtype bf16 hold float32 arrays rounded to nearest even into bfloat16.
+Nodes of dtype bf16 hold float32 arrays rounded to nearest even into bfloat16. Its results
+are remembered by the exact bits of their inputs (`_Memo`), which changes no bit and saves
+repeated calls; a small pow of whole-number exponents also computes the next exponents'
+results in the same call (Adam's bias corrections, step after step).
 
 `ReferenceF64` is a test oracle only: the same kernels in float64 with numpy's own
 functions and no bf16 rounding, so that gradient rules can be checked against finite
@@ -12,6 +15,7 @@ differences without float32 noise. Its bits are not portable and no run uses it.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 
@@ -31,22 +35,110 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32).reshape(x.shape)
 
 
+class _Memo:
+    """Results of pure elementwise functions, looked up by the exact bits of their inputs.
+
+    A hit gives a copy of the stored result: the bits the function gave for those bits the
+    first time, which are the bits it gives every time. A graph often evaluates a function
+    twice on one value (the softmax of a cross-entropy's gradient repeats its exp; a
+    layernorm's gradient repeats its rsqrt), and small calls cost sexpgpu.numerics a fixed
+    overhead far larger than their work. Inputs of up to SMALL elements are keyed by their
+    bytes; of the larger ones the last LARGE are kept and compared in full."""
+
+    SMALL = 1 << 12
+    SMALL_ENTRIES = 1024
+    LARGE = 4
+    LARGEST = 1 << 21  # elements: larger inputs are never kept
+
+    def __init__(self):
+        self.small: OrderedDict = OrderedDict()
+        self.large: list = []
+
+    def get(self, name: str, inputs: tuple):
+        if inputs[0].size <= self.SMALL:
+            found = self.small.get(self._key(name, inputs))
+            return None if found is None else found.copy()
+        for entry_name, stored, result in self.large:
+            if entry_name == name and all(_same_bits(a, b) for a, b in zip(stored, inputs)):
+                return result.copy()
+        return None
+
+    def put(self, name: str, inputs: tuple, result: np.ndarray) -> None:
+        size = inputs[0].size
+        if size <= self.SMALL:
+            self.small[self._key(name, inputs)] = result.copy()
+            if len(self.small) > self.SMALL_ENTRIES:
+                self.small.popitem(last=False)
+        elif size <= self.LARGEST:
+            self.large = [(name, tuple(a.copy() for a in inputs), result.copy())] + self.large[: self.LARGE - 1]
+
+    @staticmethod
+    def _key(name: str, inputs: tuple) -> tuple:
+        return (name, inputs[0].shape) + tuple(a.tobytes() for a in inputs)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape:
+        return False
+    a, b = a.reshape(-1).view(np.uint32), b.reshape(-1).view(np.uint32)
+    step = max(1, a.size // 64)  # a few elements first: most misses differ everywhere
+    return np.array_equal(a[::step], b[::step]) and np.array_equal(a, b)
+
+
 class PortableF32:
     name = "f32"
     float_dtype = np.float32
     rounds_bf16 = True
+    POW_AHEAD = 64  # exponents looked ahead by a small pow of whole-number exponents
+
+    def __init__(self):
+        self.memo = _Memo()
 
     @staticmethod
     def numpy_dtype(dtype: str):
         return {"f32": np.float32, "bf16": np.float32, "i32": np.int32, "bool": np.bool_}[dtype]
 
     def pow(self, x, y):
-        return elementwise(nx.pow, np.asarray(x, np.float32), np.asarray(y, np.float32)).astype(np.float32, copy=False)
+        x, y = (np.ascontiguousarray(a, np.float32) for a in np.broadcast_arrays(np.asarray(x, np.float32), np.asarray(y, np.float32)))
+        found = self.memo.get("pow", (x, y))
+        if found is not None:
+            return found
+        if x.size <= 16 and _whole_numbers(y):
+            return self._pow_ahead(x, y)
+        result = elementwise(nx.pow, x, y).astype(np.float32, copy=False)
+        self.memo.put("pow", (x, y), result)
+        return result
+
+    def _pow_ahead(self, x, y):
+        """x ** y and x ** (y + 1), ..., x ** (y + POW_AHEAD - 1) in one call, each kept in
+        the memo: Adam's bias corrections raise constants to the step number, one step after
+        another, and a call for two numbers costs as much as one for a hundred."""
+        offsets = np.arange(self.POW_AHEAD, dtype=np.float32).reshape((-1,) + (1,) * y.ndim)
+        xs = np.ascontiguousarray(np.broadcast_to(x, (self.POW_AHEAD,) + x.shape))
+        ys = y + offsets  # exact: whole numbers below 2**24
+        results = nx.pow(xs, ys).astype(np.float32, copy=False)
+        for index in range(self.POW_AHEAD):
+            self.memo.put("pow", (xs[index], ys[index]), results[index])
+        return results[0].copy()
+
+    def _unary(self, name: str, x) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        found = self.memo.get(name, (x,))
+        if found is not None:
+            return found
+        result = elementwise(getattr(nx, name), x).astype(np.float32, copy=False)
+        self.memo.put(name, (x,), result)
+        return result
+
+
+def _whole_numbers(y: np.ndarray) -> bool:
+    """Every y a whole number whose next POW_AHEAD successors are exact float32 values."""
+    return bool(np.all((y == np.floor(y)) & (np.abs(y) < 2.0**23)))
 
 
 def _portable(name: str):
     def function(self, x):
-        return elementwise(getattr(nx, name), np.asarray(x, dtype=np.float32)).astype(np.float32, copy=False)
+        return self._unary(name, x)
 
     function.__name__ = name
     return function

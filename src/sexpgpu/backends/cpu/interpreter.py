@@ -3,9 +3,15 @@
 `Interpreter().run(graph, inputs)` evaluates the graph's nodes in the graph's order with
 one numpy kernel per op (kernels.py) and returns its outputs. It decides nothing from the
 machine: sums fold in the orders folds.py documents, transcendental functions come from
-sexpgpu.numerics, there is no BLAS and no threading, and every node of dtype bf16 is
-rounded to bfloat16 when it is made. So the same graph and inputs give the same bits on
-any machine with the same numpy semantics.
+sexpgpu.numerics, there is no BLAS, threads split large kernels only where the split
+changes no bits (parallel.py), and every node of dtype bf16 is rounded to bfloat16 when it
+is made. So the same graph and inputs give the same bits on any machine with the same
+numpy semantics.
+
+Speed: the first run of a graph compiles it into a list of steps, each a kernel with its
+node's attributes already looked up (kernels.compile_kernel), its input positions, the
+values that die after it, and whether it rounds to bf16. Input arrays that already have
+the node's dtype and shape are taken as they are.
 
 Inputs: every graph input must be given, and nothing else. Arrays must have the node's
 shape; f32 and bf16 inputs must be float32 arrays (or Python floats for scalars, rounded to
@@ -21,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
-from sexpgpu.backends.cpu.kernels import KERNELS
+from sexpgpu.backends.cpu.kernels import compile_kernel
 
 
 class Interpreter:
@@ -34,6 +40,9 @@ class Interpreter:
             raise ValueError(f"precision must be 'f32' or 'f64', not {precision!r}")
         self.math = arithmetics[precision]()
         self._prepared: dict = {}
+        # dtypes an input array may have to be taken as it is (bf16 inputs are always checked)
+        float_dtype = np.dtype(self.math.float_dtype)
+        self._ready_dtypes = {"f32": float_dtype, "i32": np.dtype(np.int32), "bool": np.dtype(np.bool_)}
 
     def run(self, graph, inputs: dict) -> dict:
         steps, positions = self._prepare(graph)
@@ -41,17 +50,18 @@ class Interpreter:
         values = [None] * len(graph.nodes)
         for name, node in graph.inputs.items():
             values[positions[node]] = self._accept(name, node, inputs[name])
-        rounds_bf16 = self.math.rounds_bf16
+        ndarray = np.ndarray
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are values here, not warnings
-            for index, node, kernel, sources, dead in steps:
-                value = kernel(node, [values[source] for source in sources], self.math)
-                if type(value) is not np.ndarray:
+            for index, kernel, sources, dead, rounds in steps:
+                value = kernel([values[source] for source in sources])
+                if type(value) is not ndarray:
                     value = np.asarray(value)
-                if rounds_bf16 and node.dtype == "bf16":
+                if rounds:
                     value = round_bf16(value)
                 values[index] = value
-                for source in dead:
-                    values[source] = None
+                if dead:
+                    for source in dead:
+                        values[source] = None
         return self._outputs(graph, values, positions)
 
     # --- arrays the run loop hands over -------------------------------------------------------
@@ -88,7 +98,8 @@ class Interpreter:
             if node.op == "input":
                 continue
             sources = tuple(positions[source] for source in node.inputs)
-            steps.append((index, node, KERNELS[node.op], sources, tuple(dying.get(index, ()))))
+            rounds = self.math.rounds_bf16 and node.dtype == "bf16"
+            steps.append((index, compile_kernel(node, self.math), sources, tuple(dying.get(index, ())), rounds))
         self._prepared[graph] = (steps, positions)
         return steps, positions
 
@@ -100,6 +111,9 @@ class Interpreter:
             raise ValueError(f"graph inputs: missing {missing}, not inputs of this graph {extra}")
 
     def _accept(self, name: str, node, value) -> np.ndarray:
+        if (type(value) is np.ndarray and value.dtype == self._ready_dtypes.get(node.dtype)
+                and value.shape == node.shape):
+            return value  # already what the graph expects: nothing to convert or check
         array = self._convert(name, node, value)
         if array.shape != node.shape:
             raise ValueError(f"input {name}: shape {array.shape}, the graph expects {node.shape}")
@@ -136,7 +150,7 @@ class Interpreter:
         result, given = {}, set()
         for name, node in graph.outputs.items():
             value = values[positions[node]]
-            if node.op == "input" or not value.flags.owndata or id(value) in given:
+            if node.op == "input" or not value.flags.owndata or not value.flags.writeable or id(value) in given:
                 value = value.copy()
             given.add(id(value))
             result[name] = value

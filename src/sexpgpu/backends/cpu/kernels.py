@@ -117,16 +117,29 @@ def _argmax(node, args, m):
     return np.argmax(args[0], axis=node.attrs["axis"]).astype(np.int32)  # the first of equal maxima
 
 
+def _exp_of_shifted(x, m):
+    """m.exp(x) for scores less their maximum. A causal mask leaves many -inf among them;
+    their exp is one value, computed once, and only the others go through m.exp."""
+    masked = x == -np.inf
+    if np.count_nonzero(masked) * 4 < x.size:
+        return m.exp(x)
+    out = np.empty_like(x)
+    out[...] = m.exp(np.full((1,), -np.inf, x.dtype))[0]
+    kept = ~masked
+    out[kept] = m.exp(x[kept])
+    return out
+
+
 def _softmax(node, args, m):
     (x,) = args
     axis = node.attrs["axis"]
-    exps = m.exp(x - folds.reduce_max(x, (axis,), keep=True))
+    exps = _exp_of_shifted(x - folds.reduce_max(x, (axis,), keep=True), m)
     return exps / folds.reduce_sum(exps, (axis,), keep=True)
 
 
 def _log_softmax_over(x, axis, m):
     shifted = x - folds.reduce_max(x, (axis,), keep=True)
-    return shifted - m.log(folds.reduce_sum(m.exp(shifted), (axis,), keep=True))
+    return shifted - m.log(folds.reduce_sum(_exp_of_shifted(shifted, m), (axis,), keep=True))
 
 
 def _log_softmax(node, args, m):
@@ -240,3 +253,71 @@ KERNELS = {
 for _name in _NUMPY_BINARY:
     KERNELS[_name] = _numpy_binary(_name)
 KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: conv.py
+
+
+# --- compiled kernels -------------------------------------------------------------------------
+# The interpreter runs each node through `compile_kernel(node, m)`: the node's kernel with its
+# attributes looked up once, not on every run. Same numpy calls, so the same bits.
+
+
+def compile_kernel(node, m):
+    """`run(args) -> value` for one node."""
+    compiler = _COMPILERS.get(node.op)
+    if compiler is not None:
+        return compiler(node, m)
+    kernel = KERNELS[node.op]
+    return lambda args: kernel(node, args, m)
+
+
+def _compiled_const(node, m):
+    value = _const(node, (), m)
+    value.flags.writeable = False  # made once and shared by every run: no kernel writes its inputs
+    return lambda args: value
+
+
+def _compiled_slice(node, m):
+    index = [slice(None)] * len(node.shape)
+    index[node.attrs["axis"]] = slice(node.attrs["start"], node.attrs["stop"])
+    index = tuple(index)
+    return lambda args: args[0][index]
+
+
+def _compiled_binary(node, m):
+    function = _NUMPY_BINARY[node.op]
+    return lambda args: function(args[0], args[1])
+
+
+def _compiled_sum(node, m):
+    axes, keep = tuple(node.attrs["axes"]), node.attrs["keep"]
+    return lambda args: folds.reduce_sum(args[0], axes, keep)
+
+
+def _with_attr(name: str, apply):
+    def compiler(node, m):
+        value = node.attrs[name]
+        return lambda args: apply(args, value)
+
+    return compiler
+
+
+def _with_shape(apply):
+    def compiler(node, m):
+        shape = tuple(node.shape)
+        return lambda args: apply(args[0], shape)
+
+    return compiler
+
+
+_COMPILERS = {
+    "const": _compiled_const,
+    "slice": _compiled_slice,
+    "sum": _compiled_sum,
+    "reshape": _with_shape(lambda x, shape: x.reshape(shape)),
+    "broadcast": _with_shape(np.broadcast_to),
+    "transpose": _with_attr("perm", lambda args, perm: args[0].transpose(perm)),
+    "concat": _with_attr("axis", lambda args, axis: np.concatenate(args, axis=axis)),
+    "matmul": lambda node, m: lambda args: folds.matmul(args[0], args[1]),
+    "neg": lambda node, m: lambda args: -args[0],
+    "square": lambda node, m: lambda args: args[0] * args[0],
+}
+_COMPILERS.update({name: _compiled_binary for name in _NUMPY_BINARY})

@@ -46,8 +46,8 @@ def ranges(count: int, parts: int) -> list:
 
 def run_ranges(work, count: int, elements: int) -> None:
     """work(start, stop) over a split of range(count), in threads when `elements` is large."""
-    threads = thread_count()
-    if threads == 1 or elements < MIN_ELEMENTS or count < 2:
+    threads = 1 if elements < MIN_ELEMENTS or count < 2 else thread_count()
+    if threads == 1:
         work(0, count)
         return
     futures = [_executor().submit(work, start, stop) for start, stop in ranges(count, threads)]

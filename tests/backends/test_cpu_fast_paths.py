@@ -1,0 +1,208 @@
+"""The interpreter's fast paths give the bits of their plain definitions.
+
+Oracles: Python loops over numpy float32 scalars for folds and products (one rounded
+multiply, then one rounded add, term by term), and plain sexpgpu.numerics calls for the
+memo, the look-ahead pow and the masked exp. Data are chosen so that other summation
+orders or starts give other bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sexpgpu import numerics as nx
+from sexpgpu.backends.cpu import Interpreter, folds, kernels
+from sexpgpu.backends.cpu.arith import PortableF32
+from sexpgpu.graph.emit import Emitter
+
+
+def _ill_conditioned(shape, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * np.exp(rng.uniform(-10, 10, shape))).astype(np.float32)
+
+
+def _fold_oracle(rows: np.ndarray) -> np.ndarray:
+    """rows[0] + rows[1] + ..., one float32 addition at a time, element by element."""
+    flat = rows.reshape(rows.shape[0], -1)
+    out = np.empty(flat.shape[1], np.float32)
+    for column in range(flat.shape[1]):
+        acc = flat[0, column]
+        for value in flat[1:, column]:
+            acc = np.float32(acc + value)
+        out[column] = acc
+    return out.reshape(rows.shape[1:])
+
+
+def _matmul_oracle(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    big_a = np.broadcast_to(a, batch + a.shape[-2:])
+    big_b = np.broadcast_to(b, batch + b.shape[-2:])
+    acc = big_a[..., :, 0, None] * big_b[..., None, 0, :]
+    for k in range(1, a.shape[-1]):
+        acc = (acc + big_a[..., :, k, None] * big_b[..., None, k, :]).astype(np.float32)
+    return acc
+
+
+def _same_bits(x, y) -> bool:
+    x, y = np.asarray(x), np.asarray(y)
+    return x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+# --- the leading-axis reduce -------------------------------------------------------------------
+
+
+def test_numpy_reduces_a_leading_axis_as_the_left_fold():
+    assert folds.LEADING_REDUCE_FOLDS, "this numpy reduces leading axes in another order: the folds fall back to loops"
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (2, 2), (3, 4), (64, 3), (300, 2), (1000, 7), (17, 5, 6), (9, 4096)])
+def test_fold_into_is_the_left_fold(shape):
+    rows = _ill_conditioned(shape, seed=len(shape) + shape[0])
+    out = np.empty(shape[1:], np.float32)
+    folds.fold_into(rows, out)
+    assert _same_bits(out, _fold_oracle(rows))
+    assert _same_bits(folds.fold_rows(rows), _fold_oracle(rows))
+
+
+def test_fold_keeps_signed_zeros_nan_and_inf_as_the_fold_does():
+    rows = np.array([[-0.0, -0.0, 0.0, np.inf, 1.0, -0.0],
+                     [-0.0, 0.0, -0.0, -np.inf, np.nan, 3.0],
+                     [-0.0, -0.0, -0.0, 1.0, 2.0, -3.0]], np.float32)
+    out = np.empty(6, np.float32)
+    with np.errstate(invalid="ignore"):
+        folds.fold_into(rows, out)
+        assert _same_bits(out, _fold_oracle(rows))
+    assert np.signbit(out[0]) and not np.signbit(out[1]) and not np.signbit(out[5])
+
+
+def test_a_single_output_folds_in_order_too():
+    column = _ill_conditioned((5000, 1), seed=9)
+    out = np.empty((1,), np.float32)
+    folds.fold_into(column, out)
+    assert _same_bits(out, _fold_oracle(column))
+    assert out[0] != np.float32(np.sum(column, dtype=np.float32)), "pick a case where pairwise summation differs"
+
+
+def test_without_the_leading_reduce_the_loops_give_the_same_bits(monkeypatch):
+    a, b = _ill_conditioned((3, 40, 33), 1), _ill_conditioned((33, 70), 2)
+    rows = _ill_conditioned((50, 6), 3)
+    fast = folds.matmul(a, b), folds.fold_rows(rows)
+    monkeypatch.setattr(folds, "LEADING_REDUCE_FOLDS", False)
+    slow = folds.matmul(a, b), folds.fold_rows(rows)
+    assert all(_same_bits(x, y) for x, y in zip(fast, slow))
+
+
+# --- products ---------------------------------------------------------------------------------------
+
+PRODUCT_SHAPES = [
+    ((1, 7), (7, 1)),  # one output element
+    ((5, 3), (3, 9)), ((9, 3), (3, 5)),  # small, both layouts
+    ((2, 70, 20), (20, 300)),  # a weight for a batch: rows merged; long rows
+    ((300, 40), (40, 6)),  # laid out transposed
+    ((3, 20, 40), (3, 40, 10)), ((20, 40), (3, 40, 10)), ((2, 1, 8, 5), (3, 5, 12)),  # batches broadcast
+    ((4, 3, 16, 64), (4, 3, 64, 16)),  # attention-like
+    ((8, 600), (600, 16)),  # long k
+]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", PRODUCT_SHAPES)
+def test_matmul_is_the_fold_over_k(a_shape, b_shape):
+    a, b = _ill_conditioned(a_shape, 4), _ill_conditioned(b_shape, 5)
+    assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b))
+
+
+@pytest.mark.parametrize("tile, block", [(2, 3), (7, 16), (64, 64)])
+def test_tiles_and_blocks_do_not_change_bits(monkeypatch, tile, block):
+    """Tiny tiles and blocks force many tiles (over batches, rows and columns) and many
+    blocks of k, each continuing the fold from the row of running sums."""
+    monkeypatch.setattr(folds, "TILE", tile)
+    monkeypatch.setattr(folds, "BLOCK", block)
+    for a_shape, b_shape in [((3, 9, 21), (21, 5)), ((2, 4, 11), (2, 11, 3)), ((6, 13), (13, 130))]:
+        a, b = _ill_conditioned(a_shape, 6), _ill_conditioned(b_shape, 7)
+        assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b)), (a_shape, b_shape)
+
+
+def test_products_of_negative_zero_fold_to_negative_zero():
+    a = np.array([[-0.0, 0.0, 1.0], [0.0, -0.0, -1.0]], np.float32)
+    b = np.array([[1.0, -1.0], [-1.0, 1.0], [0.0, -0.0]], np.float32)
+    # out[0, 0] over the first two k: -0*1 = -0, then -0 + 0*-1 = -0 + -0 = -0 (a fold from +0 gives +0)
+    assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b))
+    assert _same_bits(folds.matmul(a[:, :2], b[:2]), _matmul_oracle(a[:, :2], b[:2]))
+    assert np.signbit(folds.matmul(a[:1, :2], b[:2])[0, 0])
+
+
+def test_matmul_of_float64_operands_stays_float64():
+    a, b = np.ones((3, 4)), np.ones((4, 2))
+    result = folds.matmul(a, b)
+    assert result.dtype == np.float64 and np.array_equal(result, np.full((3, 2), 4.0))
+
+
+# --- the memo of portable functions -------------------------------------------------------------------
+
+
+def test_memo_hits_give_the_functions_bits_and_private_copies():
+    math = PortableF32()
+    x = _ill_conditioned((30, 7), 8) * np.float32(1e-9)
+    first = math.exp(x)
+    assert _same_bits(first, nx.exp(x))
+    first[0, 0] = 123.0  # the caller owns what it gets
+    again = math.exp(x.copy())
+    assert _same_bits(again, nx.exp(x))
+    assert again is not first
+
+
+def test_memo_tells_apart_inputs_that_differ_in_one_bit():
+    math = PortableF32()
+    for shape in [(40,), (300, 20)]:  # keyed by bytes, and compared in full
+        x = np.linspace(-3, 3, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        y = x.copy()
+        y.reshape(-1)[-1] = np.nextafter(y.reshape(-1)[-1], np.float32(9))
+        z = x.copy()
+        z.reshape(-1)[len(z.reshape(-1)) // 2] = -0.0 if z.reshape(-1)[len(z.reshape(-1)) // 2] == 0 else 0.0
+        for value in (x, y, z, x):
+            assert _same_bits(math.tanh(value), nx.tanh(value))
+    signed = np.array([0.0, -0.0], np.float32)
+    assert _same_bits(math.rsqrt(signed), nx.rsqrt(signed))
+    assert _same_bits(math.rsqrt(signed[::-1].copy()), nx.rsqrt(signed[::-1].copy()))
+
+
+def test_pow_looks_ahead_over_whole_exponents_with_the_same_bits():
+    math = PortableF32()
+    bases = np.array([0.9, 0.999], np.float32)
+    for step in range(1, 150):
+        exponent = np.float32(step)
+        got = math.pow(bases, exponent)
+        assert _same_bits(got, nx.pow(bases, np.full(2, exponent, np.float32))), step
+
+
+def test_pow_of_other_exponents_is_the_plain_call():
+    math = PortableF32()
+    x = np.array([0.5, 2.0, 3.0], np.float32)
+    for y in (np.float32(0.5), np.array([1.5, -2.0, np.inf], np.float32), np.float32(2.0**24)):
+        assert _same_bits(math.pow(x, y), nx.pow(*np.broadcast_arrays(x, np.asarray(y, np.float32))))
+
+
+def test_exp_of_masked_scores_is_exp_of_every_entry():
+    math = PortableF32()
+    scores = _ill_conditioned((4, 16, 16), 10) * np.float32(1e-9)
+    scores = np.where(np.tril(np.ones((16, 16), bool)), scores, -np.inf).astype(np.float32)
+    got = kernels._exp_of_shifted(scores, math)
+    assert _same_bits(got, nx.exp(scores))
+    assert _same_bits(kernels._exp_of_shifted(scores[..., :1], math), nx.exp(scores[..., :1]))
+
+
+# --- compiled kernels and the interpreter's arrays --------------------------------------------------------
+
+
+def test_constant_outputs_are_fresh_writable_arrays():
+    e = Emitter()
+    x = e.input("x", "f32", (3,))
+    c = e.const(2.5, like=x, shape=(3,))
+    graph = e.graph({"x": x}, {"c": c, "y": e("add", x, c)})
+    interpreter = Interpreter()
+    first = interpreter.run(graph, {"x": np.ones(3, np.float32)})
+    first["c"][...] = 7  # the caller owns its outputs; the next run must not see this
+    second = interpreter.run(graph, {"x": np.ones(3, np.float32)})
+    assert second["c"].tolist() == [2.5] * 3 and second["y"].tolist() == [3.5] * 3
+    assert second["c"].flags.writeable
