@@ -16,11 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_gpu.py instead
     pytest.skip("a GPU is present: the GPU tests check these kernels there", allow_module_level=True)
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
 pytest.importorskip("triton")
 
-if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - a GPU session imported triton first
-    pytest.skip("Triton's interpreter mode is off in this process", allow_module_level=True)
 
 from sexpgpu.backends.cuda.kernels import expr as E  # noqa: E402
 from sexpgpu.backends.cuda.kernels import recipes  # noqa: E402
@@ -28,6 +25,13 @@ from sexpgpu.backends.cuda.kernels.columns import ColumnKernel, ColumnSpec  # no
 from sexpgpu.backends.cuda.kernels.flat import FlatSpec, flat_kernel  # noqa: E402
 from sexpgpu.backends.cuda.kernels.rows import Phase, Reduction, RowKernel, RowSpec  # noqa: E402
 from sexpgpu.backends.cuda.kernels.space import View, broadcast_view, contiguous, unit_view  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def interpreted(monkeypatch):
+    """Triton's interpreter for these tests only (Triton reads the variable at each launch
+    and decoration), so that the rest of a test session compiles as usual."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 RNG = np.random.default_rng(20261129)
 

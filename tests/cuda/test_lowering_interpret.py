@@ -15,10 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_gpu.py instead
     pytest.skip("a GPU is present: the GPU tests check these kernels there", allow_module_level=True)
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover
-    pytest.skip("Triton's interpreter mode is off in this process", allow_module_level=True)
 
 from cuda_cases import CASES, FORWARD_CASES, assert_matches, case_graph, case_id, random_array  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
@@ -27,6 +24,13 @@ from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def interpreted(monkeypatch):
+    """Triton's interpreter for these tests only (Triton reads the variable at each launch
+    and decoration), so that the rest of a test session compiles as usual."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 CPU = Interpreter()
 SMALL_CASES = [case for case in CASES if max(np.prod(shape) for _, shape, _ in case[1]) <= 200]

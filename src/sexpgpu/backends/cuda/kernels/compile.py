@@ -5,6 +5,12 @@ Triton reads a kernel's source from its file, so each generated kernel is writte
 and imported from there. The file's name is its content's hash, so a cached file is always
 the source it names. Every launch passes `enable_fp_fusion=False`: no multiply-add is
 contracted into an FMA, so a generated kernel rounds where its expression says.
+
+Generated kernels use Triton's core operations and this package's own device functions
+only, never the @triton.jit functions of triton.language.standard (tl.sum, tl.zeros, ...):
+those are compiled or interpreted as Triton was first imported, so a process that imports
+Triton in compiled mode and then turns TRITON_INTERPRET on (the CI tests do) could not
+call them from an interpreted kernel.
 """
 
 from __future__ import annotations

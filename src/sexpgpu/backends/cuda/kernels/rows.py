@@ -81,7 +81,8 @@ class RowSpec:
 
 def combine_lanes(lanes: str, result: str, kind: str, shape: list[int]) -> list[str]:
     """Lines reducing `lanes` (of `shape`, the reduced axis first and a power of two) along
-    its first axis. A sum is a pairwise tree written out: at each level lane i of the
+    its first axis (with tl.reduce and bits.add: generated kernels call no function of
+    triton.language.standard, see compile.py). A sum is a pairwise tree written out: at each level lane i of the
     result is (lane 2i + lane 2i+1), so the order is the same whatever register layout
     Triton gives the lanes (its own tl.reduce order follows the layout, which follows how
     the loads walk memory). max and min do not depend on order."""
@@ -92,9 +93,9 @@ def combine_lanes(lanes: str, result: str, kind: str, shape: list[int]) -> list[
     while width > 2:
         width //= 2
         dims = ", ".join(str(size) for size in [width, 2] + rest)
-        lines.append(f"    {result} = tl.sum(tl.reshape({current}, [{dims}]), axis=1)")
+        lines.append(f"    {result} = tl.reduce(tl.reshape({current}, [{dims}]), 1, add)")
         current = result
-    lines.append(f"    {result} = tl.sum({current}, axis=0)")  # the last pair
+    lines.append(f"    {result} = tl.reduce({current}, 0, add)")  # the last pair
     return lines
 
 

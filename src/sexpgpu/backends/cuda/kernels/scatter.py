@@ -22,7 +22,7 @@ def scatter_rows(order, starts, values, out, WIDTH: tl.constexpr, BLOCK: tl.cons
     mask = cols < WIDTH
     position = tl.load(starts + row)
     stop = tl.load(starts + row + 1)
-    acc = tl.zeros([BLOCK], tl.float32)
+    acc = tl.full([BLOCK], 0.0, tl.float32)
     while position < stop:  # a while loop: Triton's interpreter cannot range over loaded bounds
         source = tl.load(order + position)
         value = tl.load(values + source * WIDTH + cols, mask=mask, other=0)
