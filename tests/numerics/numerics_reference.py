@@ -42,21 +42,25 @@ def exact(name, bits):
 
 def quantum(v):
     """The float32 spacing at the magnitude of v (2^-149 in the subnormal range)."""
-    _, e = mp.frexp(abs(v))  # |v| in [2^(e-1), 2^e)
+    _, e = mp.frexp(v)  # |v| in [2^(e-1), 2^e)
     return mp.mpf(2) ** max(e - 24, -149)
 
 
 def round_bits(v):
-    """float32 bits of v rounded to nearest, ties to even (v an mpf, +-inf or None = NaN)."""
+    """float32 bits of v rounded to nearest, ties to even (v an mpf, +-inf or None = NaN).
+
+    All arithmetic, abs() included, runs at the working precision set here: mpmath rounds
+    every result to the context's precision, and at the default 53 bits a value within
+    2^-54 of a midpoint would land on it."""
     if v is None:
         return QUIET_NAN
-    sign = 0x80000000 if v < 0 else 0
-    a = abs(v)
-    if a == mp.inf:
-        return sign | 0x7F800000
-    if a == 0:
-        return sign
     with mp.workprec(PRECISION + 50):
+        sign = 0x80000000 if v < 0 else 0
+        a = abs(v)
+        if a == mp.inf:
+            return sign | 0x7F800000
+        if a == 0:
+            return sign
         q = quantum(a)
         units = a / q
         n = int(mp.floor(units))
@@ -64,8 +68,8 @@ def round_bits(v):
         if rest > 0.5 or rest == 0.5 and n % 2 == 1:
             n += 1
         value = n * q
-    if value >= mp.mpf(2) ** 128:
-        return sign | 0x7F800000
+        if value >= mp.mpf(2) ** 128:
+            return sign | 0x7F800000
     return sign | int(np.float32(float(value)).view(np.uint32))
 
 
@@ -93,10 +97,12 @@ def correct(name, bits):
     return round_bits(exact(name, bits))
 
 
-def pow_exact(x_bits, y_bits):
-    """x^y to 200 bits for finite x > 0 and finite y (float32 bit patterns)."""
+def pow_exact(x_bits, y_bits, negative=False):
+    """x^y to 200 bits for finite x > 0 and finite y (float32 bit patterns), negated if
+    `negative` (at 200 bits too: negation rounds to the context's precision)."""
     with mp.workprec(PRECISION):
-        return mp.power(f32_value(x_bits), f32_value(y_bits))
+        v = mp.power(f32_value(x_bits), f32_value(y_bits))
+        return -v if negative else v
 
 
 def _limit(name, x):

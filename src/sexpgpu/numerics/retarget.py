@@ -33,7 +33,10 @@ def _is_constant(value):
 
 
 def _rebind(fn, namespace, jit):
-    return jit(types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__))
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__)
+    # annotations live on the function, not its code: Triton reads tl.constexpr from them
+    copy.__annotations__ = dict(fn.__annotations__)
+    return jit(copy)
 
 
 @functools.cache
