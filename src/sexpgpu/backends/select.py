@@ -60,7 +60,7 @@ def select_backend(device: str):
         from sexpgpu.backends.cuda.backend import CudaBackend
 
         backend = CudaBackend()
-        return backend, backend.facts()
+        return backend, {"kind": "cuda", **backend.facts()}
     from sexpgpu.backends.cpu import Interpreter
 
     return Interpreter(), cpu_facts()

@@ -29,7 +29,7 @@ class Trainer:
         for microbatch in range(self.run.microbatches):
             inputs = self._micro_inputs(state, step, microbatch)
             outputs = self.backend.run(micro, inputs)
-            losses.append(outputs["loss"])
+            losses.append(self.backend.to_host(outputs["loss"]))
             grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
@@ -46,8 +46,8 @@ class Trainer:
             "loss": float(loss),
             "loss_bits": float_bits(loss),
             "lr": float(lr),
-            "grad_norm": float(outputs["grad_norm"]),
-            "digest": parameters_digest(state.params),
+            "grad_norm": float(self.backend.to_host(outputs["grad_norm"])),
+            "digest": parameters_digest({path: self.backend.to_host(value) for path, value in state.params.items()}),
         }
 
     def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
@@ -61,7 +61,7 @@ class Trainer:
             inputs.update({"step": np.int32(state.step), "microbatch": np.int32(batch_index)})
             outputs = self.backend.run(graph, _only(graph, inputs))
             for key, value in outputs.items():
-                totals.setdefault(key, []).append(value)
+                totals.setdefault(key, []).append(self.backend.to_host(value))
         prefix = f"eval/{pass_spec.name}/" if pass_spec.name else "eval/"
         record = {"step": state.step}
         for key in sorted(totals):

@@ -46,14 +46,18 @@ def build_run(experiment, device: str, read_loads: bool = True) -> BuiltRun:
     feeder = Feeder(run, backend)
     program = compile_program(experiment, feeder.field_specs())
     feeder.attach(program)
-    memory = {
-        "microbatch": plan_memory(program.training.micro).peak_bytes,
-        "update": plan_memory(program.training.update).peak_bytes,
-    }
+    memory = {"microbatch": _peak_bytes(backend, program.training.micro),
+              "update": _peak_bytes(backend, program.training.update)}
     built = BuiltRun(experiment, program, backend, facts, feeder, memory, feeder.identity())
     if read_loads:
         _read_loads(built)
     return built
+
+
+def _peak_bytes(backend, graph) -> int:
+    """The backend's own memory plan when it has one (CUDA's arena), else the graph's."""
+    planner = getattr(backend, "memory_peak", None)
+    return planner(graph) if planner is not None else plan_memory(graph).peak_bytes
 
 
 def _read_loads(built: BuiltRun) -> None:
