@@ -71,3 +71,21 @@ def test_unknown_corpus():
     with pytest.raises(SexpgpuError) as error:
         TextSource("wikipedia", 8)
     assert error.value.code == "E-DATA-003"
+
+
+def test_the_committed_spirals_are_what_their_script_draws():
+    """Golden data: the example's records come from the portable draws, so a change in the
+    draws' bits shows here, as jax.random's golden values do."""
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "data"
+    sys.path.insert(0, str(folder))
+    try:
+        import make_spirals
+    finally:
+        sys.path.remove(str(folder))
+    x, y = make_spirals.spirals()
+    with np.load(folder / "spirals.npz") as committed:
+        assert np.array_equal(committed["x"].view(np.uint32), x.view(np.uint32))
+        assert np.array_equal(committed["y"], y)
