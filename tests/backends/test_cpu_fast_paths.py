@@ -132,6 +132,12 @@ def test_products_of_negative_zero_fold_to_negative_zero():
     assert np.signbit(folds.matmul(a[:1, :2], b[:2])[0, 0])
 
 
+def test_a_product_over_no_terms_is_positive_zero():
+    for a_shape, b_shape in [((2, 0), (0, 3)), ((4, 2, 0), (0, 5))]:
+        result = folds.matmul(np.ones(a_shape, np.float32), np.ones(b_shape, np.float32))
+        assert result.shape == a_shape[:-1] + b_shape[-1:] and not np.signbit(result).any() and not result.any()
+
+
 def test_matmul_of_float64_operands_stays_float64():
     a, b = np.ones((3, 4)), np.ones((4, 2))
     result = folds.matmul(a, b)

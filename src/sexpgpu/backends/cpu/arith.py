@@ -46,9 +46,9 @@ class _Memo:
     bytes; of the larger ones the last LARGE are kept and compared in full."""
 
     SMALL = 1 << 12
-    SMALL_ENTRIES = 1024
+    SMALL_ENTRIES = 256
     LARGE = 4
-    LARGEST = 1 << 21  # elements: larger inputs are never kept
+    LARGEST = 1 << 20  # elements: larger inputs are never kept (the memo holds at most ~40 MB)
 
     def __init__(self):
         self.small: OrderedDict = OrderedDict()
@@ -56,8 +56,12 @@ class _Memo:
 
     def get(self, name: str, inputs: tuple):
         if inputs[0].size <= self.SMALL:
-            found = self.small.get(self._key(name, inputs))
-            return None if found is None else found.copy()
+            key = self._key(name, inputs)
+            found = self.small.get(key)
+            if found is None:
+                return None
+            self.small.move_to_end(key)
+            return found.copy()
         for entry_name, stored, result in self.large:
             if entry_name == name and all(_same_bits(a, b) for a, b in zip(stored, inputs)):
                 return result.copy()
@@ -93,16 +97,19 @@ class PortableF32:
 
     def __init__(self):
         self.memo = _Memo()
+        self.ahead = _Memo()  # pow results looked ahead, kept apart so that other calls never push them out
 
     @staticmethod
     def numpy_dtype(dtype: str):
         return {"f32": np.float32, "bf16": np.float32, "i32": np.int32, "bool": np.bool_}[dtype]
 
     def pow(self, x, y):
-        x, y = (np.ascontiguousarray(a, np.float32) for a in np.broadcast_arrays(np.asarray(x, np.float32), np.asarray(y, np.float32)))
-        found = self.memo.get("pow", (x, y))
-        if found is not None:
-            return found
+        x, y = np.broadcast_arrays(np.asarray(x, np.float32), np.asarray(y, np.float32))
+        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        for memo in (self.ahead, self.memo):
+            found = memo.get("pow", (x, y))
+            if found is not None:
+                return found
         if x.size <= 16 and _whole_numbers(y):
             return self._pow_ahead(x, y)
         result = elementwise(nx.pow, x, y).astype(np.float32, copy=False)
@@ -118,7 +125,7 @@ class PortableF32:
         ys = y + offsets  # exact: whole numbers below 2**24
         results = nx.pow(xs, ys).astype(np.float32, copy=False)
         for index in range(self.POW_AHEAD):
-            self.memo.put("pow", (xs[index], ys[index]), results[index])
+            self.ahead.put("pow", (xs[index], ys[index]), results[index])
         return results[0].copy()
 
     def _unary(self, name: str, x) -> np.ndarray:

@@ -155,9 +155,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(..., M, K) x (..., K, N) -> (..., M, N), leading dims broadcast; the fold is over k."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     dtype = a.dtype if a.dtype == b.dtype else np.result_type(a.dtype, b.dtype)
-    if a.ndim == 2 and b.ndim == 2 and 2 <= m * n and m * n * k <= BLOCK:
+    plain = a.ndim == 2 and b.ndim == 2
+    if plain and k and 2 <= m * n and m * n * k <= BLOCK:
         return _small_matmul(a, b, dtype)
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = () if plain else np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     out_shape = batch + (m, n)
     if k == 0 or 0 in out_shape:
         return np.zeros(out_shape, dtype)
@@ -206,7 +207,8 @@ def _tiles(batches: int, rows: int, cols: int) -> list:
     col_step = min(cols, TILE)
     row_step = min(rows, max(1, TILE // col_step))
     batch_step = max(1, TILE // (row_step * col_step)) if row_step == rows else 1
-    return [(slice(b, min(b + batch_step, batches)), slice(r, min(r + row_step, rows)), slice(c, min(c + col_step, cols)))
+    return [(slice(b, min(b + batch_step, batches)), slice(r, min(r + row_step, rows)),
+             slice(c, min(c + col_step, cols)))
             for b in range(0, batches, batch_step) for r in range(0, rows, row_step) for c in range(0, cols, col_step)]
 
 
