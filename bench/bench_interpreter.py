@@ -14,6 +14,7 @@ tiny-adam)."""
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -123,7 +124,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; CPU and wall ms per step, best round")
+        # the interpreter gets as many threads as torch, unless told otherwise
+        os.environ.setdefault("SEXPGPU_CPU_THREADS", str(args.torch_threads))
+    threads = os.environ.get("SEXPGPU_CPU_THREADS", "its own count of")
+    print(f"torch {torch.__version__} on {torch.get_num_threads()} threads, the interpreter on {threads} threads; "
+          "CPU and wall ms per step, best round")
     print(f"{'model':<11}{'interp cpu ms':>14}{'(graphs)':>10}{'torch cpu ms':>14}{'ratio':>7}   "
           f"{'interp wall ms':>15}{'torch wall ms':>14}{'ratio':>7}")
     models = (("tiny-adam", "tiny-adam.sexp", torch_tiny, 10, 30), ("char-lm", "char-lm.sexp", torch_char_lm, 1, 6))

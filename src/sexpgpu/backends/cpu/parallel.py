@@ -57,10 +57,12 @@ def run_ranges(work, count: int, elements: int) -> None:
 
 def elementwise(function, *arrays) -> np.ndarray:
     """function(*arrays) for an elementwise function, computed in slices across threads."""
+    if len(arrays) == 1 and arrays[0].size < MIN_ELEMENTS:
+        return np.asarray(function(np.ascontiguousarray(arrays[0])))
     shaped = np.broadcast_arrays(*arrays)
     shape = shaped[0].shape
     size = shaped[0].size
-    if thread_count() == 1 or size < MIN_ELEMENTS:
+    if size < MIN_ELEMENTS or thread_count() == 1:
         return np.asarray(function(*(np.ascontiguousarray(a) for a in shaped)))
     flat = [np.ascontiguousarray(a).reshape(-1) for a in shaped]
     futures = [_executor().submit(function, *(a[low:high] for a in flat)) for low, high in ranges(size, thread_count())]
