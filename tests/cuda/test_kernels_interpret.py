@@ -2,7 +2,7 @@
 
 Each kernel is generated exactly as on the GPU and run on small shapes by
 TRITON_INTERPRET=1; the results are compared with float64 numpy. What the interpreter
-cannot show is the GPU's own reduction tree and libdevice math: tests/cuda/test_gpu.py does.
+cannot show is the GPU's own reduction tree and libdevice math: tests/cuda/test_cuda_gpu.py does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_gpu.py instead
+if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_cuda_gpu.py instead
     pytest.skip("a GPU is present: the GPU tests check these kernels there", allow_module_level=True)
 pytest.importorskip("triton")
 

@@ -2,7 +2,7 @@
 
 `CudaBackend(device="cpu")` lowers a graph exactly as on the GPU (the same fusion, kernels,
 memory plan and PyTorch calls) and runs it on CPU tensors. What differs on a GPU is only the
-reduction trees' arithmetic and cuBLAS: tests/cuda/test_gpu.py repeats these on the device.
+reduction trees' arithmetic and cuBLAS: tests/cuda/test_cuda_gpu.py repeats these on the device.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_gpu.py instead
+if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_cuda_gpu.py instead
     pytest.skip("a GPU is present: the GPU tests check these kernels there", allow_module_level=True)
 pytest.importorskip("triton")
 
