@@ -38,8 +38,8 @@ import numpy as np
 
 from sexpgpu.backends.cpu.parallel import run_ranges
 
-TILE = 1 << 13  # output elements folded together (a tile of the product's output)
-BLOCK = 1 << 16  # products formed at once for a tile (elements of the scratch buffer)
+TILE = 1 << 15  # output elements folded together (a tile of the product's output)
+BLOCK = 1 << 18  # products formed at once for a tile (elements of the scratch buffer)
 # numpy's ufuncs copy broadcast operands through buffers of `np.getbufsize()` elements when
 # a row is shorter than about half of one; rows of LONG_ROW or more run unbuffered, and
 # faster, with buffers of SHORT_BUFFER. Buffering moves data, it never changes a result.
