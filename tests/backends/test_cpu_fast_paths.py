@@ -132,6 +132,14 @@ def test_products_of_negative_zero_fold_to_negative_zero():
     assert np.signbit(folds.matmul(a[:1, :2], b[:2])[0, 0])
 
 
+def test_products_leave_numpys_buffer_size_as_they_found_it():
+    before = np.getbufsize()
+    a, b = _ill_conditioned((300, 20), 11), _ill_conditioned((20, 400), 12)
+    assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b))  # long rows: run with small buffers
+    assert _same_bits(folds.matmul(a[:5], b[:, :200]), _matmul_oracle(a[:5], b[:, :200]))
+    assert np.getbufsize() == before
+
+
 def test_a_product_over_no_terms_is_positive_zero():
     for a_shape, b_shape in [((2, 0), (0, 3)), ((4, 2, 0), (0, 5))]:
         result = folds.matmul(np.ones(a_shape, np.float32), np.ones(b_shape, np.float32))

@@ -48,7 +48,7 @@ class _Memo:
     SMALL = 1 << 12
     SMALL_ENTRIES = 256
     LARGE = 4
-    LARGEST = 1 << 20  # elements: larger inputs are never kept (the memo holds at most ~40 MB)
+    LARGEST = 1 << 19  # elements: larger inputs are never kept (so a memo holds 50 MB at most)
 
     def __init__(self):
         self.small: OrderedDict = OrderedDict()

@@ -26,13 +26,15 @@ How numpy computes the fold (every form gives the same bits; the choice is only 
 - A product is folded in blocks of k: one broadcast multiply forms a block's products for a
   tile of outputs in a scratch buffer whose row 0 holds the tile's running sums, and one
   leading-axis reduce continues the fold through them, ((acc + p[k0]) + p[k0+1]) + ...;
-  that is the same left fold, cut into pieces that stay in cache.
+  that is the same left fold, cut into pieces (tiles of outputs, blocks of k) whose sizes
+  change no bit. Tiles may go to threads (parallel.py): each output is folded by one thread.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -40,9 +42,9 @@ from sexpgpu.backends.cpu.parallel import run_ranges
 
 TILE = 1 << 15  # output elements folded together (a tile of the product's output)
 BLOCK = 1 << 18  # products formed at once for a tile (elements of the scratch buffer)
-# numpy's ufuncs copy broadcast operands through buffers of `np.getbufsize()` elements when
-# a row is shorter than about half of one; rows of LONG_ROW or more run unbuffered, and
-# faster, with buffers of SHORT_BUFFER. Buffering moves data, it never changes a result.
+# Measured with numpy 2.4: a broadcast multiply whose rows are shorter than about half of
+# `np.getbufsize()` elements is copied through buffers, 2-3x slower; with SHORT_BUFFER,
+# rows of LONG_ROW or more run unbuffered. Buffering moves data, it never changes a result.
 LONG_ROW = 128
 SHORT_BUFFER = 256
 THREADED = 1 << 21  # products (M * N * K) from which a product's tiles go to threads
@@ -180,15 +182,30 @@ def _small_matmul(a: np.ndarray, b: np.ndarray, dtype) -> np.ndarray:
     (m, k), n = a.shape, b.shape[1]
     if m > n:  # laid out (n, m), so that numpy's inner loops run over the longer side
         terms = _scratch(k * n * m, dtype).reshape(k, n, m)
-        np.multiply(b[:, :, None], a.T[:, None, :], out=terms)
+        with _buffers_for_rows(m):
+            np.multiply(b[:, :, None], a.T[:, None, :], out=terms)
         out = np.empty((n, m), dtype)
         fold_into(terms, out)
         return out.T.copy()
     terms = _scratch(k * m * n, dtype).reshape(k, m, n)
-    np.multiply(a.T[:, :, None], b[:, None, :], out=terms)
+    with _buffers_for_rows(n):
+        np.multiply(a.T[:, :, None], b[:, None, :], out=terms)
     out = np.empty((m, n), dtype)
     fold_into(terms, out)
     return out
+
+
+@contextmanager
+def _buffers_for_rows(length: int):
+    """numpy's ufunc buffer size for broadcast multiplies of rows this long (see SHORT_BUFFER)."""
+    if length < LONG_ROW:
+        yield
+        return
+    saved = np.setbufsize(SHORT_BUFFER)
+    try:
+        yield
+    finally:
+        np.setbufsize(saved)
 
 
 def _k_major(x: np.ndarray, batch: tuple, dtype) -> np.ndarray:
@@ -216,18 +233,13 @@ def _fold_products(rows: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
     """out[b, r, c] = fold over k of rows[k, b, r] * cols[k, b, c] (a batch of 1 broadcasts)."""
     k = rows.shape[0]
     tiles = _tiles(*out.shape)
-    long_rows = min(out.shape[-1], TILE) >= LONG_ROW
 
     def work(first: int, last: int) -> None:
-        saved = np.setbufsize(SHORT_BUFFER) if long_rows else None
-        try:
+        with _buffers_for_rows(min(out.shape[-1], TILE)):  # numpy's setting is per thread
             for batch, row, col in tiles[first:last]:
                 left = rows[:, batch if rows.shape[1] > 1 else slice(0, 1), row, None]
                 right = cols[:, batch if cols.shape[1] > 1 else slice(0, 1), None, col]
                 _fold_tile(left, right, out[batch, row, col], k)
-        finally:
-            if saved is not None:
-                np.setbufsize(saved)
 
     elements = out.size * k
     run_ranges(work, len(tiles), elements if elements >= THREADED else 0)

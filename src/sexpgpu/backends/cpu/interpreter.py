@@ -19,7 +19,9 @@ nearest float32), bf16 inputs must already hold bfloat16 values, i32 inputs inte
 fit in int32, bool inputs booleans. Nothing is cast silently.
 
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
-last reader, so memory follows the graph's liveness (plan/memory.py measures it).
+last reader, so memory follows the graph's liveness (plan/memory.py measures it). Beyond
+that, each thread keeps scratch buffers for products (folds.py, a few MB) and each
+interpreter a bounded memo of portable function results (arith.py).
 """
 
 from __future__ import annotations
