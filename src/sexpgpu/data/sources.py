@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -54,10 +55,14 @@ def record_indices(start: int, count: int, total: int, shuffle_key=None) -> np.n
     return result
 
 
+@lru_cache(maxsize=4)
 def _permutation(key, epoch: int, total: int) -> np.ndarray:
-    """A permutation of range(total): stable sort by 31-bit draws, ties broken by index."""
+    """A permutation of range(total): stable sort by 31-bit draws, ties broken by index.
+    Cached: every step of an epoch reads the same one."""
     draws = nx.randint(nx.fold_in(key, epoch), (total,), 0, 2**31 - 1)
-    return np.argsort(draws, kind="stable")
+    permutation = np.argsort(draws, kind="stable")
+    permutation.flags.writeable = False
+    return permutation
 
 
 class RecordSource(DataSource):
