@@ -194,3 +194,28 @@ def test_a_small_training_run_follows_the_interpreter(tmp_path):
         trainer = Trainer(experiment.run, built.program, built.backend, built.feeder)
         losses[device] = [trainer.step(state)["loss"] for _ in range(3)]
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-5)
+
+
+def test_an_op_without_a_cuda_lowering_is_a_clear_error():
+    from sexpgpu.backends.cuda.fusion import policy_from_environment
+    from sexpgpu.backends.cuda.lowering import Lowerer
+    from sexpgpu.errors import Location, SexpgpuError
+    from sexpgpu.graph.ir import Node, make_graph
+
+    x = Node("input", "f32", (2, 3))
+    odd = Node("frobnicate", "f32", (2, 3), (x,), loc=Location("f.sexp", 4, 7))
+    graph = make_graph({"x": x}, {"y": odd}, [x, odd])
+    with pytest.raises(SexpgpuError) as error:
+        Lowerer(graph, policy_from_environment()).lower()
+    assert error.value.code == "E-DEVICE-002" and "frobnicate" in error.value.message
+    assert str(error.value.location) == "f.sexp:4:7"
+
+
+def test_an_unknown_optimize_level_is_refused(monkeypatch):
+    from sexpgpu.backends.cuda.fusion import policy_from_environment
+    from sexpgpu.errors import SexpgpuError
+
+    monkeypatch.setenv("SEXPGPU_OPTIMIZE", "max")
+    with pytest.raises(SexpgpuError) as error:
+        policy_from_environment()
+    assert error.value.code == "E-CONFIG-001" and "off, on" in error.value.message

@@ -9,6 +9,7 @@ seed and e.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -30,15 +31,16 @@ class FieldSpec:
     dtype: str
 
 
-class DataSource:
+class DataSource(ABC):
     """Records by global index. `fields` names each field's spec; `identity` describes the
     source for the report and checkpoints."""
 
     fields: dict[str, FieldSpec]
     identity: dict
 
+    @abstractmethod
     def batch(self, start: int, count: int) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+        """Records start .. start+count-1, field by field, the batch axis first."""
 
 
 def record_indices(start: int, count: int, total: int, shuffle_key=None) -> np.ndarray:

@@ -15,6 +15,8 @@ timing or on the machine.
 
 from __future__ import annotations
 
+from sexpgpu.errors import SexpgpuError
+
 from dataclasses import dataclass
 
 from sexpgpu.backends.cuda import views
@@ -178,7 +180,8 @@ class Lowerer:
             elif node.op in SPECIAL:
                 SPECIAL[node.op](self, node)
             else:
-                raise NotImplementedError(f"the CUDA backend has no lowering for op '{node.op}'")
+                raise SexpgpuError("E-DEVICE-002", f"the CUDA backend has no lowering for the op '{node.op}'.",
+                                   node.loc, hint="Run this file with --device cpu.")
         outputs = self._outputs()
         return self._finish(inputs, outputs)
 
