@@ -218,4 +218,4 @@ def test_an_unknown_optimize_level_is_refused(monkeypatch):
     monkeypatch.setenv("SEXPGPU_OPTIMIZE", "max")
     with pytest.raises(SexpgpuError) as error:
         policy_from_environment()
-    assert error.value.code == "E-CONFIG-001" and "off, on" in error.value.message
+    assert error.value.code == "E-CONFIG-001" and "on, off" in error.value.message
