@@ -1,6 +1,6 @@
 """Checkpoint directories on a local disk.
 
-A checkpoint is written into `<root>/.step-<n>.partial-XXXX/`, every file fsynced, then the
+A checkpoint is written into `<root>/.step-<n>.partial-<random suffix>/`, every file fsynced, then the
 commit marker, then the directory fsynced and renamed to `<root>/step-<n>/`, and the root
 fsynced. A crash before the rename leaves only a `.partial` directory, which nothing reads.
 """
