@@ -219,3 +219,14 @@ def test_an_unknown_optimize_level_is_refused(monkeypatch):
     with pytest.raises(SexpgpuError) as error:
         policy_from_environment()
     assert error.value.code == "E-CONFIG-001" and "on, off" in error.value.message
+
+
+def test_the_loss_kernel_gives_its_gradient_the_softmax():
+    """Cross-entropy's kernel stores exp(x - max) and its row sums as it folds them, so the
+    gradient's softmax costs no second kernel over the logits (and the bits stay: see
+    test_fusion_on_and_off_give_the_same_bits, whose graph is this one)."""
+    graph, _ = _mlp_training_graph()
+    fused = [step.kind for step in CudaBackend(device="cpu", policy=FusionPolicy("on")).lowered(graph).steps]
+    unfused = [step.kind for step in CudaBackend(device="cpu", policy=FusionPolicy("off")).lowered(graph).steps]
+    assert fused.count("cross-entropy") == unfused.count("cross-entropy") == 1
+    assert fused.count("rows") == 1 and unfused.count("rows") == 2  # the loss's sum; unfused also the softmax

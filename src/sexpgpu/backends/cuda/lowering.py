@@ -169,7 +169,7 @@ class Lowerer:
             inputs[name] = key
             self.values[node] = self.loaded(node, key)
         for node in self.graph.nodes:
-            if node.op == "input":
+            if node.op == "input" or node in self.values:  # inputs, and values an earlier kernel wrote beside its own
                 continue
             if node.op in views_ops():
                 self._view(node)

@@ -13,7 +13,7 @@ from sexpgpu.backends.cuda import views
 from sexpgpu.backends.cuda.kernels import recipes
 from sexpgpu.backends.cuda.kernels.columns import ColumnKernel, ColumnSpec, roots_of
 from sexpgpu.backends.cuda.kernels.columns import with_roots as column_roots
-from sexpgpu.backends.cuda.kernels.expr import Expr, iota, row
+from sexpgpu.backends.cuda.kernels.expr import Expr, iota, load, row
 from sexpgpu.backends.cuda.kernels.rows import Phase, Reduction, RowKernel, RowSpec
 from sexpgpu.backends.cuda.kernels.rows import with_roots as row_roots
 from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides, unit_view
@@ -140,9 +140,31 @@ def cross_entropy(lowerer, node) -> None:
     label = lowerer.value_through(labels, label_view)
     key = lowerer.result_buffer(node)
     column = iota(unit_view(space, len(space) - 1))
-    phases, loss = recipes.cross_entropy(lowerer.values[logits], label, column)
-    _rows(lowerer, node, space, 1, phases, [(key, per_row_view(space, len(lead)), node.dtype)], [(0, loss)], "cross-entropy")
+    outputs = [(key, per_row_view(space, len(lead)), node.dtype)]
+    softmax = _softmax_beside(lowerer, logits)
+    exps = 1 if softmax is not None else None
+    phases, loss = recipes.cross_entropy(lowerer.values[logits], label, column, exps_output=exps)
+    row_stores = [(0, loss)]
+    if softmax is not None:
+        exps_key, total_key = lowerer.new_buffer("f32", space), lowerer.new_buffer("f32", unit)
+        outputs += [(exps_key, contiguous(space), "f32"), (total_key, per_row_view(space, len(lead)), "f32")]
+        row_stores.append((2, row(1)))
+    _rows(lowerer, node, space, 1, phases, outputs, row_stores, "cross-entropy")
     lowerer.values[node] = lowerer.loaded(node, key)
+    if softmax is not None:
+        total = load(total_key, View(space, contiguous_strides(unit)[:-1] + (0,)))
+        lowerer.values[softmax] = load(exps_key, contiguous(space)) / total
+
+
+def _softmax_beside(lowerer, logits):
+    """The float32 softmax over the last axis of the same logits (the cross-entropy's
+    gradient), which the loss kernel can give as exps and their per-row sum; else None."""
+    for reader in lowerer.graph.consumers()[logits]:
+        last = reader.op == "softmax" and reader.attrs.get("axis", logits.rank - 1) == logits.rank - 1
+        if last and reader.dtype == "f32" and logits.dtype == "f32" and reader not in lowerer.values \
+                and lowerer.policy.fuses:
+            return reader
+    return None
 
 
 REDUCTIONS = {

@@ -42,14 +42,21 @@ def layernorm(x: Expr, length: int, eps: float, output: int, first: int = 0) -> 
             Phase((), ((output, centered * scale),)))
 
 
-def cross_entropy(x: Expr, label: Expr, column: Expr, first: int = 0) -> tuple[tuple[Phase, ...], Expr]:
+def cross_entropy(x: Expr, label: Expr, column: Expr, first: int = 0,
+                  exps_output: int | None = None) -> tuple[tuple[Phase, ...], Expr]:
     """-((x[label] - max) - log(fold(exp(x - max)))), as a per-row value. The picked
-    logit is a sum of zeros and the one term at the label, which is exact."""
+    logit is a sum of zeros and the one term at the label, which is exact.
+
+    With `exps_output`, the pass that sums exp(x - max) also stores it there: divided by the
+    sum (per-row value first + 1), that is softmax's recipe to the bit, so the loss's
+    gradient reads the logits' softmax without computing an exponential again."""
     top, total, picked = row(first), row(first + 1), row(first + 2)
     shifted = x - top
+    exps = unary("exp", shifted)
     chosen = where(binary("eq", column, label), shifted, const(0.0))
+    stores = () if exps_output is None else ((exps_output, exps),)
     phases = (Phase((Reduction("max", x),)),
-              Phase((Reduction("sum", unary("exp", shifted)), Reduction("sum", chosen))))
+              Phase((Reduction("sum", exps), Reduction("sum", chosen)), stores))
     return phases, -(picked - unary("log", total))
 
 
