@@ -31,8 +31,13 @@ def matmul(lowerer, node) -> None:
 def _product(left_view, right_view, shape):
     """The PyTorch call that writes a product straight into its buffer: one GEMM (`mm`)
     when the left operand's leading axes fold into its rows as a view and the right one is
-    a matrix, a strided batched GEMM (`bmm`) when both fold to one batch axis, and
-    torch.matmul, which may copy its operands, otherwise."""
+    a matrix, a strided batched GEMM (`bmm`) when both operands have the product's batch
+    axes, and torch.matmul (batch axes broadcast) otherwise.
+
+    A batched operand whose batch axes do not fold into one (attention's heads, read from
+    a (batch, position, head, dim) buffer) is first copied into a contiguous one: that copy
+    reads a few MB, while torch.matmul would also route the whole product through a
+    temporary."""
     import torch
 
     from sexpgpu.backends.cuda.views import reshape_strides
@@ -46,14 +51,22 @@ def _product(left_view, right_view, shape):
     batch = 1
     for size in shape[:-2]:
         batch *= int(size)
-    if (left_view.dims[:-2] == right_view.dims[:-2] == tuple(shape[:-2])
-            and reshape_strides(left_view.dims, left_view.strides, (batch,) + tuple(left_view.dims[-2:])) is not None
-            and reshape_strides(right_view.dims, right_view.strides, (batch,) + tuple(right_view.dims[-2:])) is not None):
+    if left_view.dims[:-2] == right_view.dims[:-2] == tuple(shape[:-2]):
         def batched(a, b, out):
-            torch.bmm(a.reshape((batch,) + tuple(a.shape[-2:])), b.reshape((batch,) + tuple(b.shape[-2:])),
-                      out=out.view((batch,) + tuple(shape[-2:])))
+            torch.bmm(_batch_operand(a, batch), _batch_operand(b, batch), out=out.view((batch,) + tuple(shape[-2:])))
         return batched
     return lambda a, b, out: torch.matmul(a, b, out=out)
+
+
+def _batch_operand(x, batch: int):
+    """`x` (..., m, k) as (batch, m, k): a view when its batch axes fold, else a contiguous
+    copy, made in the transposed order when x is a transposed matrix (cuBLAS then reads it
+    transposed, and the copy writes along x's own unit stride)."""
+    matrix = tuple(x.shape[-2:])
+    if x.dim() >= 2 and x.stride(-2) == 1 and x.stride(-1) != 1:
+        flipped = x.transpose(-1, -2).reshape((batch, matrix[1], matrix[0]))
+        return flipped.transpose(1, 2)
+    return x.reshape((batch,) + matrix)
 
 
 def gather(lowerer, node) -> None:
