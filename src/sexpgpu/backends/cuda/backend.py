@@ -72,7 +72,14 @@ class CudaBackend:
 
     def profile(self, graph, inputs: dict) -> dict:
         """Seconds per kind of step (matmul, elementwise, rows, ...) of one eager run of
-        `graph`, timed with CUDA events around each step: where a step's time goes."""
+        `graph`: where a step's time goes."""
+        seconds: dict = {}
+        for step, spent in self.step_seconds(graph, inputs):
+            seconds[step.kind] = seconds.get(step.kind, 0.0) + spent
+        return seconds
+
+    def step_seconds(self, graph, inputs: dict) -> list:
+        """[(step, seconds)] of one eager run of `graph`, each step timed with CUDA events."""
         torch = self.torch
         self._check_names(graph, inputs)
         executable = self._entry(graph)[1]
@@ -86,12 +93,9 @@ class CudaBackend:
             start.record()
             step(env)
             end.record()
-            marks.append((step.kind, start, end))
+            marks.append((step, start, end))
         torch.cuda.synchronize(self.device)
-        seconds: dict = {}
-        for kind, start, end in marks:
-            seconds[kind] = seconds.get(kind, 0.0) + start.elapsed_time(end) / 1e3
-        return seconds
+        return [(step, start.elapsed_time(end) / 1e3) for step, start, end in marks]
 
     def memory_peak(self, graph) -> int:
         """Bytes of the graph's arena: every intermediate buffer at its planned offset."""
@@ -125,14 +129,20 @@ class CudaBackend:
             tensor = value
             if tensor.dtype != want and not (node.dtype == "bf16" and tensor.dtype == torch.float32):
                 raise TypeError(f"input {name}: {tensor.dtype} tensor for a {node.dtype} input")
+            checked = False
         else:
-            tensor = torch.from_numpy(_c_order(_host_value(name, node, value)))
+            array = _c_order(_host_value(name, node, value))
+            if node.dtype == "bf16":
+                _check_bf16(name, array)
+            tensor, checked = torch.from_numpy(array), True
         if tuple(tensor.shape) != tuple(node.shape):
             raise ValueError(f"input {name}: shape {tuple(tensor.shape)}, the graph expects {node.shape}")
-        tensor = tensor.to(self.device, non_blocking=False)
+        # a host array is staged as the call returns, so the copy need not wait for the
+        # kernels already queued: the host prepares the next graph while the GPU runs this one
+        tensor = tensor.to(self.device, non_blocking=True)
         if node.dtype == "bf16" and tensor.dtype == torch.float32:
             narrowed = tensor.to(torch.bfloat16)
-            if not torch.equal(narrowed.float(), tensor):
+            if not checked and not torch.equal(narrowed.float(), tensor):
                 raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
             tensor = narrowed
         return tensor.contiguous()
@@ -141,6 +151,13 @@ class CudaBackend:
 def _c_order(array: np.ndarray) -> np.ndarray:
     """The array in C order, keeping its rank (np.ascontiguousarray makes a scalar 1-d)."""
     return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def _check_bf16(name: str, array: np.ndarray) -> None:
+    """A float32 host array for a bf16 input must hold bf16 values, and no NaN: checked on
+    the host, since a check on the device would wait for the GPU."""
+    if np.any((array.view(np.uint32) & 0xFFFF) != 0) or np.any(np.isnan(array)):
+        raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
 
 
 def _host_value(name: str, node, value) -> np.ndarray:

@@ -1,0 +1,83 @@
+"""Where one training step's time goes on the CUDA backend, step by step, beside the same
+model's PyTorch eager kernels: the tool for finding what to make faster.
+
+    PYTHONPATH=src python3 bench/profile_cuda.py [--model gpt-50m] [--top 40]
+
+Ours: every step of the microbatch graph and of the update graph, timed with CUDA events,
+grouped by kind and the shapes it reads and writes. Eager: torch.profiler's CUDA kernels of
+one step, grouped by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_cuda import MODELS, OurStep, torch_step  # noqa: E402
+
+
+def step_label(lowered, step) -> str:
+    shapes = lambda keys: ",".join("x".join(map(str, lowered.buffers[key].shape)) for key in keys if key in lowered.buffers)
+    return f"{step.kind:<13} R[{shapes(step.reads)}] W[{shapes(step.writes)}]"
+
+
+def our_steps(ours: OurStep) -> list[tuple[str, float, int]]:
+    graph = ours.built.program.training.micro
+    lowered = ours.backend.lowered(graph)
+    ours.backend.step_seconds(graph, ours.micro_inputs())  # warm: every kernel compiled
+    rows = defaultdict(lambda: [0.0, 0])
+    for step, seconds in ours.backend.step_seconds(graph, ours.micro_inputs()):
+        row = rows[step_label(lowered, step)]
+        row[0] += seconds * 1e3
+        row[1] += 1
+    return sorted(((label, ms, count) for label, (ms, count) in rows.items()), key=lambda item: -item[1])
+
+
+def eager_kernels(options: dict, batch: int) -> list[tuple[str, float, int]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.use_deterministic_algorithms(False)
+    step = torch_step(options, batch, False)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as recorded:
+        step()
+        torch.cuda.synchronize()
+    rows = defaultdict(lambda: [0.0, 0])
+    for event in recorded.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            row = rows[event.name[:90]]
+            row[0] += event.device_time / 1e3
+            row[1] += 1
+    return sorted(((label, ms, count) for label, (ms, count) in rows.items()), key=lambda item: -item[1])
+
+
+def show(title: str, rows, top: int) -> None:
+    total = sum(ms for _, ms, _ in rows)
+    print(f"\n{title}: {total:.2f} ms in all")
+    for label, ms, count in rows[:top]:
+        print(f"  {ms:8.3f} ms {count:4d}x  {label}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gpt-50m", choices=sorted(MODELS))
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args()
+    path, options, batch = MODELS[args.model]
+    ours = OurStep(path)
+    for _ in range(2):
+        ours()
+    show("ours, microbatch graph, steps", our_steps(ours), args.top)
+    show("PyTorch eager, one step, CUDA kernels", eager_kernels(options, batch), args.top)
+
+
+if __name__ == "__main__":
+    main()
