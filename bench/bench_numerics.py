@@ -1,8 +1,9 @@
 """Throughput of sexpgpu.numerics against its peers, measured in the same run.
 
 GPU: GB/s (bytes read and written) of every function and draw, against torch's float32
-function of the same name and against torch.exp, and of normal/uniform against
-torch.randn/torch.rand, on the same tensors. CPU: elements per second of the numpy path
+function of the same name and against torch.exp and against the same function built from the portable code alone (the
+build before numerics/triton_exact.py), and of normal/uniform against torch.randn/torch.rand,
+on the same tensors. CPU: elements per second of the numpy path
 against numpy's float32 ufuncs and Generator. The goal on the GPU is at least 0.5x torch.
 
     PYTHONPATH=src python bench/bench_numerics.py [--gpu-elements N] [--cpu-elements M]
@@ -53,19 +54,38 @@ def torch_peer(torch, name, x, y):
     return lambda: getattr(torch, name)(x)
 
 
-def bench_gpu(n):
+def call_ours(name, x, y):
+    return nx.pow(x, y) if name == "pow" else getattr(nx, name)(x)
+
+
+def bench_gpu(n, functions=FUNCTIONS, draws=True):
+    """GB/s of each function, of the same function as the portable build alone (before
+    numerics/triton_exact.py and the midpoint-gated table reads: `portable`), and of torch."""
     import torch
+
+    from sexpgpu.numerics import cuda
 
     x = torch.rand(n, device="cuda") * 4 + 0.1
     y = torch.rand(n, device="cuda") * 4 - 2
     exp_gbs = 8 * n / gpu_seconds(lambda: torch.exp(x)) / 1e9
     print(f"GPU {torch.cuda.get_device_name()}, {n} float32 elements; torch.exp {exp_gbs:.0f} GB/s")
-    print(f"{'function':18s} {'ours GB/s':>10s} {'torch GB/s':>11s} {'ours/torch':>11s} {'ours/exp':>9s}")
-    for name in FUNCTIONS:
+    print(f"{'function':18s} {'ours GB/s':>10s} {'portable':>9s} {'speedup':>8s} {'torch GB/s':>11s} "
+          f"{'ours/torch':>11s} {'ours/exp':>9s}")
+    for name in functions:
         nbytes = (12 if name == "pow" else 8) * n
-        ours = nbytes / gpu_seconds(lambda: nx.pow(x, y) if name == "pow" else getattr(nx, name)(x)) / 1e9
+        new = nbytes / gpu_seconds(lambda: call_ours(name, x, y)) / 1e9
+        with cuda.portable_build():
+            old = nbytes / gpu_seconds(lambda: call_ours(name, x, y)) / 1e9
         peer = nbytes / gpu_seconds(torch_peer(torch, name, x, y)) / 1e9
-        print(f"{name:18s} {ours:10.0f} {peer:11.0f} {ours / peer:11.2f} {ours / exp_gbs:9.2f}")
+        print(f"{name:18s} {new:10.0f} {old:9.0f} {new / old:8.2f} {peer:11.0f} {new / peer:11.2f} "
+              f"{new / exp_gbs:9.2f}")
+    if draws:
+        bench_draws(n)
+
+
+def bench_draws(n):
+    import torch
+
     draws = {
         "uniform": (lambda: nx.uniform(KEY, n, device="cuda"), lambda: torch.rand(n, device="cuda"), 4),
         "normal": (lambda: nx.normal(KEY, n, device="cuda"), lambda: torch.randn(n, device="cuda"), 4),

@@ -1,16 +1,18 @@
 """The hard-case table: every stored answer is found for its input (both signs where the
-function is even or odd), and no other input finds an answer."""
+function is even or odd), no other input finds an answer, and the functions, which read
+the table only near a rounding midpoint, still return every stored answer."""
 
 import numpy as np
 
-from sexpgpu.numerics.portable import hardcases, tables
+from sexpgpu import numerics as nx
+from sexpgpu.numerics.portable import hardcases, ieee, tables
 
 
 def _lookup(name, bits):
     spec = getattr(tables, name.upper() + "_CASES")
     with np.errstate(over="ignore"):
         return tables.hard_case(np.asarray(bits, dtype=np.uint32), np.zeros(len(bits), np.uint32),
-                                tables.TABLE, spec)
+                                np.ones(len(bits), bool), tables.TABLE, spec)
 
 
 def test_every_answer_is_found():
@@ -32,3 +34,45 @@ def test_other_inputs_find_nothing():
         others = bits[~np.isin(bits & np.uint32(0x7FFFFFFF), np.array(sorted(cases), np.uint32))]
         assert not _lookup(name, others).any(), name
     assert len(hardcases.HARD_CASES["log"]) >= 50 and len(hardcases.HARD_CASES["rsqrt"]) >= 100
+
+
+def _keys_and_answers(name):
+    """Every input whose answer the table holds, with that answer (both signs of |x| for
+    the even and odd functions)."""
+    cases = hardcases.HARD_CASES[name]
+    keys = np.array(sorted(cases), dtype=np.uint32)
+    answers = np.array([cases[k] for k in sorted(cases)], dtype=np.uint32)
+    sign = np.uint32(0x80000000)
+    if name in tables.ODD:
+        return np.concatenate([keys, keys | sign]), np.concatenate([answers, answers ^ sign])
+    if name in tables.EVEN:
+        return np.concatenate([keys, keys | sign]), np.concatenate([answers, answers])
+    return keys, answers
+
+
+def test_functions_return_every_stored_answer():
+    """The functions read the table only where ieee.near_midpoint flags the float64 value.
+    Before, every lane read it, so results could change only at the table's keys; here
+    every key still gets its stored answer, so no result changed anywhere."""
+    for name in hardcases.HARD_CASES:
+        keys, answers = _keys_and_answers(name)
+        with np.errstate(all="ignore"):
+            got = getattr(nx, name)(keys.view(np.float32)).view(np.uint32)
+        assert np.array_equal(got, answers), (name, keys[got != answers])
+
+
+def test_the_midpoint_margin_is_needed(monkeypatch):
+    """With no margin the check above fails (cos, sin, log and log1p hold keys that the
+    float64 value rounds the wrong way), so it does test the margin; with 1 ulp it passes,
+    far below NEAR_MIDPOINT_ULPS."""
+    monkeypatch.setattr(ieee, "NEAR_MIDPOINT_ULPS", 0)
+    wrong = set()
+    for name in hardcases.HARD_CASES:
+        keys, answers = _keys_and_answers(name)
+        with np.errstate(all="ignore"):
+            got = getattr(nx, name)(keys.view(np.float32)).view(np.uint32)
+        if not np.array_equal(got, answers):
+            wrong.add(name)
+    assert wrong == {"cos", "sin", "log", "log1p"}
+    monkeypatch.setattr(ieee, "NEAR_MIDPOINT_ULPS", 1)
+    test_functions_return_every_stored_answer()

@@ -4,6 +4,7 @@ Every launch passes enable_fp_fusion=False, so no multiply and add are contracte
 fused multiply-add; float64 division and square root lower to div.rn.f64 and sqrt.rn.f64.
 """
 
+import contextlib
 import functools
 
 import numpy as np
@@ -21,9 +22,24 @@ def interpreting():
     return bool(triton.knobs.runtime.interpret)
 
 
+_build = {"hardware": True}
+
+
 def compiled():
     """The namespace of jitted functions and kernels for the current Triton mode."""
-    return retarget.namespace(interpreting())
+    return retarget.namespace(interpreting(), _build["hardware"])
+
+
+@contextlib.contextmanager
+def portable_build():
+    """Inside the block every GPU function and draw runs the portable code alone, the
+    previous build (retarget.namespace(..., hardware=False)): the oracle and the baseline
+    of bench/verify_numerics_speed.py. Not for concurrent use."""
+    _build["hardware"] = False
+    try:
+        yield
+    finally:
+        _build["hardware"] = True
 
 
 @functools.cache

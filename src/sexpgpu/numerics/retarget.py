@@ -7,6 +7,10 @@ and every function name is its jitted twin; then triton.jit compiles it. So the 
 and the CUDA path execute the same statements, operation for operation. Under
 TRITON_INTERPRET=1 the same namespace runs in Triton's interpreter (constants stay plain
 Python values there), which is how CI checks the GPU code without a GPU.
+
+One exception: a function of triton_exact.py replaces the portable function of its name
+(round_f32, f32_to_f64), where a hardware instruction gives the same IEEE result as the
+portable integer code; that module says why each keeps every bit.
 """
 
 import functools
@@ -14,7 +18,7 @@ import inspect
 import numbers
 import types
 
-from . import kernels, triton_ops
+from . import kernels, triton_exact, triton_ops
 from .portable import draws, erf, exp, ieee, log, philox, pow, roots, tables, trig
 
 PORTABLE_MODULES = (ieee, philox, tables, exp, log, erf, trig, roots, pow, draws)
@@ -40,8 +44,12 @@ def _rebind(fn, namespace, jit):
 
 
 @functools.cache
-def namespace(interpret):
-    """The jitted portable functions and kernels by name, for compiled or interpreted mode."""
+def namespace(interpret, hardware=True):
+    """The jitted portable functions and kernels by name, for compiled or interpreted mode.
+
+    hardware=False builds the portable code alone, without triton_exact's replacements and
+    reading the hard-case table in every lane as numpy does: the previous GPU build, kept
+    as the oracle and the baseline of bench/verify_numerics_speed.py."""
     import triton
     import triton.language as tl
 
@@ -51,14 +59,19 @@ def namespace(interpret):
     for name, fn in _public_functions(triton_ops).items():
         setattr(ops, name, _rebind(fn, ops_namespace, triton.jit))
     ops.static_range = range if interpret else tl.static_range
+    if not hardware:
+        ops.gather_if = ops.gather_every
     shared = {"K": ops, "tl": tl, "triton": triton, "__name__": "sexpgpu.numerics.compiled"}
     functions = {}
-    for module in PORTABLE_MODULES + (kernels,):
+    for module in PORTABLE_MODULES + (kernels,) + ((triton_exact,) if hardware else ()):
         for name, value in vars(module).items():
             if _is_constant(value) and not name.startswith("_"):
                 assert shared.get(name, value) == value, f"two constants named {name}"
                 shared[name] = value if interpret else tl.constexpr(value)
         for name, fn in _public_functions(module).items():
+            if module is triton_exact and name in functions:
+                functions[name] = fn  # the hardware twin replaces the portable function
+                continue
             assert name not in functions, f"two portable functions named {name}"
             functions[name] = fn
     for name, fn in functions.items():

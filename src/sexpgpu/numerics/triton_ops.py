@@ -57,6 +57,16 @@ def gather(table, index):
     return tl.load(table + index).to(tl.uint32, bitcast=True)
 
 
+def gather_if(table, index, mask):
+    # lanes outside the mask issue no memory access; callers ignore their value
+    return tl.load(table + index, mask=mask, other=0).to(tl.uint32, bitcast=True)
+
+
+def gather_every(table, index, mask):
+    # gather_if as the numpy path does it, every lane reading (retarget's portable build)
+    return tl.load(table + index).to(tl.uint32, bitcast=True)
+
+
 def interleave(a, b):
     return tl.reshape(tl.join(a, b), [2 * a.shape[0]])
 

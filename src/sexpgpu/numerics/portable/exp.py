@@ -7,7 +7,8 @@ r + r^2 q(r) with q the Taylor series through r^14/14!, whose truncation error i
 """
 
 from . import numpy_ops as K
-from .ieee import QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, neg, pow2, rint, round_f32
+from .ieee import (QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, near_midpoint, neg, pow2,
+                   rint, round_f32)
 from .tables import EXP_CASES, EXPM1_CASES, SIGMOID_CASES, TANH_CASES, hard_case
 
 INV_LN2 = 1.4426950408889634
@@ -53,7 +54,7 @@ def clamp(x, low, high):
 
 def finish(bits, invalid, hi, lo, tab, cases):
     """Round hi + lo, apply the hard-case table, and answer NaN where `invalid`."""
-    out = hard_case(bits, round_f32(hi, lo), tab, cases)
+    out = hard_case(bits, round_f32(hi, lo), near_midpoint(hi), tab, cases)
     return K.where(invalid, QUIET_NAN, out)
 
 

@@ -10,6 +10,13 @@ from . import numpy_ops as K
 QUIET_NAN = 0x7FC00000
 INFINITY = 0x7F800000
 MIN_NORMAL_F64_BITS = 897 << 52  # 2^-126
+MIN_NORMAL_F64_HIGH = 897 << 20  # the high word of MIN_NORMAL_F64_BITS
+SUBNORMAL_NEAR_FLOOR_F64_HIGH = 872 << 20  # the high word of 2^-151, below the least midpoint
+MIDPOINT_REST = 0x10000000  # the 29 bits a float64 drops for float32 at a rounding midpoint
+# Distance, in float64 ulps, within which near_midpoint flags a value. The float64
+# evaluations err by less than 3 ulps (docs/numerics.md); the bound only has to exceed
+# that, and a wide one costs nothing but an occasional table read.
+NEAR_MIDPOINT_ULPS = 1 << 16
 TWO_M149 = 2.0**-149
 TWO_P149 = 2.0**149
 SPLITTER = 134217729.0  # 2^27 + 1
@@ -60,6 +67,20 @@ def round_f32(hi, lo):
     up_small = (frac > 0.5) | ((frac == 0.5) & (beyond | (~short & ((units & 1) == 1))))
     result = K.where(small, units + K.i64(up_small), normal) | (sign << 31)
     return K.u32(K.where(mag > (2047 << 52), QUIET_NAN, result))
+
+
+def near_midpoint(y):
+    """Whether rounding the float64 y to float32 might differ from rounding the exact value
+    that y approximates: y within NEAR_MIDPOINT_ULPS float64 ulps of a float32 rounding
+    midpoint, or y in [2^-151, 2^-126) (all flagged: there the
+    midpoints are spaced by a fixed 2^-149, not by the 29 dropped bits). Looks at y's bits
+    only, so that it is the same test on every device."""
+    b = K.f64_bits(y)
+    high = K.i32(b >> 32) & 0x7FFFFFFF
+    rest = K.i32(b & 0x1FFFFFFF)
+    normal_near = (rest > MIDPOINT_REST - NEAR_MIDPOINT_ULPS) & (rest < MIDPOINT_REST + NEAR_MIDPOINT_ULPS)
+    subnormal = high < MIN_NORMAL_F64_HIGH
+    return K.where(subnormal, high >= SUBNORMAL_NEAR_FLOOR_F64_HIGH, normal_near)
 
 
 def two_sum(a, b):

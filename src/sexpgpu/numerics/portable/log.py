@@ -7,7 +7,8 @@ log m = 2 atanh f = 2f + f w S(w), w = f^2, with S the series 2/3 + 2w/5 + ... t
 
 from . import numpy_ops as K
 from .exp import LN2_HI, LN2_LO
-from .ieee import QUIET_NAN, f32_to_f64, fast_two_sum, horner, round_f32, two_prod, two_sum
+from .ieee import (QUIET_NAN, f32_to_f64, fast_two_sum, horner, near_midpoint, round_f32, two_prod,
+                   two_sum)
 from .tables import LOG1P_CASES, LOG_CASES, hard_case
 
 SQRT2_FRACTION = 0x6A09E667F3BCD  # the 52 fraction bits of sqrt(2)
@@ -54,7 +55,8 @@ def log_pair(u):
 def log_f32(bits, tab):
     x = f32_to_f64(bits)
     finite = (x > 0.0) & (x - x == 0.0)
-    out = hard_case(bits, round_f32(log_f64(K.where(finite, x, 1.0)), 0.0), tab, LOG_CASES)
+    y = log_f64(K.where(finite, x, 1.0))
+    out = hard_case(bits, round_f32(y, 0.0), near_midpoint(y), tab, LOG_CASES)
     out = K.where(x == 0.0, NEG_INF, K.where(x > 1.0e39, POS_INF, out))
     return K.where((x < 0.0) | (x != x), QUIET_NAN, out)
 
@@ -66,6 +68,7 @@ def log1p_f32(bits, tab):
     finite = (x > -1.0) & (x - x == 0.0)
     u = K.where(finite, u, 1.0)
     y = log_f64(u) + K.where(finite, u_err, 0.0) / u
-    out = hard_case(bits, round_f32(K.where(x == 0.0, x, y), 0.0), tab, LOG1P_CASES)
+    y = K.where(x == 0.0, x, y)
+    out = hard_case(bits, round_f32(y, 0.0), near_midpoint(y), tab, LOG1P_CASES)
     out = K.where(x == -1.0, NEG_INF, K.where(x > 1.0e39, POS_INF, out))
     return K.where((x < -1.0) | (x != x), QUIET_NAN, out)

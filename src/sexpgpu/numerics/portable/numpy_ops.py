@@ -62,6 +62,11 @@ def gather(table, index):
     return table[index]
 
 
+def gather_if(table, index, mask):
+    """table[index] where mask; elsewhere any value (numpy reads them all)."""
+    return table[index]
+
+
 def interleave(a, b):
     """a[0], b[0], a[1], b[1], ... of two equal-length 1-D arrays."""
     return np.stack((a, b), axis=-1).reshape(-1)

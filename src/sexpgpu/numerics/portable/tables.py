@@ -65,9 +65,16 @@ SIN_CASES = _SPECS["sin"]
 RSQRT_CASES = _SPECS["rsqrt"]
 
 
-def hard_case(bits, result, tab, spec):
-    """The table's answer where `bits` is one of the function's hard cases, else `result`."""
+def hard_case(bits, result, near, tab, spec):
+    """The table's answer where `bits` is one of the function's hard cases and `near`
+    (ieee.near_midpoint of the float64 value rounded to `result`), else `result`.
+
+    Only `near` lanes read the table (on a GPU the others issue no memory access). That
+    keeps every result: an answer differs from `result` only where the float64 value
+    rounded the wrong way, so within its error of a midpoint, far inside `near`; and
+    test_tables.py checks, for every key of every table, that the function still returns
+    the stored answer."""
     key = bits & spec[3]
     index = spec[0] + 2 * K.i64((key * spec[1]) >> spec[2])
-    answer = K.gather(tab, index + 1) ^ (bits & spec[4])
-    return K.where(K.gather(tab, index) == key, answer, result)
+    answer = K.gather_if(tab, index + 1, near) ^ (bits & spec[4])
+    return K.where(near & (K.gather_if(tab, index, near) == key), answer, result)

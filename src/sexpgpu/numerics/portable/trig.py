@@ -8,8 +8,8 @@ correct bits even for the inputs closest to a multiple of pi/2.
 """
 
 from . import numpy_ops as K
-from .ieee import (QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, neg, round_f32, split,
-                   two_prod_split)
+from .ieee import (QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, near_midpoint, neg,
+                   round_f32, split, two_prod_split)
 from .tables import COS_CASES, SIN_CASES, TWO_OVER_PI, hard_case
 
 PIO2_HI = 1.5707963267948966
@@ -87,7 +87,8 @@ def sin_f32(bits, tab):
     s, c = sin_cos_small(r_hi, r_lo)
     y = K.where((q & 1) == 1, c, s)
     y = K.where(((q & 2) == 2) != (x < 0.0), neg(y), y)
-    out = hard_case(bits, round_f32(K.where(x == 0.0, x, y), 0.0), tab, SIN_CASES)
+    y = K.where(x == 0.0, x, y)
+    out = hard_case(bits, round_f32(y, 0.0), near_midpoint(y), tab, SIN_CASES)
     return K.where((x - x) != 0.0, QUIET_NAN, out)
 
 
@@ -96,5 +97,5 @@ def cos_f32(bits, tab):
     s, c = sin_cos_small(r_hi, r_lo)
     y = K.where((q & 1) == 1, s, c)
     y = K.where(((q + 1) & 2) == 2, neg(y), y)
-    out = hard_case(bits, round_f32(y, 0.0), tab, COS_CASES)
+    out = hard_case(bits, round_f32(y, 0.0), near_midpoint(y), tab, COS_CASES)
     return K.where((x - x) != 0.0, QUIET_NAN, out)
