@@ -3,17 +3,34 @@
 An elementwise node is not computed by a kernel of its own: its expression is inlined into
 each kernel that reads it (a later elementwise kernel, a row or column reduction, a
 normalisation). A node read by one kernel is therefore computed once, where it is read. A
-node read by several kernels is recomputed by each of them when that is cheaper than
-writing it once and reading it back: when its expression costs at most BUDGET flops per
-byte of the value (9 flops a byte, the spec's figure for an A100, as used under
---deterministic; the later choices issue measures it per device and records it), and it has
-at most four readers (each recomputing reader is one more kernel to compile). A value a
-reader sees broadcast to a larger shape (a per-row statistic, a scalar) is inlined only when
-it costs at most 2 flops, since the broadcast would repeat its arithmetic for every copy.
-Otherwise,
-or when a reader needs memory (a product, a gather, a copy, an output of the graph), the
-node is written out by a fused elementwise kernel, which also takes the other values of the
-same shape written out just before it.
+node read by R kernels is recomputed by each of them only when that is cheaper than writing
+it once and reading it back, by both measures, per element of the value:
+
+- flops: its expression costs at most BUDGET flops per byte of the value (9 flops a byte,
+  the spec's figure for an A100, as used under --deterministic; the later choices issue
+  measures it per device and records it), unless R is 1;
+- bytes: each recomputing reader loads the L bytes its expression loads (each distinct load
+  counts the distinct elements it reads, so a bias broadcast along a long axis costs almost
+  nothing), against a kernel that loads L and writes the value's S bytes, then R reads of
+  S: recompute when R L <= L + S + R S (a tie recomputes: one kernel fewer);
+
+and R is at most eight (each recomputing reader is one more kernel to compile). R counts
+kernels, not direct readers: a reader that is itself inlined (a movement op, an elementwise
+node) stands for its own kernel readers, so a node read by one elementwise node that three
+kernels recompute is evaluated three times (`KernelReaders`). The count is made from the
+graph alone: an elementwise reader is taken as inlined unless it will surely be written
+out (then it is one reader): it has more than eight kernel readers, or it has several and
+the value it reads already costs more flops than the budget allows it. Row
+reductions that rowmerge.py later joins into one kernel still count apart, which errs
+towards writing out. This is what writes the residual stream of a transformer out once
+instead of re-adding every earlier branch in every kernel that reads it.
+
+A value a reader sees broadcast to a larger shape (a per-row statistic, a scalar) is inlined
+only when it costs at most 2 flops, since the broadcast would repeat its arithmetic for
+every copy. Otherwise, or when a reader needs memory (a product, a gather, a copy, an
+output of the graph), the node is written out by a fused elementwise kernel, which also
+takes the other values of the same shape written out just before it, or by the row kernel
+just before it (rowmerge.py).
 
 Recomputing keeps every node's rounding: the inlined expression is the node's own, in
 float32 with the node's bf16 rounding, and no multiply-add is contracted (enable_fp_fusion
@@ -34,7 +51,7 @@ from sexpgpu.errors import SexpgpuError
 
 BUDGET_FLOPS_PER_BYTE = 9.0
 MAX_INLINE_NODES = 160  # a longer expression is written out, to bound compile time
-MAX_RECOMPUTING_READERS = 4  # more readers than this read the value back: each is a kernel to compile
+MAX_RECOMPUTING_READERS = 8  # more kernel readers than this read the value back: each is a kernel to compile
 BROADCAST_FLOPS = 2  # a value read broadcast to a larger shape is inlined only below this
 VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
 LEVELS = ("on", "off")
@@ -57,20 +74,60 @@ def policy_from_environment() -> FusionPolicy:
     return FusionPolicy(level)
 
 
-def reader_counts(graph) -> dict:
-    """node -> how many kernels read it: readers through movement ops count as the
-    movement's own readers; an output of the graph counts as a reader."""
-    consumers = graph.consumers()
-    outputs = {}
-    for node in graph.outputs.values():
-        outputs[node] = outputs.get(node, 0) + 1
-    counts: dict = {}
-    for node in reversed(graph.nodes):
-        total = outputs.get(node, 0)
-        for reader in consumers[node]:
-            total += counts[reader] if reader.op in VIEW_OPS else 1
-        counts[node] = total
-    return counts
+class KernelReaders:
+    """How many kernels evaluate a node that is inlined: its readers, where a movement op,
+    or an elementwise reader (`inlinable(reader)`) that is itself inlined, stands for its
+    own kernel readers, and a graph output is one more. Counted from the graph alone,
+    before lowering: an elementwise reader is taken as inlined unless it will surely be
+    written out (then it is one reader): when it has more than MAX_RECOMPUTING_READERS
+    kernel readers, or, asked for a node whose value already costs more flops than the
+    budget allows the reader (the reader's own expression contains that value), when it
+    has more than one."""
+
+    def __init__(self, graph, inlinable):
+        self.consumers = graph.consumers()
+        self.outputs = set(graph.outputs.values())
+        self.inlinable = inlinable
+        self.sinks: dict = {}
+        for node in reversed(graph.nodes):
+            self.sinks[node] = self._sinks(node, lambda reader: False)
+
+    def count(self, node, writes_out=lambda reader: False) -> int:
+        """Kernels evaluating `node`; `writes_out(reader)` says which elementwise readers
+        the caller knows will be written out."""
+        return len(self._sinks(node, writes_out))
+
+    def _sinks(self, node, writes_out) -> set:
+        found = {("output", node)} if node in self.outputs else set()
+        for reader in self.consumers[node]:
+            found |= self.sinks[reader] if self._passes(reader, writes_out) else {reader}
+        return found
+
+    def _passes(self, reader, writes_out) -> bool:
+        if reader.op in VIEW_OPS:
+            return True
+        if not self.inlinable(reader) or reader in self.outputs:
+            return False
+        readers = len(self.sinks[reader])
+        return readers <= MAX_RECOMPUTING_READERS and not (readers > 1 and writes_out(reader))
+
+
+def loaded_bytes(value, size: int, item_bytes) -> float:
+    """Bytes the expression loads per element of a value of `size` elements: each distinct
+    load, the distinct elements its view reads (a stride-0 axis reads one) times the item
+    size of its buffer (`item_bytes(key)`)."""
+    total = 0.0
+    size = max(int(size), 1)
+    for node in nodes_in_order([value]):
+        if node.op == "load":
+            key, view = node.attr
+            distinct = 1
+            for dim, stride in zip(view.dims, view.strides):
+                distinct *= int(dim) if stride else 1
+            total += item_bytes(key) * min(distinct, size) / size
+        elif node.op == "scalar":
+            total += item_bytes(node.attr) / size
+    return total
 
 
 def broadcastable(policy: FusionPolicy, value, source_size: int, target_size: int) -> bool:
@@ -80,8 +137,9 @@ def broadcastable(policy: FusionPolicy, value, source_size: int, target_size: in
     return target_size <= source_size or flops([value]) <= BROADCAST_FLOPS
 
 
-def recompute(policy: FusionPolicy, value, readers: int, itemsize: int) -> bool:
-    """Whether each reader recomputes this value's expression rather than read it back."""
+def recompute(policy: FusionPolicy, value, readers: int, itemsize: int, loads: float = 0.0) -> bool:
+    """Whether each of `readers` kernels recomputes this value's expression, which loads
+    `loads` bytes per element, rather than read it back."""
     if not policy.fuses:
         return False
     if len(nodes_in_order([value])) > MAX_INLINE_NODES:
@@ -91,4 +149,7 @@ def recompute(policy: FusionPolicy, value, readers: int, itemsize: int) -> bool:
         return True
     if readers > MAX_RECOMPUTING_READERS:
         return False
-    return readers <= 1 or cost <= policy.budget * itemsize
+    if readers <= 1:
+        return True
+    within_budget = cost <= policy.budget * itemsize
+    return within_budget and readers * loads <= loads + itemsize + readers * itemsize

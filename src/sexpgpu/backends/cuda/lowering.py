@@ -19,13 +19,13 @@ from sexpgpu.errors import SexpgpuError
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda import views
+from sexpgpu.backends.cuda import rowmerge, views
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
-from sexpgpu.backends.cuda.fusion import FusionPolicy, broadcastable, reader_counts, recompute
-from sexpgpu.backends.cuda.kernels.expr import Expr, cast, load, nodes_in_order, scalar
+from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcastable, loaded_bytes, recompute
+from sexpgpu.backends.cuda.kernels.expr import Expr, cast, flops, load, nodes_in_order, scalar
 from sexpgpu.backends.cuda.kernels.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
-from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, strided
+from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, same_memory, strided
 
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
 _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
@@ -51,7 +51,7 @@ class Lowerer:
     def __init__(self, graph, policy: FusionPolicy):
         self.graph = graph
         self.policy = policy
-        self.readers = reader_counts(graph)
+        self.readers = KernelReaders(graph, lambda node: node.op in EXPRESSIONS)
         self.values: dict = {}  # node -> Expr over node.shape
         self.steps: list = []
         self.buffers: dict = {}
@@ -119,6 +119,9 @@ class Lowerer:
         self.values[node] = self.loaded(node, key)
 
     def emit_elementwise(self, shape, key: str, dtype: str, value: Expr) -> None:
+        last = self.steps[-1] if self.policy.fuses and self.steps else None
+        if isinstance(last, rowmerge.RowStep) and rowmerge.add_store(last, shape, key, dtype, value):
+            return
         view = contiguous(shape)
         merged = self._merge_into_last(tuple(shape), value)
         if merged is not None:
@@ -177,6 +180,7 @@ class Lowerer:
                 self._elementwise(node)
             elif node.op in REDUCTIONS:
                 REDUCTIONS[node.op](self, node)
+                self._join_rows()
             elif node.op in SPECIAL:
                 SPECIAL[node.op](self, node)
             else:
@@ -184,6 +188,20 @@ class Lowerer:
                                    node.loc, hint="Run this file with --device cpu.")
         outputs = self._outputs()
         return self._finish(inputs, outputs)
+
+    def _join_rows(self) -> None:
+        """Keep a row kernel just emitted open, inside the open row kernel before it when
+        they read the same rows (rowmerge.py)."""
+        if not self.policy.fuses or not self.steps:
+            return
+        opened = rowmerge.opened(self.steps[-1])
+        if opened is None:
+            return
+        self.steps[-1] = opened
+        if len(self.steps) >= 2 and isinstance(self.steps[-2], rowmerge.RowStep):
+            joined = rowmerge.merged(self.steps[-2], opened)
+            if joined is not None:
+                self.steps[-2:] = [joined]
 
     def value_through(self, node, change) -> Expr:
         """`node`'s value with `change` applied to its views, writing it out first when a
@@ -205,9 +223,14 @@ class Lowerer:
         if node.dtype == "bf16" and node.op not in _EXACT_IN_BF16:
             value = cast(value, "bf16")
         self.values[node] = value
-        readers = self.readers.get(node, 0)
-        if node in self._output_nodes or not recompute(self.policy, value, readers, ITEM_BYTES[node.dtype]):
+        if node in self._output_nodes or not self._recomputed(node, value):
             self.realize(node)
+
+    def _recomputed(self, node, value) -> bool:
+        cost = flops([value])
+        readers = self.readers.count(node, lambda reader: cost > self.policy.budget * ITEM_BYTES[reader.dtype])
+        loads = loaded_bytes(value, node.size, lambda key: ITEM_BYTES[self.buffers[key].dtype])
+        return recompute(self.policy, value, readers, ITEM_BYTES[node.dtype], loads)
 
     def _view(self, node) -> None:
         (source,) = node.inputs
@@ -239,12 +262,14 @@ class Lowerer:
         value = self.values[node]
         if value.op == "load" and value.attr[1].over(node.shape):
             source, view = value.attr
-            self.steps.append(TorchStep(_copier(key, source, view), (source,), (key,), "copy"))
+            aliases = ((key, source, view),) if self.buffers[source].kind == "arena" else ()
+            self.steps.append(TorchStep(_copier(key, source, view), (source,), (key,), "copy", aliases=aliases))
             return
         self.emit_elementwise(node.shape, key, node.dtype, value)
 
     def _finish(self, inputs: dict, outputs: dict) -> Lowered:
-        steps = [step.finish(self.buffers) if isinstance(step, FlatStep) else step for step in self.steps]
+        open_steps = (FlatStep, rowmerge.RowStep)
+        steps = [step.finish(self.buffers) if isinstance(step, open_steps) else step for step in self.steps]
         lifetimes = _lifetimes(steps, self.buffers)
         plan = plan_arena(lifetimes)
         used = {key for step in steps for key in step.reads + step.writes}
@@ -254,7 +279,9 @@ class Lowerer:
 
 def _copier(key: str, source: str, view: View):
     def run(env):
-        env[key].copy_(strided(env, source, view))
+        value = strided(env, source, view)
+        if not same_memory(env[key], value):  # an output placed where it is made (placement.py)
+            env[key].copy_(value)
 
     return run
 
@@ -279,7 +306,7 @@ def _lifetimes(steps: list, buffers: dict) -> list[Lifetime]:
     dies: dict = {}
     for index, step in enumerate(steps):
         for key in step.writes:
-            born.setdefault(key, index)
+            born.setdefault(key, 0 if buffers[key].live_from_start else index)
             dies[key] = max(dies.get(key, index), index)
         for key in step.reads:
             dies[key] = index

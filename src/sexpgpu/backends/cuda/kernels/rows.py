@@ -287,20 +287,31 @@ def _second_stage(spec: RowSpec, parts: int) -> RowSpec:
 
 
 class RowKernel:
-    """A row spec ready to launch: `kernel(*inputs, *outputs)`."""
+    """A row spec ready to launch: `kernel(*inputs, *outputs)`. Its sources are generated
+    at the first launch (or when `launches` is first read), so a spec the lowering merges
+    into a larger kernel (rowmerge.py) costs nothing."""
 
     def __init__(self, spec: RowSpec):
         self.spec = spec
         self.parts = split_count(spec)
+        self._launches = None
+
+    @property
+    def launches(self) -> list:
+        if self._launches is None:
+            self._launches = self._build()
+        return self._launches
+
+    def _build(self) -> list:
+        spec = self.spec
         if self.parts == 1:
             source = _RowSource(spec)
-            self.launches = [Launch(source.source(), (max(spec.rows, 1),), source.warps, "rows")]
-            return
+            return [Launch(source.source(), (max(spec.rows, 1),), source.warps, "rows")]
         count = len(spec.phases[0].reductions)
         first = _RowSource(spec, self.parts, count)
         second = _RowSource(_second_stage(spec, self.parts))
-        self.launches = [Launch(first.source(), (spec.rows, self.parts), first.warps, "rows-partial"),
-                         Launch(second.source(), (spec.rows,), second.warps, "rows-final")]
+        return [Launch(first.source(), (spec.rows, self.parts), first.warps, "rows-partial"),
+                Launch(second.source(), (spec.rows,), second.warps, "rows-final")]
 
     def __call__(self, *operands) -> None:
         if self.parts == 1:

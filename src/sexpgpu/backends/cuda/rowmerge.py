@@ -1,0 +1,295 @@
+"""Row reductions over the same rows, and the values that read them, in one row kernel.
+
+A row kernel stays open (a `RowStep`, its expressions still reading buffers by key) while
+the lowering goes on. Two things join it:
+
+- a **row reduction over the same space** (same lead and reduced shape, same axis order)
+  lowered right after it: its phases go into the open kernel's phases of the same number
+  when it reads nothing the kernel writes, or after the kernel's last phase when it reads
+  the kernel's outputs; such a read becomes the output's own expression (`row(k)` for a
+  per-row statistic), rounded as its store rounds;
+- an **elementwise value written out right after it**: a value over the kernel's whole
+  space becomes a store of its last phase, and a value with one element per row (a
+  per-row statistic's shape, like `mean = sum / n`) becomes a per-row store, both reading
+  the kernel's outputs as above. So softmax's gradient `P (g - sum(g P))` is one kernel,
+  and layernorm's gradient (its statistics recomputed from x, sum(g), sum(g y), then the
+  result) is one kernel.
+
+A row that fits one chunk (length <= MAX_BLOCK) is loaded once for all phases, so a phase
+more costs no traffic. A longer row is read once per phase: there only a reduction that
+reads nothing of the kernel joins it, into phases it already has (one read instead of two),
+and nothing that would add a pass. Every reduction keeps its bits: its BLOCK, lanes and
+tree depend only on the row length (rows.block_for), a per-row value read from the kernel
+is the value its store writes, and no kernel that would be split (rows.split_count) is
+merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sexpgpu.backends.cuda import views
+from sexpgpu.backends.cuda.kernels.expr import Expr, cast, map_leaves, nodes_in_order, row
+from sexpgpu.backends.cuda.kernels.rows import MAX_BLOCK, Phase, Reduction, RowKernel, RowSpec, split_count
+from sexpgpu.backends.cuda.kernels.rows import with_roots
+from sexpgpu.backends.cuda.kernels.space import View, contiguous_strides, numel
+from sexpgpu.backends.cuda.steps import KernelStep, kernel_step, loads_of
+
+MAX_ELEMENT_OUTPUTS = 8  # stores over the whole space a merged kernel takes
+
+
+@dataclass
+class RowStep:
+    """A row kernel still open to more reductions and stores; expressions read buffers by key."""
+
+    shape: tuple[int, ...]
+    reduced_rank: int
+    outputs: list  # (key, view over shape, storage dtype)
+    phases: list  # Phase
+    row_stores: list  # (output number, per-row value)
+    kind: str
+
+    def spec(self, inputs=()) -> RowSpec:
+        outputs = tuple((view, dtype) for _, view, dtype in self.outputs)
+        return RowSpec(tuple(self.shape), self.reduced_rank, tuple(inputs), outputs, tuple(self.phases),
+                       tuple(self.row_stores))
+
+    @property
+    def single(self) -> bool:
+        """Whether a row is one chunk, loaded once for every phase."""
+        return self.spec().length <= MAX_BLOCK
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(loads_of(self.spec().roots())))
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return tuple(key for key, _, _ in self.outputs)
+
+    def finish(self, buffers: dict) -> KernelStep:
+        spec = self.spec()
+        return kernel_step(RowKernel, spec, spec.roots(), with_roots, list(self.writes), buffers, self.kind)
+
+
+def opened(step) -> RowStep | None:
+    """The open form of a finished row kernel step, or None for any other step and for a
+    kernel that is split (its tree would change if it took more)."""
+    if not isinstance(step, KernelStep) or not isinstance(step.launch, RowKernel):
+        return None
+    spec = step.launch.spec
+    if split_count(spec) != 1:
+        return None
+    keys = step.operands[:len(spec.inputs)]
+
+    def by_key(leaf: Expr) -> Expr:
+        if leaf.op == "load":
+            operand, view = leaf.attr
+            return Expr("load", (), (keys[operand], view), leaf.dtype)
+        if leaf.op == "scalar":
+            return Expr("scalar", (), keys[leaf.attr], leaf.dtype)
+        return leaf
+
+    memo: dict = {}
+    phases = [Phase(tuple(Reduction(r.kind, map_leaves(r.value, by_key, memo)) for r in phase.reductions),
+                    tuple((n, map_leaves(value, by_key, memo)) for n, value in phase.stores)) for phase in spec.phases]
+    row_stores = [(n, map_leaves(value, by_key, memo)) for n, value in spec.row_stores]
+    outputs = [(key, view, dtype) for key, (view, dtype) in zip(step.writes, spec.outputs)]
+    return RowStep(tuple(spec.shape), spec.reduced_rank, outputs, phases, row_stores, step.kind)
+
+
+# --- what the open kernel gives its readers ---------------------------------------------------
+
+
+def _stored(value: Expr, dtype: str) -> Expr | None:
+    """The value a load of an output of `dtype` holding `value` reads back."""
+    if dtype == "bf16" and value.dtype == "f32":
+        return cast(value, "bf16")
+    if (dtype, value.dtype) in (("f32", "f32"), ("i32", "i32"), ("bool", "bool")):
+        return value
+    return None
+
+
+def _produced(step: RowStep) -> dict:
+    """(key, view) -> the expression a read of that output through its own view gives
+    (element outputs only where a row is one chunk: elsewhere they are of another pass)."""
+    produced = {}
+    for number, value in step.row_stores:
+        key, view, dtype = step.outputs[number]
+        produced[(key, view)] = _stored(value, dtype)
+    if step.single:
+        for phase in step.phases:
+            for number, value in phase.stores:
+                key, view, dtype = step.outputs[number]
+                produced[(key, view)] = _stored(value, dtype)
+    return produced
+
+
+def _reading_outputs(step: RowStep, values) -> tuple[list, bool] | None:
+    """(the values with reads of the step's outputs replaced by their expressions, whether
+    any was), or None when one is read in a way the kernel cannot give it."""
+    produced, written = _produced(step), set(step.writes)
+    for node in nodes_in_order(values):
+        if node.op == "scalar" and node.attr in written:
+            return None
+        if node.op == "load" and node.attr[0] in written and produced.get(node.attr) is None:
+            return None
+    used = [False]
+
+    def leaf(node: Expr) -> Expr:
+        if node.op == "load" and node.attr in produced:
+            used[0] = True
+            return produced[node.attr]
+        return node
+
+    memo: dict = {}
+    return [map_leaves(value, leaf, memo) for value in values], used[0]
+
+
+def _renumbered(value: Expr, numbers: dict) -> Expr:
+    return map_leaves(value, lambda leaf: row(numbers[leaf.attr]) if leaf.op == "row" else leaf)
+
+
+# --- a reduction joins ------------------------------------------------------------------------
+
+
+def merged(first: RowStep, second: RowStep) -> RowStep | None:
+    """`first` with `second` (lowered just after it) inside, or None when they cannot share
+    a kernel without changing a bit or adding a pass over long rows."""
+    if (first.shape, first.reduced_rank) != (second.shape, second.reduced_rank):
+        return None
+    if set(second.writes) & set(first.reads):
+        return None
+    reading = _reading_outputs(first, [value for _, value in _flattened(second)])
+    if reading is None:
+        return None
+    dependent = reading[1]
+    if dependent and not first.single:
+        return None
+    result = _combined(first, second, len(first.phases) if dependent else 0)
+    return result if split_count(result.spec()) == 1 else None
+
+
+def _flattened(step: RowStep) -> list:
+    """[(place, value)] of every expression of the step, in a fixed order: ("r", phase,
+    kind), ("s", phase, output) and ("row", output)."""
+    items = []
+    for number, phase in enumerate(step.phases):
+        items += [(("r", number, r.kind), r.value) for r in phase.reductions]
+        items += [(("s", number, output), value) for output, value in phase.stores]
+    return items + [(("row", output), value) for output, value in step.row_stores]
+
+
+def _row_numbers(first: RowStep, second: RowStep, start: int) -> tuple[dict, dict, int]:
+    """Old row number -> new, for each step, when phase k of `second` becomes phase
+    start + k: the kernel numbers rows phase by phase, `first`'s before `second`'s."""
+    count = max(len(first.phases), start + len(second.phases))
+    numbers: tuple[dict, dict] = ({}, {})
+    new = 0
+    for index in range(count):
+        for which, step, at in ((0, first, index), (1, second, index - start)):
+            if 0 <= at < len(step.phases):
+                for _ in step.phases[at].reductions:
+                    numbers[which][len(numbers[which])] = new
+                    new += 1
+    return numbers[0], numbers[1], count
+
+
+def _renumbered_step(step: RowStep, numbers: dict, shift: int = 0) -> RowStep:
+    """The step with its rows renumbered and its output numbers shifted by `shift`."""
+    phases = [Phase(tuple(Reduction(r.kind, _renumbered(r.value, numbers)) for r in phase.reductions),
+                    tuple((n + shift, _renumbered(v, numbers)) for n, v in phase.stores)) for phase in step.phases]
+    row_stores = [(n + shift, _renumbered(v, numbers)) for n, v in step.row_stores]
+    return RowStep(step.shape, step.reduced_rank, step.outputs, phases, row_stores, step.kind)
+
+
+def _combined(first: RowStep, second: RowStep, start: int) -> RowStep:
+    """Phase k of `second` as phase start + k of the result, its reads of `first`'s outputs
+    replaced by their expressions."""
+    first_rows, second_rows, count = _row_numbers(first, second, start)
+    first = _renumbered_step(first, first_rows)
+    second = _renumbered_step(second, second_rows, len(first.outputs))
+    places = _flattened(second)
+    values = _reading_outputs(first, [value for _, value in places])[0]
+    phases = [(list(phase.reductions), list(phase.stores)) for phase in first.phases]
+    phases += [([], []) for _ in range(count - len(phases))]
+    row_stores = list(first.row_stores)
+    for (place, _), value in zip(places, values):
+        if place[0] == "r":
+            phases[start + place[1]][0].append(Reduction(place[2], value))
+        elif place[0] == "s":
+            phases[start + place[1]][1].append((place[2], value))
+        else:
+            row_stores.append((place[1], value))
+    return RowStep(first.shape, first.reduced_rank, first.outputs + second.outputs,
+                   [Phase(tuple(reductions), tuple(stores)) for reductions, stores in phases],
+                   row_stores, first.kind)
+
+
+# --- an elementwise value joins ---------------------------------------------------------------
+
+
+def add_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> bool:
+    """Make `value` (of `shape`, written to `key`) a store of the open kernel, if it reads
+    the kernel's outputs only as the kernel can give them; False when it cannot."""
+    shape = tuple(shape)
+    if shape == tuple(step.shape):
+        return _element_store(step, key, dtype, value)
+    spec = step.spec()
+    if numel(shape) != spec.rows or not shape or shape[:len(spec.lead)] != spec.lead:
+        return False
+    return _row_store(step, shape, key, dtype, value)
+
+
+def _element_store(step: RowStep, key: str, dtype: str, value: Expr) -> bool:
+    if not step.single:
+        return False
+    element_outputs = sum(len(phase.stores) for phase in step.phases)
+    if element_outputs >= MAX_ELEMENT_OUTPUTS or not _related(step, value):
+        return False
+    reading = _reading_outputs(step, [value])
+    if reading is None:
+        return False
+    (value,), _ = reading
+    number = len(step.outputs)
+    step.outputs.append((key, View(tuple(step.shape), contiguous_strides(step.shape)), dtype))
+    last = step.phases[-1]
+    if last.reductions:
+        step.phases.append(Phase((), ((number, value),)))
+    else:
+        step.phases[-1] = Phase((), last.stores + ((number, value),))
+    return True
+
+
+def _related(step: RowStep, value: Expr) -> bool:
+    """Whether the value reads a buffer the kernel reads or writes (else it gains nothing)."""
+    touched = set(step.reads) | set(step.writes)
+    return any(key in touched for key in loads_of([value]))
+
+
+def _row_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> bool:
+    spec = step.spec()
+    lead = spec.lead
+    unit = lead + (1,) * spec.reduced_rank
+    space = tuple(step.shape)
+    spread = views.through(value, lambda view: views.broadcast(views.reshape(view, shape, unit), unit, space))
+    if spread is None or not _per_row(spread, space, len(lead)):
+        return False
+    reading = _reading_outputs(step, [spread])
+    if reading is None:
+        return False
+    (spread,), _ = reading
+    view = View(space, contiguous_strides(lead) + (0,) * spec.reduced_rank)
+    step.outputs.append((key, view, dtype))
+    step.row_stores.append((len(step.outputs) - 1, spread))
+    return True
+
+
+def _per_row(value: Expr, space, lead_rank: int) -> bool:
+    """Whether every leaf is the same for all elements of a row."""
+    for node in nodes_in_order([value]):
+        if node.op == "iota":
+            return False
+        if node.op == "load" and (not node.attr[1].over(space) or any(node.attr[1].strides[lead_rank:])):
+            return False
+    return True

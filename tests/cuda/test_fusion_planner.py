@@ -1,0 +1,188 @@
+"""The fusion planner's choices (fusion.py) and the row-kernel merges (rowmerge.py): where
+values are computed changes, never what they are.
+
+Each graph is lowered fused (SEXPGPU_OPTIMIZE=on) and unfused (off: one kernel per node, the
+lowering before any of these choices) and run under Triton's interpreter on the CPU: the
+outputs must be equal bit for bit, and the fused lowering must have the kernels the planner
+promises. Shapes are tiny to keep CI fast; a row of 40 elements is one chunk, a row of
+2100 is read in chunks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if torch.cuda.is_available():  # pragma: no cover - the GPU tests cover the kernels there
+    pytest.skip("a GPU is present: these run under Triton's interpreter only", allow_module_level=True)
+pytest.importorskip("triton")
+
+from cuda_cases import random_array  # noqa: E402
+from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
+from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, loaded_bytes, recompute  # noqa: E402
+from sexpgpu.backends.cuda.kernels.expr import load  # noqa: E402
+from sexpgpu.backends.cuda.kernels.space import broadcast_view, contiguous  # noqa: E402
+from sexpgpu.graph.autodiff import gradients  # noqa: E402
+from sexpgpu.graph.emit import Emitter  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def interpreted(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+FUSED = CudaBackend(device="cpu", policy=FusionPolicy("on"))
+UNFUSED = CudaBackend(device="cpu", policy=FusionPolicy("off"))
+
+
+def assert_same_bits(graph, values) -> None:
+    on, off = FUSED.run(graph, values), UNFUSED.run(graph, values)
+    for name in off:
+        got, want = FUSED.to_host(on[name]), UNFUSED.to_host(off[name])
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert got.tobytes() == want.tobytes(), name
+
+
+def kinds(graph) -> list[str]:
+    return [step.kind for step in FUSED.lowered(graph).steps]
+
+
+def differentiated(build, shapes: dict, dtype: str = "f32", seed: int = 0):
+    """(graph, values): loss = sum(build(...) * w) and the gradients of every input."""
+    e = Emitter()
+    inputs = {name: e.input(name, dtype, shape) for name, shape in shapes.items()}
+    y = build(e, **inputs)
+    w = e.input("w", dtype, y.shape)
+    loss = e("sum", e("mul", y, w), axes=None)
+    grads = gradients(e, loss, list(inputs.values()))
+    outputs = {"loss": loss, "y": y}
+    outputs.update({f"d{name}": grad for name, grad in zip(inputs, grads)})
+    inputs["w"] = w
+    rng = np.random.default_rng(seed)
+    values = {name: random_array(rng, node.dtype, node.shape, "normal") for name, node in inputs.items()}
+    return e.graph(inputs, outputs), values
+
+
+# --- row kernels and their consumers --------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_softmax_gradient_is_one_row_kernel_with_the_same_bits(dtype):
+    """inner = sum(g P) and P (g - inner) share one kernel reading g and P once."""
+    graph, values = differentiated(lambda e, x: e("softmax", x, axis=-1), {"x": (3, 4, 40)}, dtype)
+    assert_same_bits(graph, values)
+    steps = FUSED.lowered(graph).steps
+    gradient_rows = [step for step in steps if step.kind == "rows"][-1]
+    assert "dx" not in [step.kind for step in steps]
+    assert len(gradient_rows.launch.spec.phases) == 2  # the sum, then the elementwise store
+    assert kinds(graph).count("elementwise") < kinds_unfused(graph).count("elementwise")
+
+
+def kinds_unfused(graph) -> list[str]:
+    return [step.kind for step in UNFUSED.lowered(graph).steps]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_layernorm_gradient_statistics_and_result_are_one_kernel(dtype):
+    graph, values = differentiated(lambda e, x: e("layernorm", x, eps=1e-5), {"x": (2, 3, 40)}, dtype)
+    assert_same_bits(graph, values)
+    # the normalisation, the loss's sum, and the whole gradient: statistics, sum(g),
+    # sum(g y), the per-row values and dx
+    assert kinds(graph) == ["rows", "rows", "rows"]
+    assert len(kinds_unfused(graph)) > 15
+
+
+def test_long_rows_merge_only_reductions_that_read_nothing_of_the_kernel():
+    """Rows of 2100 elements are read in chunks: sum(x) and max(x) share a pass; the
+    gradient's second pass over the rows stays a kernel of its own."""
+    e = Emitter()
+    x = e.input("x", "f32", (3, 2100))
+    total, top = e("sum", x, axes=(1,), keep=True), e("max", x, axes=(1,), keep=True)
+    centered = e("sub", x, e("div", total, e.const(2100.0)))
+    spread = e("sum", e("mul", centered, centered), axes=(1,))
+    graph = e.graph({"x": x}, {"total": total, "top": top, "spread": spread, "centered": centered})
+    values = {"x": np.random.default_rng(3).normal(size=(3, 2100)).astype(np.float32)}
+    assert_same_bits(graph, values)
+    rows = [step for step in FUSED.lowered(graph).steps if step.kind == "rows"]
+    assert len(rows[0].launch.spec.phases[0].reductions) == 2
+    assert len(rows) == 2
+
+
+def test_reductions_over_other_rows_stay_apart():
+    """A sum over the last axis and one over a transposed view do not share rows."""
+    e = Emitter()
+    x = e.input("x", "f32", (4, 6))
+    a = e("sum", x, axes=(1,))
+    b = e("sum", e("transpose", x, perm=(1, 0)), axes=(1,))
+    graph = e.graph({"x": x}, {"a": a, "b": b})
+    values = {"x": np.random.default_rng(4).normal(size=(4, 6)).astype(np.float32)}
+    assert_same_bits(graph, values)
+    assert kinds(graph).count("rows") + kinds(graph).count("columns") == 2
+
+
+def test_a_transformer_block_keeps_its_bits():
+    """Layernorm, attention with softmax, a residual stream read by many kernels, gelu."""
+    def block(e, x, wq, wo):
+        h = x
+        for _ in range(3):
+            normed = e("layernorm", h, eps=1e-5)
+            q = e("matmul", normed, wq)
+            scores = e("softmax", e("matmul", q, e("transpose", normed, perm=(0, 2, 1))), axis=-1)
+            attended = e("matmul", scores, normed)
+            h = e("add", h, e("gelu", e("matmul", attended, wo)))
+        return h
+
+    graph, values = differentiated(block, {"x": (2, 5, 8), "wq": (8, 8), "wo": (8, 8)})
+    assert_same_bits(graph, values)
+
+
+# --- the recompute rule ---------------------------------------------------------------------
+
+
+def test_the_residual_stream_is_written_out_not_re_added_by_every_reader():
+    """h_k = h_{k-1} + b_k, each read by two reductions: recomputed, every reader of h_k
+    would read all k + 1 buffers; the planner writes h_k out once it loads too much."""
+    e = Emitter()
+    inputs = {name: e.input(name, "f32", (4, 16)) for name in ["h0"] + [f"b{index}" for index in range(6)]}
+    h, outputs = inputs["h0"], {}
+    for index in range(6):
+        h = e("add", h, inputs[f"b{index}"])
+        outputs[f"s{index}"] = e("sum", h, axes=(1,))
+        outputs[f"m{index}"] = e("max", h, axes=(1,))
+    graph = e.graph(inputs, outputs)
+    rng = np.random.default_rng(6)
+    values = {name: rng.normal(size=(4, 16)).astype(np.float32) for name in inputs}
+    assert_same_bits(graph, values)
+    lowered = FUSED.lowered(graph)
+    written = [key for key, buffer in lowered.buffers.items() if buffer.kind == "arena" and buffer.shape == (4, 16)]
+    assert len(written) == 4  # h_2 ... h_5; h_1 (three readers) and h_6 (two) are recomputed
+    # rows of 16 are one chunk: every reduction and every write-out is one row kernel
+    assert [step.kind for step in lowered.steps] == ["rows"]
+
+
+def test_kernel_readers_count_through_inlined_elementwise_readers():
+    """x is read by one elementwise node that three reductions read: three kernels."""
+    e = Emitter()
+    x = e.input("x", "f32", (4, 6))
+    y = e("exp", x)
+    outputs = {"a": e("sum", y, axes=(1,)), "b": e("max", y, axes=(1,)), "c": e("sum", y, axes=(0,))}
+    graph = e.graph({"x": x}, outputs)
+    readers = KernelReaders(graph, lambda node: node.op == "exp")
+    assert readers.count(y) == 3
+    assert readers.count(x) == 3  # through y, which three kernels recompute
+    assert readers.count(x, lambda reader: True) == 1  # unless y is written out
+
+
+def test_the_byte_rule():
+    size = 32 * 2048
+    item = lambda key: 4  # noqa: E731
+    bias = load("b", broadcast_view((2048,), (32, 2048)))
+    two = load("a", contiguous((32, 2048))) + load("c", contiguous((32, 2048)))
+    assert loaded_bytes(bias, size, item) == pytest.approx(4 / 32)
+    assert loaded_bytes(two + bias, size, item) == pytest.approx(8 + 4 / 32)
+    policy = FusionPolicy()
+    assert recompute(policy, two, 3, 4, 8.0)  # 3 x 8 <= 8 + 4 + 3 x 4
+    assert not recompute(policy, two, 4, 4, 8.0)  # 32 > 8 + 4 + 16
+    assert recompute(policy, two, 1, 4, 100.0)  # one reader always inlines
+    assert not recompute(FusionPolicy("off"), two, 1, 4, 8.0)
