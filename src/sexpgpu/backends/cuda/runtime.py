@@ -1,8 +1,9 @@
 """Running a lowered graph: the arena, the environment of buffers, and CUDA graph capture.
 
 `Executable` allocates the memory plan's arena once and runs the steps eagerly. `Captured`
-records the same steps as one CUDA graph: its inputs and outputs are static buffers, each
-call copies the inputs in, replays, and returns copies of the outputs. Scalars such as the
+records the same steps as one CUDA graph: its inputs and outputs are static buffers (some
+of them inside the arena, placement.py), each call copies the inputs in, replays, and
+returns copies of the outputs. Scalars such as the
 step and the learning rate are inputs like any other, read by the kernels from device
 memory, so a replay sees this call's values. Replaying launches the same kernels with the
 same configurations on the same addresses, so it gives the eager run's bits.
@@ -10,7 +11,8 @@ same configurations on the same addresses, so it gives the eager run's bits.
 
 from __future__ import annotations
 
-from sexpgpu.backends.cuda.steps import torch_dtype
+from sexpgpu.backends.cuda.placement import placements
+from sexpgpu.backends.cuda.steps import strided, torch_dtype
 from sexpgpu.errors import SexpgpuError
 
 
@@ -51,12 +53,25 @@ class Executable:
             self.fixed[key] = piece.view(buffer.shape)
         self.arena = arena
 
-    def output_buffers(self) -> dict:
+    def output_buffers(self, skip=()) -> dict:
         outputs = {}
         for name, key in self.lowered.outputs.items():
+            if key in skip:
+                continue
             buffer = self.lowered.buffers[key]
             outputs[key] = allocate(buffer.shape, buffer.dtype, self.device, f"output {name}")
         return outputs
+
+    def static_environment(self, inputs: dict) -> dict:
+        """The buffers for replays: a copy of each input, an output buffer for each output,
+        those that placement.py allows inside the arena."""
+        env = dict(self.fixed)
+        placed = placements(self.lowered)
+        env.update({key: strided(env, target, view) for key, (target, view) in placed.items()})
+        env.update(self.output_buffers(skip=placed))
+        for name, key in self.lowered.inputs.items():
+            env[key] = env[key].copy_(inputs[name]) if key in env else inputs[name].clone()
+        return env
 
     def execute(self, env: dict) -> None:
         for step in self.lowered.steps:
@@ -94,11 +109,7 @@ class Captured:
     def _capture(self, inputs: dict) -> None:
         import torch
 
-        lowered = self.executable.lowered
-        env = dict(self.executable.fixed)
-        for name, key in lowered.inputs.items():
-            env[key] = inputs[name].clone()
-        env.update(self.executable.output_buffers())
+        env = self.executable.static_environment(inputs)
         stream = torch.cuda.Stream(self.executable.device)
         stream.wait_stream(torch.cuda.current_stream(self.executable.device))
         with torch.cuda.stream(stream):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides
+from sexpgpu.backends.cuda.steps import TorchStep, same_memory, strided
 
 
 def matmul(lowerer, node) -> None:
@@ -117,17 +118,47 @@ def pad(lowerer, node) -> None:
 
 
 def concat(lowerer, node) -> None:
-    import torch
-
     parts = [lowerer.addressable(source) for source in node.inputs]
     key = lowerer.result_buffer(node)
     axis = node.attrs["axis"]
+    starts = np.cumsum([0] + [source.shape[axis] for source in node.inputs]).tolist()
+    run = _concatenation(parts, key, axis, starts)
+    aliases = tuple(_place_in(lowerer.buffers[source], key, node.shape, axis, start) for (source, view), start
+                    in zip(parts, starts) if _placeable(lowerer.buffers[source], view, node.shape, axis))
+    lowerer.buffers[key].live_from_start = bool(aliases)
+    lowerer.steps.append(TorchStep(run, tuple(dict.fromkeys(source for source, _ in parts)), (key,), "concat",
+                                   aliases=aliases))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _placeable(buffer, view, shape, axis: int) -> bool:
+    """Whether an input read whole, in its own order, can lie at its slice of the result:
+    it can when the slices along `axis` are contiguous runs of the result."""
+    whole = int(np.prod(view.dims)) == int(np.prod(buffer.shape)) and view == contiguous(view.dims)
+    return buffer.kind == "input" and whole and int(np.prod(shape[:axis])) == 1
+
+
+def _place_in(buffer, key: str, shape, axis: int, start: int):
+    """(the input, the result, the input's place in the result, over the input's shape)."""
+    return buffer.key, key, View(buffer.shape, contiguous_strides(buffer.shape), start * contiguous_strides(shape)[axis])
+
+
+def _concatenation(parts, key: str, axis: int, starts: list):
+    """The run of a concatenation: torch.cat, or, when some parts already lie at their
+    place in the result (placement.py), a copy of the others alone."""
+    import torch
 
     def run(env):
-        torch.cat([strided(env, source, view) for source, view in parts], dim=axis, out=env[key])
+        out = env[key]
+        sources = [strided(env, source, view) for source, view in parts]
+        targets = [out.narrow(axis, start, piece.shape[axis]) for start, piece in zip(starts, sources)]
+        moved = [(target, piece) for target, piece in zip(targets, sources) if not same_memory(target, piece)]
+        if len(moved) == len(sources):
+            torch.cat(sources, dim=axis, out=out)
+        elif moved:
+            torch._foreach_copy_([target for target, _ in moved], [piece for _, piece in moved])
 
-    lowerer.steps.append(TorchStep(run, tuple(dict.fromkeys(source for source, _ in parts)), (key,), "concat"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    return run
 
 
 def draw(lowerer, node) -> None:

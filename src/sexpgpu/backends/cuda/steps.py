@@ -24,6 +24,8 @@ class Buffer:
     dtype: str  # storage dtype: f32, bf16, i32, bool
     shape: tuple[int, ...]
     kind: str  # input, arena or output
+    # held from the graph's first step: inputs may be placed in it before the run (placement.py)
+    live_from_start: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -43,6 +45,11 @@ def strided(env: dict, key: str, view: View):
     """The buffer `key` seen through `view` (which must be over its own axes)."""
     base = env[key]
     return base.as_strided(tuple(view.dims), tuple(view.strides), base.storage_offset() + view.offset)
+
+
+def same_memory(a, b) -> bool:
+    """Whether two tensors are views of the same elements (a copy between them does nothing)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 def loads_of(roots) -> list[str]:
@@ -95,6 +102,9 @@ class TorchStep:
     writes: tuple[str, ...]
     kind: str
     host_sync: bool = False  # reads device values on the host: the graph cannot be captured
+    # (operand, arena key, view): where an input or output operand may live so that this
+    # step's copy of it is an identity (placement.py)
+    aliases: tuple = ()
 
     def __call__(self, env: dict) -> None:
         self.run(env)

@@ -1,0 +1,85 @@
+"""Captured graphs keep the optimizer's inputs inside the arena: the update's concatenation
+of parameters then copies nothing, and the outputs are the same bits. Run on the CPU with
+Triton's interpreter (the placement is a property of the lowering, not of the GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
+from sexpgpu.backends.cuda.placement import placements  # noqa: E402
+from sexpgpu.graph.build import Initializer, ParamSpec  # noqa: E402
+from sexpgpu.graph.optimizers import build_update  # noqa: E402
+from sexpgpu.lang.experiment import OptimizerSpec  # noqa: E402
+
+SHAPES = {"a/b": (5,), "a/w": (3, 5), "head": (2, 3)}
+
+
+@pytest.fixture(autouse=True)
+def interpreted(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _update():
+    params = {path: ParamSpec(path, shape, "f32", Initializer("zeros"), None) for path, shape in SHAPES.items()}
+    graph, _ = build_update(params, OptimizerSpec("adamw", lr=0.1, weight_decay=0.01, clip=1.0), 1)
+    rng = np.random.default_rng(3)
+    inputs = {name: rng.standard_normal(node.shape).astype(np.float32)
+              for name, node in graph.inputs.items() if name not in ("step", "lr")}
+    inputs.update({name: np.abs(value) for name, value in inputs.items() if name.startswith("state/v/")})
+    inputs.update({"step": np.int32(2), "lr": np.float32(0.05)})
+    return graph, inputs
+
+
+def test_every_flattened_input_lies_in_its_concatenation():
+    graph, _ = _update()
+    lowered = CudaBackend(device="cpu").lowered(graph)
+    placed = placements(lowered)
+    flattened = {key for name, key in lowered.inputs.items() if name not in ("step", "lr")}
+    assert flattened <= set(placed)
+    sliced = {key for name, key in lowered.outputs.items() if name != "grad_norm"}
+    assert sliced <= set(placed)  # each new parameter and moment: its slice of the flat result
+    concatenations = {step.writes[0] for step in lowered.steps if step.kind == "concat"}
+    assert {placed[key][0] for key in flattened} <= concatenations
+
+
+def test_placed_inputs_give_the_same_bits_and_the_concatenation_copies_nothing():
+    graph, inputs = _update()
+    backend = CudaBackend(device="cpu")
+    accepted = {name: backend._accept(name, graph.inputs[name], value) for name, value in inputs.items()}
+    executable = backend._entry(graph)[1]
+    plain = executable(accepted)
+    env = executable.static_environment(accepted)
+    arena = executable.arena
+    start, stop = arena.data_ptr(), arena.data_ptr() + arena.numel()
+    for key, (target, _) in placements(executable.lowered).items():
+        if executable.lowered.buffers[key].kind == "input":
+            assert start <= env[key].data_ptr() < stop, key
+    copied = {}
+    original = torch.Tensor.copy_
+
+    def counting_copy(target, source, *args, **kwargs):
+        copied[target.data_ptr()] = True
+        return original(target, source, *args, **kwargs)
+
+    torch.Tensor.copy_ = counting_copy
+    placed_concatenations = 0
+    try:
+        for step in executable.lowered.steps:
+            if step.kind == "concat" and {alias[0] for alias in step.aliases} == set(step.reads):
+                before = {key: env[key].clone() for key in step.writes}
+                step(env)
+                assert not copied, "a concatenation of placed inputs copied"
+                assert all(torch.equal(before[key], env[key]) for key in step.writes)
+                placed_concatenations += 1
+            else:
+                step(env)
+    finally:
+        torch.Tensor.copy_ = original
+    assert placed_concatenations == 4  # parameters, gradients, and Adam's two moments
+    for name, key in executable.lowered.outputs.items():
+        assert torch.equal(env[key], plain[name]), name
