@@ -48,18 +48,22 @@ class OurStep:
         values.update({"step": np.int32(self.step_number + 1), "microbatch": np.int32(0)})
         return self.inputs(self.built.program.training.micro, values)
 
-    def __call__(self) -> None:
+    def update_inputs(self, outputs: dict) -> dict:
         from sexpgpu.run.schedule import learning_rate
 
-        run, training = self.experiment.run, self.built.program.training
-        self.step_number += 1
-        outputs = self.backend.run(training.micro, self.micro_inputs())
+        run = self.experiment.run
         values = {f"param/{path}": value for path, value in self.state.params.items()}
         values.update({name: value for name, value in outputs.items() if name.startswith("grad/")})
         values.update(self.state.optimizer)
         values.update({"step": np.int32(self.step_number),
                        "lr": learning_rate(run.schedule, run.optimizer.lr, self.step_number, run.steps)})
-        updated = self.backend.run(training.update, self.inputs(training.update, values))
+        return self.inputs(self.built.program.training.update, values)
+
+    def __call__(self) -> None:
+        training = self.built.program.training
+        self.step_number += 1
+        outputs = self.backend.run(training.micro, self.micro_inputs())
+        updated = self.backend.run(training.update, self.update_inputs(outputs))
         self.state.params = {name[6:]: value for name, value in updated.items() if name.startswith("param/")}
         self.state.optimizer = {name: value for name, value in updated.items() if name.startswith("state/")}
 

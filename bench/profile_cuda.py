@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,16 +27,29 @@ def step_label(lowered, step) -> str:
     return f"{step.kind:<13} R[{shapes(step.reads)}] W[{shapes(step.writes)}]"
 
 
-def our_steps(ours: OurStep) -> list[tuple[str, float, int]]:
-    graph = ours.built.program.training.micro
+def our_steps(ours: OurStep, graph, inputs: dict) -> list[tuple[str, float, int]]:
     lowered = ours.backend.lowered(graph)
-    ours.backend.step_seconds(graph, ours.micro_inputs())  # warm: every kernel compiled
+    ours.backend.step_seconds(graph, inputs)  # warm: every kernel compiled
     rows = defaultdict(lambda: [0.0, 0])
-    for step, seconds in ours.backend.step_seconds(graph, ours.micro_inputs()):
+    for step, seconds in ours.backend.step_seconds(graph, inputs):
         row = rows[step_label(lowered, step)]
         row[0] += seconds * 1e3
         row[1] += 1
     return sorted(((label, ms, count) for label, (ms, count) in rows.items()), key=lambda item: -item[1])
+
+
+def replay_milliseconds(ours: OurStep, graph, inputs: dict, count: int = 5) -> float:
+    """Wall time of one call of the backend (the captured graph, inputs copied in and
+    outputs copied out), the GPU drained before and after."""
+    import torch
+
+    ours.backend.run(graph, inputs)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(count):
+        ours.backend.run(graph, inputs)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / count * 1e3
 
 
 def eager_kernels(options: dict, batch: int) -> list[tuple[str, float, int]]:
@@ -75,7 +89,13 @@ def main() -> None:
     ours = OurStep(path)
     for _ in range(2):
         ours()
-    show("ours, microbatch graph, steps", our_steps(ours), args.top)
+    training = ours.built.program.training
+    micro = ours.micro_inputs()
+    update = ours.update_inputs(ours.backend.run(training.micro, micro))
+    show("ours, microbatch graph, steps", our_steps(ours, training.micro, micro), args.top)
+    show("ours, update graph, steps", our_steps(ours, training.update, update), 12)
+    print(f"\nours, one call each: microbatch graph {replay_milliseconds(ours, training.micro, micro):.2f} ms, "
+          f"update graph {replay_milliseconds(ours, training.update, update):.2f} ms")
     show("PyTorch eager, one step, CUDA kernels", eager_kernels(options, batch), args.top)
 
 
