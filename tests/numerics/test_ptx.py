@@ -1,7 +1,8 @@
 """The compiled kernels use IEEE float64 arithmetic only: compiled here for sm_90 (no GPU
 needed), their PTX has no fused multiply-add, every float64 add, subtract and multiply
 carries an explicit rounding mode (.rn, which ptxas never contracts), and division and
-square root are div.rn.f64 and sqrt.rn.f64."""
+square root are div.rn.f64 and sqrt.rn.f64; the float conversions are cvt.f64.f32 and
+cvt.rn.f32.f64, never with .ftz (which would flush subnormals)."""
 
 import re
 
@@ -37,3 +38,8 @@ def test_ptx_has_no_fused_or_approximate_float_operations(kernel, signature, fn)
     assert float_ops, "no float64 arithmetic found"
     allowed = {"add.rn.f64", "sub.rn.f64", "mul.rn.f64", "div.rn.f64", "sqrt.rn.f64"}
     assert set(float_ops) <= allowed, sorted(set(float_ops) - allowed)
+    # triton_exact.py's conversions keep subnormals only without .ftz
+    conversions = set(re.findall(r"^\s*(cvt(?:\.\w+)*\.f(?:32|64)\.f(?:32|64))\b", ptx, re.M))
+    if fn is not None:
+        assert conversions == {"cvt.f64.f32", "cvt.rn.f32.f64"}, conversions
+    assert ".ftz" not in ptx
