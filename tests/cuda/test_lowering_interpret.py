@@ -230,3 +230,20 @@ def test_the_loss_kernel_gives_its_gradient_the_softmax():
     unfused = [step.kind for step in CudaBackend(device="cpu", policy=FusionPolicy("off")).lowered(graph).steps]
     assert fused.count("cross-entropy") == unfused.count("cross-entropy") == 1
     assert fused.count("rows") == 1 and unfused.count("rows") == 2  # the loss's sum; unfused also the softmax
+
+
+def test_a_value_read_through_two_views_is_written_once(backend):
+    """Two products read one computed value, one of them flattened: the value is written
+    once, in its own shape, and the flattened reader gets a view of it."""
+    e = Emitter()
+    x, w = e.input("x", "f32", (2, 3, 4)), e.input("w", "f32", (4, 5))
+    y = e("mul", x, x)  # cheap: the planner would have each reader recompute it
+    flattened = e("reshape", y, shape=(6, 4))  # viewed before either product reads it
+    flat = e("matmul", flattened, w)
+    whole = e("matmul", y, w)
+    graph = e.graph({"x": x, "w": w}, {"whole": whole, "flat": flat})
+    written = [step for step in backend.lowered(graph).steps if step.kind == "elementwise"]
+    assert len(written) == 1
+    rng = np.random.default_rng(2)
+    compare(backend, graph, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),
+                             "w": rng.standard_normal((4, 5)).astype(np.float32)})

@@ -102,8 +102,30 @@ class Lowerer:
             return value.attr
         if value.op == "scalar":
             return value.attr, View((), (), 0)
+        if self._realize_under_view(node):
+            return self.addressable(node)
         self.realize(node)
         return self.addressable(node)
+
+    def _realize_under_view(self, node) -> bool:
+        """A reshape or transpose of a computed value is written out as that value, in the
+        value's own shape, and read back through the view: readers that see it through
+        different views (a gradient read whole and flattened) then share one write."""
+        source = node
+        while source.op in ("reshape", "transpose") and source not in self._output_nodes:
+            source = source.inputs[0]
+        if source is node or source.rank == 0 or self.values[source].op in ("load", "scalar"):
+            return False
+        self.realize(source)
+        self._view_again(node, source)
+        return True
+
+    def _view_again(self, node, source) -> None:
+        """Recompute the views from `source` up to `node` over `source`'s new value."""
+        if node is source:
+            return
+        self._view_again(node.inputs[0], source)
+        self._view(node)
 
     def realize(self, node) -> None:
         """Write `node`'s value out with a fused elementwise kernel; it is read back after."""
