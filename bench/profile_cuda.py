@@ -52,6 +52,37 @@ def replay_milliseconds(ours: OurStep, graph, inputs: dict, count: int = 5) -> f
     return (time.perf_counter() - started) / count * 1e3
 
 
+def captured_parts(ours: OurStep, graph, inputs: dict, count: int = 5) -> str:
+    """Milliseconds of a captured call's parts: copying the inputs in, the replay, copying
+    the outputs out, each timed alone with the GPU drained around it."""
+    import torch
+
+    from sexpgpu.backends.cuda.runtime import _copy_all
+
+    captured = ours.backend._entry(graph)[2]
+    if getattr(captured, "graph", None) is None:
+        return "not captured"
+    lowered = captured.executable.lowered
+    accepted = {name: ours.backend._accept(name, graph.inputs[name], value) for name, value in inputs.items()}
+    parts = {
+        "inputs in": lambda: _copy_all([captured.env[key] for key in lowered.inputs.values()],
+                                       [accepted[name] for name in lowered.inputs]),
+        "replay": captured.graph.replay,
+        "outputs out": lambda: [captured.env[key].clone() for key in lowered.outputs.values()],
+        "accept inputs": lambda: {name: ours.backend._accept(name, graph.inputs[name], value) for name, value in inputs.items()},
+    }
+    timed = []
+    for name, part in parts.items():
+        part()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(count):
+            part()
+        torch.cuda.synchronize()
+        timed.append(f"{name} {(time.perf_counter() - started) / count * 1e3:.2f} ms")
+    return ", ".join(timed)
+
+
 def eager_kernels(options: dict, batch: int) -> list[tuple[str, float, int]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -96,6 +127,8 @@ def main() -> None:
     show("ours, update graph, steps", our_steps(ours, training.update, update), 12)
     print(f"\nours, one call each: microbatch graph {replay_milliseconds(ours, training.micro, micro):.2f} ms, "
           f"update graph {replay_milliseconds(ours, training.update, update):.2f} ms")
+    print(f"ours, captured microbatch call: {captured_parts(ours, training.micro, micro)}")
+    print(f"ours, captured update call: {captured_parts(ours, training.update, update)}")
     show("PyTorch eager, one step, CUDA kernels", eager_kernels(options, batch), args.top)
 
 
