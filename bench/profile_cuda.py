@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_cuda import MODELS, OurStep, torch_step  # noqa: E402
+from bench_cuda import MODELS, OurStep, seconds_per_step, torch_step  # noqa: E402
 
 
 def step_label(lowered, step) -> str:
@@ -41,15 +40,7 @@ def our_steps(ours: OurStep, graph, inputs: dict) -> list[tuple[str, float, int]
 def replay_milliseconds(ours: OurStep, graph, inputs: dict, count: int = 5) -> float:
     """Wall time of one call of the backend (the captured graph, inputs copied in and
     outputs copied out), the GPU drained before and after."""
-    import torch
-
-    ours.backend.run(graph, inputs)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(count):
-        ours.backend.run(graph, inputs)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) / count * 1e3
+    return seconds_per_step(lambda: ours.backend.run(graph, inputs), count, 1) * 1e3
 
 
 def captured_parts(ours: OurStep, graph, inputs: dict, count: int = 5) -> str:
@@ -71,15 +62,7 @@ def captured_parts(ours: OurStep, graph, inputs: dict, count: int = 5) -> str:
         "outputs out": lambda: [captured.env[key].clone() for key in lowered.outputs.values()],
         "accept inputs": lambda: {name: ours.backend._accept(name, graph.inputs[name], value) for name, value in inputs.items()},
     }
-    timed = []
-    for name, part in parts.items():
-        part()
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(count):
-            part()
-        torch.cuda.synchronize()
-        timed.append(f"{name} {(time.perf_counter() - started) / count * 1e3:.2f} ms")
+    timed = [f"{name} {seconds_per_step(part, count, 1) * 1e3:.2f} ms" for name, part in parts.items()]
     return ", ".join(timed)
 
 
