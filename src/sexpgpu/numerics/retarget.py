@@ -60,7 +60,7 @@ def namespace(interpret, hardware=True):
         setattr(ops, name, _rebind(fn, ops_namespace, triton.jit))
     ops.static_range = range if interpret else tl.static_range
     if not hardware:
-        ops.gather_if = ops.gather_every
+        ops.gather_pair_if = ops.gather_pair_every
     shared = {"K": ops, "tl": tl, "triton": triton, "__name__": "sexpgpu.numerics.compiled"}
     functions = {}
     for module in PORTABLE_MODULES + (kernels,) + ((triton_exact,) if hardware else ()):

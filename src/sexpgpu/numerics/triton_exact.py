@@ -57,3 +57,4 @@ def round_f32(hi, lo):
     step = tl.where((lo > 0.0) == (hi > 0.0), 1, -1)
     moved = K.f64_from_bits(K.f64_bits(hi) + tl.where(tie, step, 0))
     return tl.where(hi != hi, QUIET_NAN, nearest_f32(moved))
+

@@ -57,14 +57,19 @@ def gather(table, index):
     return tl.load(table + index).to(tl.uint32, bitcast=True)
 
 
-def gather_if(table, index, mask):
-    # lanes outside the mask issue no memory access; callers ignore their value
-    return tl.load(table + index, mask=mask, other=0).to(tl.uint32, bitcast=True)
+def gather_pair_if(table, index, mask):
+    # one 8-byte load (the words are little-endian halves): index is even and the table's
+    # pairs 8-byte aligned (tables.py, and CUDA allocations are); lanes outside the mask
+    # issue no memory access and callers ignore their values
+    pair = tl.load((table + index).to(tl.pointer_type(tl.int64)), mask=mask, other=0)
+    return (pair & 0xFFFFFFFF).to(tl.uint32), (pair >> 32).to(tl.uint32)
 
 
-def gather_every(table, index, mask):
-    # gather_if as the numpy path does it, every lane reading (retarget's portable build)
-    return tl.load(table + index).to(tl.uint32, bitcast=True)
+def gather_pair_every(table, index, mask):
+    # gather_pair_if as the numpy path does it, every lane reading two words (retarget's
+    # portable build, as before the pair load)
+    return (tl.load(table + index).to(tl.uint32, bitcast=True),
+            tl.load(table + index + 1).to(tl.uint32, bitcast=True))
 
 
 def interleave(a, b):

@@ -72,9 +72,9 @@ def round_f32(hi, lo):
 def near_midpoint(y):
     """Whether rounding the float64 y to float32 might differ from rounding the exact value
     that y approximates: y within NEAR_MIDPOINT_ULPS float64 ulps of a float32 rounding
-    midpoint, or y in [2^-151, 2^-126) (all flagged: there the
-    midpoints are spaced by a fixed 2^-149, not by the 29 dropped bits). Looks at y's bits
-    only, so that it is the same test on every device."""
+    midpoint, or y in [2^-151, 2^-126) (all flagged: there the midpoints are spaced by a
+    fixed 2^-149, not by the 29 dropped bits). Looks at y's bits only, so that it is the
+    same test on every device."""
     b = K.f64_bits(y)
     high = K.i32(b >> 32) & 0x7FFFFFFF
     rest = K.i32(b & 0x1FFFFFFF)

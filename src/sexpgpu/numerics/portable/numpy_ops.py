@@ -62,9 +62,10 @@ def gather(table, index):
     return table[index]
 
 
-def gather_if(table, index, mask):
-    """table[index] where mask; elsewhere any value (numpy reads them all)."""
-    return table[index]
+def gather_pair_if(table, index, mask):
+    """table[index] and table[index + 1] (index even) where mask; elsewhere any values
+    (numpy reads them all)."""
+    return table[index], table[index + 1]
 
 
 def interleave(a, b):

@@ -43,6 +43,7 @@ def _build():
     words = list(TWO_OVER_PI_BITS)
     specs = {}
     for name in sorted(HARD_CASES):
+        assert len(words) % 2 == 0, "K.gather_pair_if reads a slot as one aligned 8-byte word"
         multiplier, shift, slot_words = _slots(HARD_CASES[name])
         key_mask = 0x7FFFFFFF if name in EVEN + ODD else 0xFFFFFFFF
         sign_mask = 0x80000000 if name in ODD else 0
@@ -75,6 +76,6 @@ def hard_case(bits, result, near, tab, spec):
     test_tables.py checks, for every key of every table, that the function still returns
     the stored answer."""
     key = bits & spec[3]
-    index = spec[0] + 2 * K.i64((key * spec[1]) >> spec[2])
-    answer = K.gather_if(tab, index + 1, near) ^ (bits & spec[4])
-    return K.where(near & (K.gather_if(tab, index, near) == key), answer, result)
+    index = spec[0] + 2 * K.i32((key * spec[1]) >> spec[2])
+    stored_key, answer = K.gather_pair_if(tab, index, near)
+    return K.where(near & (stored_key == key), answer ^ (bits & spec[4]), result)
