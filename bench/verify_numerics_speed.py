@@ -1,6 +1,7 @@
 """The GPU build of sexpgpu.numerics against the portable build, bit for bit, then their speed.
 
     PYTHONPATH=src python3 bench/verify_numerics_speed.py [--functions exp,erf] [--skip-bench]
+        [--launch-shapes]
 
 The GPU build replaces a few portable functions by hardware conversions
 (numerics/triton_exact.py) and reads the hard-case table only near a rounding midpoint.
@@ -60,8 +61,8 @@ def both_builds(fn):
 
 
 def kernel(name, *args):
-    """The GPU build's function `name` on tensors of size["device"] (the CPU in the
-    interpreter too, which nx.exp would send to the numpy path)."""
+    """The current build's kernel for `name` on tensors of size["device"] (CPU tensors
+    too, in the interpreter, where nx.exp would take the numpy path)."""
     if len(args) == 2:
         return cuda.binary(f"{name}_f32", *args)
     return cuda.unary(f"{name}_f32", args[0])
@@ -146,6 +147,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--functions", default=",".join(UNARY))
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--launch-shapes", action="store_true",
+                        help="also GB/s of exp, erf, pow and normal under other block sizes")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on CPU tensors; run with TRITON_INTERPRET=1")
     args = parser.parse_args()
@@ -167,6 +170,8 @@ def main():
     print("ALL PASS" if not failures else f"FAILED: {failures}", flush=True)
     if not args.skip_bench:
         bench_numerics.bench_gpu(1 << 28, tuple(names) + ("pow",), draws=False)
+        if args.launch_shapes:
+            bench_numerics.bench_launch_shapes(1 << 28)
         print("ALL PASS" if not failures else f"FAILED: {failures}", flush=True)
 
 
