@@ -41,7 +41,10 @@ class CudaBackend:
     def run(self, graph, inputs: dict) -> dict:
         self._check_names(graph, inputs)
         accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
-        return self._entry(graph)[2](accepted)
+        # a step that needs an input on the host (a draw's salt) reads it here, not back
+        # from the device, which would wait for every queued kernel
+        host = {name: value for name, value in inputs.items() if not isinstance(value, self.torch.Tensor)}
+        return self._entry(graph)[2](accepted, host)
 
     def lowered(self, graph):
         """The lowering of `graph` (steps, buffers, arena size), made once."""

@@ -12,7 +12,7 @@ same configurations on the same addresses, so it gives the eager run's bits.
 from __future__ import annotations
 
 from sexpgpu.backends.cuda.placement import placements
-from sexpgpu.backends.cuda.steps import strided, torch_dtype
+from sexpgpu.backends.cuda.steps import HOST_INPUTS, strided, torch_dtype
 from sexpgpu.errors import SexpgpuError
 
 
@@ -77,10 +77,11 @@ class Executable:
         for step in self.lowered.steps:
             step(env)
 
-    def __call__(self, inputs: dict) -> dict:
+    def __call__(self, inputs: dict, host: dict | None = None) -> dict:
         env = dict(self.fixed)
         env.update({key: inputs[name] for name, key in self.lowered.inputs.items()})
         env.update(self.output_buffers())
+        env[HOST_INPUTS] = {key: host[name] for name, key in self.lowered.inputs.items() if name in (host or {})}
         self.execute(env)
         return {name: env[key] for name, key in self.lowered.outputs.items()}
 
@@ -95,10 +96,10 @@ class Captured:
         self.graph = None
         self.env = None
 
-    def __call__(self, inputs: dict) -> dict:
+    def __call__(self, inputs: dict, host: dict | None = None) -> dict:
         self.calls += 1
         if self.calls == 1:
-            return self.executable(inputs)
+            return self.executable(inputs, host)
         if self.graph is None:
             self._capture(inputs)
         lowered = self.executable.lowered

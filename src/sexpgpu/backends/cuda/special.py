@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides
-from sexpgpu.backends.cuda.steps import TorchStep, same_memory, strided
+from sexpgpu.backends.cuda.steps import HOST_INPUTS, TorchStep, same_memory, strided
 
 
 def matmul(lowerer, node) -> None:
@@ -163,8 +163,9 @@ def _concatenation(parts, key: str, axis: int, starts: list):
 
 def draw(lowerer, node) -> None:
     """A draw's bits come from the portable numerics library on the host, the same call the
-    CPU interpreter makes, and are copied to the device: equal bits on both, at the price
-    of a host round trip (which also keeps the graph from being captured)."""
+    CPU interpreter makes, and are copied to the device: equal bits on both. Salts given on
+    the host (the step, the microbatch) are read there; a salt computed on the device is
+    read back, waiting for the GPU. Either way the graph is not captured."""
     import torch
 
     from sexpgpu.backends.cpu.draws import draw as host_draw
@@ -173,13 +174,20 @@ def draw(lowerer, node) -> None:
     key = lowerer.result_buffer(node)
 
     def run(env):
-        values = [strided(env, source, view).cpu().numpy() for source, view in salts]
+        values = [_salt_on_host(env, source, view) for source, view in salts]
         array = np.ascontiguousarray(host_draw(node, values))
-        env[key].copy_(torch.from_numpy(array).reshape(node.shape))
+        env[key].copy_(torch.from_numpy(array).reshape(node.shape), non_blocking=True)
 
     lowerer.steps.append(TorchStep(run, tuple(source for source, _ in salts), (key,), "draw", host_sync=True))
     lowerer.capturable = False
     lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _salt_on_host(env: dict, source: str, view) -> np.ndarray:
+    given = env.get(HOST_INPUTS, {}).get(source)
+    if given is not None and view == contiguous(view.dims):
+        return np.asarray(given).reshape(view.dims)
+    return strided(env, source, view).cpu().numpy()
 
 
 from sexpgpu.backends.cuda.windows import WINDOWS  # noqa: E402

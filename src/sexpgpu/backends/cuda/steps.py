@@ -14,6 +14,7 @@ from sexpgpu.backends.cuda.kernels.expr import Expr, nodes_in_order, number_oper
 from sexpgpu.backends.cuda.kernels.flat import FlatSpec, flat_kernel
 from sexpgpu.backends.cuda.kernels.space import View
 
+HOST_INPUTS = "host inputs"  # env entry: {buffer key: the input as the caller gave it on the host}
 TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "bool": "bool"}
 ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1}
 
