@@ -5,9 +5,9 @@
 
 The GPU build replaces a few portable functions by hardware conversions
 (numerics/triton_exact.py) and reads the hard-case table only near a rounding midpoint.
-The oracle is the portable code alone compiled for the same GPU (cuda.portable_build(), the
-build before those changes), whose bits the CPU path and the exhaustive checks of
-tests/numerics/gpu_checks.py vouch for. Checked here, on the GPU:
+The oracle is the previous build, compiled for the same GPU (cuda.portable_build(): the
+portable code alone, every lane reading the table), whose bits the CPU path and the
+exhaustive checks of tests/numerics/gpu_checks.py vouch for. Checked here, on the GPU:
 
 1. every one of the 2^32 float32 inputs of each one-argument function, new against old;
 2. pow on 2^26 random pairs (half of them moderate) and on every pair of special values,

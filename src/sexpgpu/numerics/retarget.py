@@ -43,13 +43,20 @@ def _rebind(fn, namespace, jit):
     return jit(copy)
 
 
+def _near_everywhere(y):
+    # near_midpoint of the portable build: every lane takes the table's answer for its key,
+    # as before the gate (an integer comparison, so NaN lanes too)
+    return K.f64_bits(y) == K.f64_bits(y)  # noqa: F821 (K is in the shared namespace)
+
+
 @functools.cache
 def namespace(interpret, hardware=True):
     """The jitted portable functions and kernels by name, for compiled or interpreted mode.
 
-    hardware=False builds the portable code alone, without triton_exact's replacements and
-    reading the hard-case table in every lane as numpy does: the previous GPU build, kept
-    as the oracle and the baseline of bench/verify_numerics_speed.py."""
+    hardware=False builds the previous GPU build: the portable code without triton_exact's
+    replacements, every lane reading the hard-case table and taking its answer for a key
+    (no near_midpoint gate), kept as the oracle and the baseline of
+    bench/verify_numerics_speed.py."""
     import triton
     import triton.language as tl
 
@@ -74,6 +81,8 @@ def namespace(interpret, hardware=True):
                 continue
             assert name not in functions, f"two portable functions named {name}"
             functions[name] = fn
+    if not hardware:
+        functions["near_midpoint"] = _near_everywhere
     for name, fn in functions.items():
         shared[name] = _rebind(fn, shared, triton.jit)
     return shared
