@@ -54,15 +54,18 @@ def _run(kernel, fn_name, hardware, out_dtype, *arrays):
 
 def float32_edges():
     """Zeros, subnormals, binade edges of every exponent, FLT_MAX, infinities, NaNs with
-    several payloads, each with both signs."""
+    several payloads, the clamps' bounds and their neighbours, each with both signs."""
     exponents = np.arange(256, dtype=np.uint32) << 23
     edges = np.concatenate([exponents, exponents | 1, exponents | 0x7FFFFF, exponents | 0x400000])
     subnormal = np.array([1, 2, 3, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFE, 0x7FFFFF], np.uint32)
     nans = np.array([0x7FC00000, 0x7F800001, 0x7FBFFFFF, 0x7FC00001, 0x7FFFFFFF, 0x7FA5A5A5],
                     np.uint32)
+    bounds = np.array([100.0, 110.0, 20.0, 4.0, 2.0**-11], np.float32)  # the clamps' bounds
+    near_bounds = np.concatenate([bounds, np.nextafter(bounds, np.float32(0)),
+                                  np.nextafter(bounds, np.float32(np.inf))]).view(np.uint32)
     rng = np.random.default_rng(5)
     random = rng.integers(0, 2**32, 2000, dtype=np.uint64).astype(np.uint32)
-    positive = np.concatenate([edges, subnormal, nans])
+    positive = np.concatenate([edges, subnormal, nans, near_bounds])
     return np.unique(np.concatenate([positive, positive | np.uint32(0x80000000), random]))
 
 

@@ -58,3 +58,14 @@ def round_f32(hi, lo):
     moved = K.f64_from_bits(K.f64_bits(hi) + tl.where(tie, step, 0))
     return tl.where(hi != hi, QUIET_NAN, nearest_f32(moved))
 
+
+
+def clamp_f32(x, bits, low, high):
+    """The portable clamp_f32 by float32 max and min of the input's bits, then the exact
+    widening: one instruction each, where float64 has no min or max instruction. The bounds
+    are floats32 and comparisons of floats32 decide alike in either width, so every non-NaN
+    input, -0 included (no bound is 0 unless the input is |x|, never -0), gives the same
+    value. A NaN becomes a bound instead of 0: every caller answers 0x7FC00000 for a NaN
+    input, and a bound is as defined for the integer conversions downstream."""
+    v = bits.to(tl.float32, bitcast=True)
+    return tl.minimum(tl.maximum(v, low), high).to(tl.float64)

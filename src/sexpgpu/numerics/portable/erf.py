@@ -8,7 +8,7 @@ erf rounds to 1.
 """
 
 from . import numpy_ops as K
-from .exp import clamp, exp_f64, finish
+from .exp import clamp_f32, exp_f64, finish
 from .ieee import absolute, f32_to_f64, horner_either, neg
 from .tables import ERF_CASES
 
@@ -26,7 +26,7 @@ ERF_T_PADDED = ERF_T + (0.0,) * (len(ERFCX_G) - len(ERF_T))
 
 def erf_f32(bits, tab):
     x = f32_to_f64(bits)
-    a = clamp(absolute(x), 0.0, 4.0)
+    a = clamp_f32(absolute(x), bits & 0x7FFFFFFF, 0.0, 4.0)
     w = a * a
     small = a < 1.0
     # one Horner evaluation for both ranges; the series' missing top coefficients are zeros,

@@ -52,6 +52,12 @@ def clamp(x, low, high):
     return K.where(x == x, x, 0.0)
 
 
+def clamp_f32(x, bits, low, high):
+    """clamp(x, low, high) for x = f32_to_f64(bits), or |x| with the bits of |x|, and bounds
+    that are floats32. The GPU build computes it from the bits instead (triton_exact.py)."""
+    return clamp(x, low, high)
+
+
 def finish(bits, invalid, hi, lo, tab, cases):
     """Round hi + lo, apply the hard-case table, and answer NaN where `invalid`."""
     out = hard_case(bits, round_f32(hi, lo), near_midpoint(hi), tab, cases)
@@ -60,18 +66,18 @@ def finish(bits, invalid, hi, lo, tab, cases):
 
 def exp_f32(bits, tab):
     x = f32_to_f64(bits)
-    return finish(bits, x != x, exp_f64(clamp(x, -110.0, 100.0), 0.0), 0.0, tab, EXP_CASES)
+    return finish(bits, x != x, exp_f64(clamp_f32(x, bits, -110.0, 100.0), 0.0), 0.0, tab, EXP_CASES)
 
 
 def expm1_f32(bits, tab):
     x = f32_to_f64(bits)
-    y = expm1_f64(clamp(x, -110.0, 100.0))
+    y = expm1_f64(clamp_f32(x, bits, -110.0, 100.0))
     return finish(bits, x != x, K.where(x == 0.0, x, y), 0.0, tab, EXPM1_CASES)
 
 
 def tanh_f32(bits, tab):
     x = f32_to_f64(bits)
-    a = clamp(absolute(x), 0.0, 20.0)
+    a = clamp_f32(absolute(x), bits & 0x7FFFFFFF, 0.0, 20.0)
     t = expm1_f64(a + a)
     y = t / (t + 2.0)
     y = K.where(x < 0.0, neg(y), K.where(x == 0.0, x, y))
@@ -81,12 +87,12 @@ def tanh_f32(bits, tab):
 def sigmoid_f32(bits, tab):
     """1 / (1 + exp(-x)); near 0 it is 1/2 + x/4 - x^3/48 + ..., rounded from hi + lo."""
     x = f32_to_f64(bits)
-    a = clamp(absolute(x), 0.0, 110.0)
+    a = clamp_f32(absolute(x), bits & 0x7FFFFFFF, 0.0, 110.0)
     e = exp_f64(neg(a), 0.0)
     y = K.where(x < 0.0, e, 1.0) / (1.0 + e)
     # |x| < 2^-11: 1/2 + x/4 lies within x^3/48 of sigmoid(x) and no float32 or rounding
     # midpoint lies strictly between them, so -x^3/48 only breaks ties (docs/numerics.md)
-    s = clamp(x, -SERIES_LIMIT, SERIES_LIMIT)
+    s = clamp_f32(x, bits, -SERIES_LIMIT, SERIES_LIMIT)
     hi, lo = fast_two_sum(0.5 + 0.25 * s, (s * s * s) / -48.0)
     near_zero = (x < SERIES_LIMIT) & (x > -SERIES_LIMIT)
     return finish(bits, x != x, K.where(near_zero, hi, y), K.where(near_zero, lo, 0.0), tab,
