@@ -9,8 +9,8 @@ TRITON_INTERPRET=1 the same namespace runs in Triton's interpreter (constants st
 Python values there), which is how CI checks the GPU code without a GPU.
 
 One exception: a function of triton_exact.py replaces the portable function of its name
-(round_f32, f32_to_f64), where a hardware instruction gives the same IEEE result as the
-portable integer code; that module says why each keeps every bit.
+(f32_to_f64, round_f32, clamp_f32), where a hardware instruction gives the same value as
+the portable code; that module says why each keeps every bit.
 """
 
 import functools

@@ -4,12 +4,13 @@ retarget.py compiles each function here in place of the portable function of the
 (the numpy path keeps the portable one). A replacement is allowed only where IEEE 754
 defines one result and the hardware instruction gives it: NVIDIA's cvt.f64.f32 and
 cvt.rn.f32.f64 without .ftz are exact and correctly rounded conversions, subnormals
-included (test_ptx.py checks that no .ftz appears). The integer versions exist because
-the portable code cannot rely on every device's conversions; on the GPU they cost tens of
-64-bit integer operations an element. Each is checked bit for bit against the portable
-function in Triton's interpreter (test_numerics_triton_interpreter.py) and, compiled, on all
-2^32 inputs of every function (bench/verify_numerics_speed.py). Like kernels.py, the code
-uses the shared namespace of retarget.py: K, the portable functions and constants.
+included (test_ptx.py checks that no .ftz appears), and float32 max and min of floats32
+are exact. The integer versions exist because the portable code cannot rely on every
+device's conversions; on the GPU they cost tens of 64-bit integer operations an element.
+Each is checked bit for bit against the portable function in Triton's interpreter
+(test_triton_exact.py) and, compiled, on all 2^32 inputs of every function
+(bench/verify_numerics_speed.py). Like kernels.py, the code uses the shared namespace of
+retarget.py: K, the portable functions and constants.
 """
 
 import triton.language as tl
