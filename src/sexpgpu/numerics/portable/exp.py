@@ -66,7 +66,8 @@ def finish(bits, invalid, hi, lo, tab, cases):
 
 def exp_f32(bits, tab):
     x = f32_to_f64(bits)
-    return finish(bits, x != x, exp_f64(clamp_f32(x, bits, -110.0, 100.0), 0.0), 0.0, tab, EXP_CASES)
+    y = exp_f64(clamp_f32(x, bits, -110.0, 100.0), 0.0)
+    return finish(bits, x != x, y, 0.0, tab, EXP_CASES)
 
 
 def expm1_f32(bits, tab):

@@ -78,7 +78,8 @@ def near_midpoint(y):
     b = K.f64_bits(y)
     high = K.i32(b >> 32) & 0x7FFFFFFF
     rest = K.i32(b & 0x1FFFFFFF)
-    normal_near = (rest > MIDPOINT_REST - NEAR_MIDPOINT_ULPS) & (rest < MIDPOINT_REST + NEAR_MIDPOINT_ULPS)
+    normal_near = ((rest > MIDPOINT_REST - NEAR_MIDPOINT_ULPS)
+                   & (rest < MIDPOINT_REST + NEAR_MIDPOINT_ULPS))
     subnormal = high < MIN_NORMAL_F64_HIGH
     return K.where(subnormal, high >= SUBNORMAL_NEAR_FLOOR_F64_HIGH, normal_near)
 
