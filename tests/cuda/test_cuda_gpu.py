@@ -159,3 +159,13 @@ def test_the_facts_name_the_device(backend):
     assert facts["determinism"].startswith("1: ")
     assert facts["choices"].startswith("stacking 1, recompute 9.00 flops a byte, 0 convolution engines; on compute_")
     assert "cuBLAS" in facts["choices"] and "Triton" in facts["choices"] and "patterns off" in facts["choices"]
+
+
+def test_fingerprints_on_the_gpu_are_the_cpu_fingerprints(backend):
+    """A step's digest is the same on every backend for the same bits."""
+    rng = np.random.default_rng(8)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in [(5,), (1000, 513), (24576, 64)]]
+    tensors = [torch.from_numpy(array).cuda() for array in arrays]
+    tensors.append(torch.from_numpy(arrays[1]).cuda().to(torch.bfloat16))
+    expected = CPU.fingerprints(arrays) + CPU.fingerprints([tensors[-1].float().cpu().numpy()])
+    assert backend.fingerprints(tensors) == expected

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from sexpgpu.lang.experiment import ScheduleSpec
+from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.schedule import learning_rate
@@ -35,12 +36,14 @@ def test_cosine_matches_a_float64_reference_within_float32_rounding():
 
 
 def test_digest_changes_with_any_bit_and_ignores_dict_order():
+    cpu = Interpreter()
     a = {"w": np.ones((2, 2), np.float32), "b": np.zeros(2, np.float32)}
     b = {"b": a["b"].copy(), "w": a["w"].copy()}
-    assert parameters_digest(a) == parameters_digest(b)
+    assert parameters_digest(cpu, a) == parameters_digest(cpu, b)
     flipped = a["w"].copy()
     flipped.view(np.uint32)[0, 0] ^= 1
-    assert parameters_digest({"w": flipped, "b": a["b"]}) != parameters_digest(a)
+    assert parameters_digest(cpu, {"w": flipped, "b": a["b"]}) != parameters_digest(cpu, a)
+    assert parameters_digest(cpu, {"w": a["w"].reshape(4), "b": a["b"]}) != parameters_digest(cpu, a)
 
 
 def test_truncate_keeps_steps_up_to_the_checkpoint_and_drops_a_torn_line(tmp_path):

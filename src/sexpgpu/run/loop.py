@@ -47,7 +47,7 @@ class Trainer:
             "loss_bits": float_bits(loss),
             "lr": float(lr),
             "grad_norm": float(self.backend.to_host(outputs["grad_norm"])),
-            "digest": parameters_digest({path: self.backend.to_host(value) for path, value in state.params.items()}),
+            "digest": parameters_digest(self.backend, state.params),
         }
 
     def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:

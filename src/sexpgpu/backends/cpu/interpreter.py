@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
+from sexpgpu.backends.cpu.fingerprint import fingerprint
 from sexpgpu.backends.cpu.kernels import compile_kernel
 
 
@@ -76,6 +77,11 @@ class Interpreter:
     @staticmethod
     def to_host(value) -> np.ndarray:
         return np.asarray(value)
+
+    @staticmethod
+    def fingerprints(values: list) -> list[int]:
+        """Each parameter's 64-bit fingerprint (fingerprint.py), for the step's digest."""
+        return [fingerprint(value) for value in values]
 
     @staticmethod
     def from_host(array: np.ndarray) -> np.ndarray:

@@ -67,6 +67,13 @@ class CudaBackend:
             value = value.float()
         return value.detach().cpu().numpy()
 
+    def fingerprints(self, values: list) -> list[int]:
+        """Each parameter's 64-bit fingerprint, computed on the GPU: the CPU's bits
+        (backends/cpu/fingerprint.py), with one small copy to the host."""
+        from sexpgpu.backends.cuda.fingerprint import fingerprints
+
+        return fingerprints(values)
+
     def from_host(self, array):
         return self.torch.from_numpy(_c_order(np.asarray(array))).to(self.device)
 
