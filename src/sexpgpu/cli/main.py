@@ -48,7 +48,7 @@ def _add_run(commands) -> None:
         "run", help="train a defrun", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Compile a defrun, print its lowering report, and train it. The run directory gets "
                     "experiment.json, report.txt, metrics.jsonl (one line a step: loss, learning rate, "
-                    "gradient norm, SHA-256 digest of the parameters) and checkpoints.")
+                    "gradient norm, digest of the parameters' bits) and checkpoints.")
     _add_selection(parser)
     parser.add_argument("--run-dir", metavar="DIR", help="the run directory (default: a new folder under runs/)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
