@@ -29,7 +29,7 @@ class Trainer:
         for microbatch in range(self.run.microbatches):
             inputs = self._micro_inputs(state, step, microbatch)
             outputs = self.backend.run(micro, inputs)
-            losses.append(self.backend.to_host(outputs["loss"]))
+            losses.append(outputs["loss"])  # read after the update is queued: no wait between them
             grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
@@ -40,7 +40,7 @@ class Trainer:
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
-        loss = _mean_in_order(losses)
+        loss = _mean_in_order([self.backend.to_host(value) for value in losses])
         return {
             "step": step,
             "loss": float(loss),
