@@ -51,7 +51,8 @@ def _add_run(commands) -> None:
                     "experiment.json, report.txt, metrics.jsonl (one line a step: loss, learning rate, "
                     "gradient norm, digest of the parameters' bits) and checkpoints.")
     _add_selection(parser)
-    parser.add_argument("--run-dir", metavar="DIR", help="the run directory (default: a new folder under runs/)")
+    parser.add_argument("--run-dir", metavar="DIR", help="the run directory (default: a new folder under runs/); without --resume it must not "
+                             "hold another run's files")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="where to run: auto takes a GPU when one is usable (default: auto)")
     parser.add_argument("--resume", metavar="PATH|latest",
