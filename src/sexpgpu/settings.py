@@ -98,6 +98,9 @@ SETTINGS = {setting.name: setting for setting in (
             "`1` shows the Python traceback of an internal error", _one_of("0", "1")),
     Setting("SEXPGPU_TEST_CHECKPOINT_KILL_AT", "a crash point name (docs/checkpoints.md)", "(none)",
             "tests only: the process kills itself at that point of a checkpoint write", _any_text),
+    Setting("SEXPGPU_NUMERICS_REPORT", "a file path", "(none)",
+            "tests only: the JSON-lines file the GPU numerics tests append their counts to; sexpgpu never "
+            "reads it", _any_text),
     Setting("SEXPGPU_TEST_CHECKPOINT_SLEEP", "seconds, from 0 to 3600", "(none)",
             "tests only: a pause at every crash point", _seconds),
 )}

@@ -65,7 +65,7 @@ class Trimmed:
         if not self.torn_bytes:
             return None
         return (f"{path}: its last line was torn ({self.torn_bytes} bytes without a whole JSON line, "
-                "left by a crash or a full disk) and was dropped; the resumed run writes it again.")
+                "left by a crash or a full disk) and was dropped; the steps after the checkpoint run again.")
 
 
 def truncate_after_step(path: str, step: int) -> Trimmed:
