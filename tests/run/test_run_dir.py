@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -64,24 +65,24 @@ def test_a_fresh_run_refuses_a_checkpoint_directory_with_another_runs_checkpoint
 
 
 def test_a_second_process_is_kept_out_while_a_run_holds_its_directory(tmp_path):
-    run_dir = tmp_path / "run"
-    slow = start(["run", str(tiny(tmp_path, steps=8, every=1)), "--device", "cpu", "--run-dir", str(run_dir)],
-                 env={"SEXPGPU_TEST_CHECKPOINT_SLEEP": "0.15"})
+    run_dir, file = tmp_path / "run", tiny(tmp_path, steps=10_000, every=1)
+    first = start(["run", str(file), "--device", "cpu", "--run-dir", str(run_dir)],
+                  env={"SEXPGPU_TEST_CHECKPOINT_SLEEP": "0.02"})
     try:
         deadline = time.monotonic() + 120
         while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert slow.poll() is None, "the first run ended before the second could start"
         for extra in ([], ["--resume", "latest"]):
-            second = sexpgpu("run", str(tiny(tmp_path, steps=8, every=1)), "--device", "cpu",
-                             "--run-dir", str(run_dir), *extra)
+            second = sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(run_dir), *extra)
             assert second.returncode == 2, second.stderr
-            assert "E-RUN-002" in second.stderr and f"pid {slow.pid} on host" in second.stderr
-        assert slow.poll() is None, "the first run ended before the second was refused"
+            assert "E-RUN-002" in second.stderr and f"pid {first.pid} on host" in second.stderr
+        assert first.poll() is None, "the first run ended before the second was refused"
     finally:
-        assert slow.wait(timeout=300) == 0, slow.stderr.read()
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines if "digest" in json.loads(line)] == list(range(1, 9))
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=300) == 130, first.stderr.read()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [record["step"] for record in records if "digest" in record]
+    assert steps == list(range(1, len(steps) + 1)) and steps
 
 
 def test_a_run_directory_through_a_file_is_a_coded_error(tmp_path, capsys):
