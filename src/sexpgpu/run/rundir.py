@@ -101,27 +101,43 @@ def claimed(run_dir: str, checkpoint_root: str, fresh: bool, writes_checkpoints:
 
 
 def claim(directory: str, fresh: bool, errors) -> Claim:
+    if fresh and os.path.isdir(directory):
+        _refuse_while_held(directory)  # reads only: a refused run writes nothing
+        _refuse_another_runs_files(directory)
     with errors(directory, "create or write in"):
         os.makedirs(directory, exist_ok=True)
         _try_writing(directory)
         fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _describe_holder(fd)
-        os.close(fd)
-        raise SexpgpuError("E-RUN-002", f"{directory} is in use by another sexpgpu run: {holder}. Two runs in one "
-                           "directory would mix their metrics and delete each other's checkpoints.",
-                           hint="Wait for that run to end, or give this one another --run-dir.") from None
-    try:
+        _lock(fd, fcntl.LOCK_EX, directory)
         if fresh:
-            _refuse_another_runs_files(directory)
+            _refuse_another_runs_files(directory)  # again: a run may have started since the first look
         with errors(directory, "write in"):
             _record_holder(fd)
     except BaseException:
         os.close(fd)
         raise
     return Claim(directory, fd)
+
+
+def _refuse_while_held(directory: str) -> None:
+    try:
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY)
+    except OSError:
+        return  # no lock file, or none we can read: the claim proper decides
+    try:
+        _lock(fd, fcntl.LOCK_SH, directory)
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int, kind: int, directory: str) -> None:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SexpgpuError("E-RUN-002", f"{directory} is in use by another sexpgpu run: {_describe_holder(fd)}. Two "
+                           "runs in one directory would mix their metrics and delete each other's checkpoints.",
+                           hint="Wait for that run to end, or give this one another --run-dir.") from None
 
 
 def _checkpoint_errors(path: str, doing: str):
