@@ -11,19 +11,21 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sexpgpu"
 IMPORT = re.compile(r"^\s*(?:from|import)\s+sexpgpu(?:\.(\w+)|\s+import\s+\(?\s*(\w+))", re.MULTILINE)
 
-# What each stage may import besides itself. `errors` is the shared error type.
+# What each stage may import besides itself. `errors` is the shared error type, `settings`
+# the table of SEXPGPU_* environment settings.
 ALLOWED = {
     "numerics": set(),
     "exact": set(),
     "errors": set(),
+    "settings": {"errors"},
     "lang": {"errors"},
     "graph": {"errors", "lang", "numerics"},
     "plan": {"errors", "graph"},
     "data": {"errors", "numerics", "store"},
-    "backends": {"errors", "graph", "plan", "numerics", "exact"},
-    "store": {"errors"},
-    "run": {"errors", "lang", "graph", "plan", "backends", "data", "store", "numerics"},
-    "cli": {"errors", "lang", "run", "store"},
+    "backends": {"errors", "settings", "graph", "plan", "numerics", "exact"},
+    "store": {"errors", "settings"},
+    "run": {"errors", "settings", "lang", "graph", "plan", "backends", "data", "store", "numerics"},
+    "cli": {"errors", "settings", "lang", "run", "store"},
 }
 
 

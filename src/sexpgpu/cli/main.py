@@ -8,6 +8,7 @@ import os
 import sys
 
 from sexpgpu import __version__
+from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
 
 DESCRIPTION = """\
@@ -50,7 +51,8 @@ def _add_run(commands) -> None:
                     "experiment.json, report.txt, metrics.jsonl (one line a step: loss, learning rate, "
                     "gradient norm, digest of the parameters' bits) and checkpoints.")
     _add_selection(parser)
-    parser.add_argument("--run-dir", metavar="DIR", help="the run directory (default: a new folder under runs/)")
+    parser.add_argument("--run-dir", metavar="DIR", help="the run directory (default: a new folder under runs/); without --resume it must not "
+                             "hold another run's files")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="where to run: auto takes a GPU when one is usable (default: auto)")
     parser.add_argument("--resume", metavar="PATH|latest",
@@ -89,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        for warning in settings.check_environment():
+            print(warning, file=sys.stderr)
         return _dispatch(args)
     except SexpgpuError as error:
         print(error.render(), file=sys.stderr)
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     except Exception as error:  # an internal bug: say so in one paragraph, traceback on request
-        if os.environ.get("SEXPGPU_DEBUG"):
+        if os.environ.get("SEXPGPU_DEBUG", "").strip() == "1":  # checked before any command ran
             raise
         print(f"internal error in sexpgpu {__version__}: {type(error).__name__}: {error}. This is a bug; "
               "run again with SEXPGPU_DEBUG=1 for the traceback and report it.", file=sys.stderr)

@@ -1,8 +1,8 @@
 """A whole run: compile, report, initialise or resume, train, evaluate, checkpoint.
 
 The run directory holds `experiment.json` (the resolved experiment and flags),
-`report.txt` (the lowering report), `metrics.jsonl`, and `step-<n>/` checkpoints unless the
-file or the command line sends them elsewhere.
+`report.txt` (the lowering report), `metrics.jsonl`, `run.lock` (rundir.py), and `step-<n>/`
+checkpoints unless the file or the command line sends them elsewhere.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError
@@ -19,6 +18,7 @@ from sexpgpu.run.loop import Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.progress import Progress
 from sexpgpu.run.report import lowering_report
+from sexpgpu.run.rundir import claimed, default_run_dir, run_dir_errors
 from sexpgpu.run.setup import build_run, checkpoint_root
 from sexpgpu.run import checkpointing
 
@@ -43,30 +43,22 @@ class RunResult:
     last_checkpoint: str | None
 
 
-def default_run_dir(run_name: str) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = os.path.join("runs", f"{run_name}-{stamp}")
-    candidate, suffix = base, 1
-    while os.path.exists(candidate):
-        suffix += 1
-        candidate = f"{base}-{suffix}"
-    return candidate
-
-
 def execute(experiment, options: RunOptions) -> RunResult:
     out = options.out or sys.stdout
     err = options.err or sys.stderr
-    run_dir = options.run_dir or default_run_dir(experiment.run.name)
     built = build_run(experiment, options.device)
-    resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
-    os.makedirs(run_dir, exist_ok=True)
-    report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity)
-    if resumed is not None:
-        report += "\n" + resumed.annotation
-    _write_run_files(run_dir, experiment, built, options, report)
-    print(report, file=out, flush=True)
-    state = resumed.state if resumed is not None else built.initial_state()
-    return _train(experiment, built, state, run_dir, options, err)
+    run_dir = options.run_dir or default_run_dir(experiment.run.name)
+    root = checkpoint_root(experiment.run, options, run_dir)
+    with claimed(run_dir, root, fresh=not options.resume, writes_checkpoints=experiment.run.checkpoint is not None):
+        resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
+        report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity)
+        if resumed is not None:
+            report += "\n" + resumed.annotation
+        with run_dir_errors(run_dir, "write the run's files in"):
+            _write_run_files(run_dir, experiment, built, options, report)
+        print(report, file=out, flush=True)
+        state = resumed.state if resumed is not None else built.initial_state()
+        return _train(experiment, built, state, run_dir, options, err)
 
 
 def _write_run_files(run_dir, experiment, built, options, report) -> None:
@@ -86,7 +78,10 @@ def _write_run_files(run_dir, experiment, built, options, report) -> None:
 def _train(experiment, built, state, run_dir, options, err) -> RunResult:
     run = experiment.run
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    truncate_after_step(metrics_path, state.step) if options.resume else None
+    if options.resume:
+        torn = truncate_after_step(metrics_path, state.step).note(metrics_path)
+        if torn:
+            print(torn, file=err, flush=True)
     metrics = MetricsLog(metrics_path, append=bool(options.resume))
     trainer = Trainer(run, built.program, built.backend, built.feeder)
     progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err)

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from sexpgpu import settings as transfer_settings
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store.digests import BackgroundSha256, chunks, sha256_of
 from sexpgpu.store.uris import MissingFile, split_s3
@@ -39,9 +40,9 @@ class TransferSettings:
     def from_env(cls) -> "TransferSettings":
         default = cls()
         return cls(
-            int(os.environ.get("SEXPGPU_S3_MULTIPART_THRESHOLD", default.multipart_threshold)),
-            int(os.environ.get("SEXPGPU_S3_PART_SIZE", default.part_size)),
-            int(os.environ.get("SEXPGPU_S3_WORKERS", default.workers)),
+            transfer_settings.value("SEXPGPU_S3_MULTIPART_THRESHOLD") or default.multipart_threshold,
+            transfer_settings.value("SEXPGPU_S3_PART_SIZE") or default.part_size,
+            transfer_settings.value("SEXPGPU_S3_WORKERS") or default.workers,
         )
 
 
@@ -184,6 +185,7 @@ def put_object(uri: str, buffers, nbytes: int, doing: str, settings: TransferSet
         with s3_errors(uri, doing):
             reply = client().put_object(Bucket=bucket, Key=key, Body=body)
         return reply["ETag"], sha256_of(body)
+    transfer_settings.check_part_count(nbytes, settings.part_size)
     return _put_multipart(uri, buffers, doing, settings, on_part)
 
 

@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from sexpgpu import settings
+
 MIN_ELEMENTS = 1 << 15  # below this a split costs more than it saves
 
 _pool = None
@@ -19,10 +21,7 @@ _AVAILABLE = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") el
 
 
 def thread_count() -> int:
-    setting = os.environ.get("SEXPGPU_CPU_THREADS")
-    if setting and setting.isdigit() and int(setting) >= 1:
-        return int(setting)
-    return max(1, min(_AVAILABLE, 8))
+    return settings.value("SEXPGPU_CPU_THREADS") or max(1, min(_AVAILABLE, 8))
 
 
 def _executor():

@@ -43,18 +43,16 @@ SEXPGPU_OPTIMIZE sets how much is fused:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from sexpgpu import settings
 from sexpgpu.backends.cuda.kernels.expr import flops, nodes_in_order
-from sexpgpu.errors import SexpgpuError
 
 BUDGET_FLOPS_PER_BYTE = 9.0
 MAX_INLINE_NODES = 160  # a longer expression is written out, to bound compile time
 MAX_RECOMPUTING_READERS = 8  # more kernel readers than this read the value back: each is a kernel to compile
 BROADCAST_FLOPS = 2  # a value read broadcast to a larger shape is inlined only below this
 VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
-LEVELS = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -68,10 +66,7 @@ class FusionPolicy:
 
 
 def policy_from_environment() -> FusionPolicy:
-    level = os.environ.get("SEXPGPU_OPTIMIZE", "on").strip().lower() or "on"
-    if level not in LEVELS:
-        raise SexpgpuError("E-CONFIG-001", f"SEXPGPU_OPTIMIZE is '{level}': expected one of {', '.join(LEVELS)}.")
-    return FusionPolicy(level)
+    return FusionPolicy(settings.value("SEXPGPU_OPTIMIZE") or "on")
 
 
 class KernelReaders:

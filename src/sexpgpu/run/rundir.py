@@ -1,0 +1,194 @@
+"""A run directory belongs to one run.
+
+Before its first step a run claims its directory: it creates it, takes an exclusive lock on
+`run.lock` there for its whole life (`fcntl.flock`, which the kernel drops when the process
+ends, however it ends), and writes its pid and host into that file so that a second process
+can name the holder (E-RUN-002). A fresh run (no `--resume`) refuses a directory that already
+holds another run's files, before it writes anything (E-RUN-001). A local checkpoint
+destination other than the run directory is claimed the same way. Every destination the run
+will write is tried before the first step: the run directory (E-RUN-003), a local checkpoint
+directory (E-DISK-001/002) and an S3 prefix (E-S3-001..004), so that a bad one costs no
+training. The lock file is never deleted: a process that opened it just before a deletion
+would lock a file no one else sees.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.store import list_checkpoints
+from sexpgpu.store.local_steps import STEP_NAME, UNFINISHED_NAME, disk_errors
+from sexpgpu.store.s3_objects import TransferSettings, delete_keys, put_object
+from sexpgpu.store.uris import is_s3, join
+
+LOCK_NAME = "run.lock"
+RUN_FILES = ("experiment.json", "report.txt", "metrics.jsonl")
+RUNS_FOLDER = "runs"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.+=-]")
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+@dataclass
+class Claim:
+    """A directory this process holds the lock of; `release` when the run ends."""
+
+    path: str
+    fd: int
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+def default_run_dir(run_name: str) -> str:
+    """A new folder under runs/, created here so that two runs started in the same second get
+    two folders. The run's name is made one plain path component: it cannot leave runs/."""
+    base = os.path.join(RUNS_FOLDER, f"{safe_component(run_name)}-{time.strftime('%Y%m%d-%H%M%S')}")
+    candidate, suffix = base, 1
+    with run_dir_errors(base, "create"):
+        os.makedirs(RUNS_FOLDER, exist_ok=True)
+        while True:
+            try:
+                os.mkdir(candidate)
+                return candidate
+            except FileExistsError:
+                suffix += 1
+                candidate = f"{base}-{suffix}"
+
+
+def safe_component(name: str) -> str:
+    """`name` with every character but letters, digits and `_.+=-` made `_`, and no leading dot."""
+    cleaned = _SAFE_NAME.sub("_", name)
+    return "_" + cleaned[1:] if cleaned.startswith(".") else cleaned
+
+
+@contextmanager
+def run_dir_errors(path: str, doing: str):
+    """OSErrors on the run directory's files: E-DISK-001 when the disk is full, else E-RUN-003."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in _FULL:
+            raise SexpgpuError("E-DISK-001", f"the disk is full: cannot {doing} {path}: {error.strerror}.",
+                               hint="Free space and resume the run with --resume latest.") from None
+        raise SexpgpuError("E-RUN-003", f"cannot {doing} {path}: {error.strerror or error}.",
+                           hint="The run directory must be a directory this user can write; give another --run-dir.") from None
+
+
+@contextmanager
+def claimed(run_dir: str, checkpoint_root: str, fresh: bool, writes_checkpoints: bool):
+    """Hold the run directory (and a separate local checkpoint directory) for the block."""
+    claims = [claim(run_dir, fresh, run_dir_errors)]
+    try:
+        if writes_checkpoints and not is_s3(checkpoint_root) and not _same_directory(run_dir, checkpoint_root):
+            claims.append(claim(checkpoint_root, fresh, _checkpoint_errors))
+        if writes_checkpoints and is_s3(checkpoint_root):
+            check_s3_destination(checkpoint_root, fresh)
+        yield claims[0]
+    finally:
+        for held in claims:
+            held.release()
+
+
+def claim(directory: str, fresh: bool, errors) -> Claim:
+    if fresh and os.path.isdir(directory):
+        _refuse_while_held(directory)  # reads only: a refused run writes nothing
+        _refuse_another_runs_files(directory)
+    with errors(directory, "create or write in"):
+        os.makedirs(directory, exist_ok=True)
+        _try_writing(directory)
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _lock(fd, fcntl.LOCK_EX, directory)
+        if fresh:
+            _refuse_another_runs_files(directory)  # again: a run may have started since the first look
+        with errors(directory, "write in"):
+            _record_holder(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Claim(directory, fd)
+
+
+def _refuse_while_held(directory: str) -> None:
+    try:
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY)
+    except OSError:
+        return  # no lock file, or none we can read: the claim proper decides
+    try:
+        _lock(fd, fcntl.LOCK_SH, directory)
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int, kind: int, directory: str) -> None:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SexpgpuError("E-RUN-002", f"{directory} is in use by another sexpgpu run: {_describe_holder(fd)}. Two "
+                           "runs in one directory would mix their metrics and delete each other's checkpoints.",
+                           hint="Wait for that run to end, or give this one another --run-dir.") from None
+
+
+def _checkpoint_errors(path: str, doing: str):
+    return disk_errors(path, f"{doing} the checkpoint directory")
+
+
+def _try_writing(directory: str) -> None:
+    """Create and remove a file: the only test of writability that holds for root too."""
+    fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _record_holder(fd: int) -> None:
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode() + b"\n"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record, 0)
+
+
+def _describe_holder(fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0))
+        return f"pid {int(holder['pid'])} on host {str(holder['host'])[:100]!r}, started {str(holder['started'])[:40]}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not yet written its pid"  # it holds the lock and is about to
+
+
+def _refuse_another_runs_files(directory: str) -> None:
+    found = sorted(name for name in os.listdir(directory)
+                   if name in RUN_FILES or STEP_NAME.fullmatch(name) or UNFINISHED_NAME.fullmatch(name))
+    if found:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise SexpgpuError("E-RUN-001", f"{directory} already holds another run's files ({shown}); a new run "
+                           "there would overwrite them.",
+                           hint="Continue that run with --resume latest, or give this one another --run-dir.")
+
+
+def check_s3_destination(root: str, fresh: bool) -> None:
+    """Before the first step: a fresh run's checkpoints must not land among another run's, and
+    the prefix must take a write. S3 has no lock: two runs sharing a prefix are not detected."""
+    steps = [step for step, _ in list_checkpoints(root)] if fresh else []
+    if steps:
+        raise SexpgpuError("E-RUN-001", f"the checkpoint destination {root} already holds another run's committed "
+                           f"checkpoints (steps {steps[:8]}); a new run there would overwrite them.",
+                           hint="Continue that run with --resume latest, or send this run's checkpoints elsewhere "
+                                "with --checkpoint-to.")
+    probe = join(root, f".write-check-{uuid.uuid4().hex}")
+    put_object(probe, [b""], 0, "checking that the run can write", TransferSettings.from_env())
+    delete_keys([probe], "removing the write check")
+
+
+def _same_directory(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)

@@ -1,0 +1,153 @@
+"""Every `SEXPGPU_*` setting in one table: its name, the values it takes, its default and what
+it does. `check_environment()` runs at the start of every command, on every backend, so a
+value no code would accept stops the command with E-CONFIG-001 before any work, whichever
+code would have read it. Code that reads a setting calls `value(name)`, which parses it the
+same way. docs/settings.md is this table for people (a test keeps the two alike).
+
+A `SEXPGPU_*` name that is not in the table is ignored with a warning that suggests the nearest
+known name: an unknown name cannot change a run, and a warning keeps environments that carry
+other tools' variables working.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from sexpgpu.errors import SexpgpuError, nearest_name
+
+PREFIX = "SEXPGPU_"
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+# S3's multipart limits: every part but the last is 5 MiB to 5 GiB, and an upload has at most 10,000 parts.
+S3_MIN_PART, S3_MAX_PART, S3_MAX_PARTS = 5 * MIB, 5 * GIB, 10_000
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    allowed: str  # the values it takes, as the error message and the docs say them
+    default: str
+    meaning: str
+    parse: Callable[[str], object]  # text -> value, or ValueError
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        word = text.strip().lower()
+        if word not in choices:
+            raise ValueError
+        return word
+
+    return parse
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        digits = text.strip().replace("_", "")
+        if not digits.isdigit() or len(digits) > 30 or not low <= int(digits) <= high:
+            raise ValueError
+        return int(digits)
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    seconds = float(text)
+    if not 0 <= seconds <= 3600:
+        raise ValueError
+    return seconds
+
+
+def _choices_source(text: str) -> str:
+    """`fresh`, or where recorded choices are: a path or an s3://bucket/prefix URI."""
+    source = text.strip()
+    if not source or (source.startswith("s3://") and not source[len("s3://"):].split("/")[0]):
+        raise ValueError
+    return "fresh" if source.lower() == "fresh" else source
+
+
+def _any_text(text: str) -> str:
+    return text
+
+
+SETTINGS = {setting.name: setting for setting in (
+    Setting("SEXPGPU_OPTIMIZE", "on, off", "on",
+            "how much the CUDA backend fuses: `off` gives every node its own kernel and captures no "
+            "CUDA graph; both give the same bits", _one_of("on", "off")),
+    Setting("SEXPGPU_PATTERNS", "on, off", "off",
+            "whether the CUDA backend may lower recognised multi-node patterns as one kernel (it knows none "
+            "yet: the report says `patterns off`); part of a run's bits", _one_of("on", "off")),
+    Setting("SEXPGPU_DETERMINISTIC", "0, 1", "0",
+            "`1` is `--deterministic`: no measured choices", _one_of("0", "1")),
+    Setting("SEXPGPU_CHOICES", "fresh, or a path or s3://bucket/prefix", "(none)",
+            "where a run's machine choices come from, as `--choices`", _choices_source),
+    Setting("SEXPGPU_NODE_GRADIENTS", "bf16, f32", "bf16",
+            "the dtype of gradients summed between nodes", _one_of("bf16", "f32")),
+    Setting("SEXPGPU_CPU_THREADS", "an integer from 1 to 1024", "the usable CPUs, at most 8",
+            "threads the CPU interpreter splits large kernels over; never changes bits", _integer(1, 1024)),
+    Setting("SEXPGPU_S3_PART_SIZE", f"bytes, an integer from {S3_MIN_PART} (5 MiB) to {S3_MAX_PART} (5 GiB)",
+            str(64 * MIB), "the size of each part of a multipart S3 upload or ranged read",
+            _integer(S3_MIN_PART, S3_MAX_PART)),
+    Setting("SEXPGPU_S3_MULTIPART_THRESHOLD", f"bytes, an integer from 1 to {S3_MAX_PART}", str(64 * MIB),
+            "objects this large or larger are uploaded in parts", _integer(1, S3_MAX_PART)),
+    Setting("SEXPGPU_S3_WORKERS", "an integer from 1 to 64", "4",
+            "parallel S3 part transfers", _integer(1, 64)),
+    Setting("SEXPGPU_DEBUG", "0, 1", "0",
+            "`1` shows the Python traceback of an internal error", _one_of("0", "1")),
+    Setting("SEXPGPU_TEST_CHECKPOINT_KILL_AT", "a crash point name (docs/checkpoints.md)", "(none)",
+            "tests only: the process kills itself at that point of a checkpoint write", _any_text),
+    Setting("SEXPGPU_NUMERICS_REPORT", "a file path", "(none)",
+            "tests only: the JSON-lines file the GPU numerics tests append their counts to; sexpgpu never "
+            "reads it", _any_text),
+    Setting("SEXPGPU_TEST_CHECKPOINT_SLEEP", "seconds, from 0 to 3600", "(none)",
+            "tests only: a pause at every crash point", _seconds),
+)}
+
+
+MAX_NAME = max(len(name) for name in SETTINGS)
+
+
+def value(name: str, environ=None):
+    """The parsed value of a known setting, or None when it is unset or empty."""
+    environ = os.environ if environ is None else environ
+    setting = SETTINGS[name]
+    text = environ.get(name, "")
+    if not text.strip():
+        return None
+    try:
+        return setting.parse(text)
+    except ValueError:
+        raise SexpgpuError("E-CONFIG-001", f"{name} is '{_shown(text)}': expected {setting.allowed}.",
+                           hint=f"Unset it for the default ({setting.default}); docs/settings.md lists every setting.") from None
+
+
+def check_part_count(nbytes: int, part_size: int) -> None:
+    """S3 takes at most 10,000 parts an upload: refuse, before uploading, an object that needs more."""
+    if nbytes > S3_MAX_PARTS * part_size:
+        least = -(-nbytes // S3_MAX_PARTS)
+        raise SexpgpuError("E-CONFIG-001", f"an object of {nbytes} bytes needs more than S3's 10,000 parts of "
+                           f"SEXPGPU_S3_PART_SIZE={part_size} bytes: expected a part size of at least {least}.")
+
+
+def check_environment(environ=None) -> list[str]:
+    """Parse every known setting (E-CONFIG-001 on the first bad one) and return one warning
+    for each unknown `SEXPGPU_*` name."""
+    environ = os.environ if environ is None else environ
+    warnings = []
+    for name in sorted(key for key in environ if key.startswith(PREFIX)):
+        if name in SETTINGS:
+            value(name, environ)
+            continue
+        # The edit distance is quadratic in the name's length: no suggestion for a very long name.
+        suggestion = nearest_name(name, SETTINGS) if len(name) <= 2 * MAX_NAME else None
+        guess = f" Did you mean {suggestion}?" if suggestion else ""
+        warnings.append(f"warning: {_shown(name)} is not a setting sexpgpu knows, so it changes nothing.{guess}")
+    return warnings
+
+
+def _shown(text: str) -> str:
+    """At most 60 characters, control characters escaped."""
+    cut = text if len(text) <= 60 else text[:60] + "..."
+    return cut.encode("unicode_escape").decode("ascii")
