@@ -17,6 +17,7 @@ matches a snippet fails the test, so the lists stay as short as the documents al
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -222,3 +223,24 @@ def test_the_documents_hold_snippets_of_every_kind():
     kinds = {kind_of(block) for block in RUNNABLE}
     assert kinds == {"experiment", "shell", "python"}
     assert len(RUNNABLE) >= 10
+
+
+def test_the_readme_commands_and_flags_run(tmp_path, monkeypatch, capsys):
+    # README.md's table of commands: each command and flag, on the first example cut short.
+    examples_copy(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    example = Path("examples/tiny-adam.sexp")
+    example.write_text(re.sub(r":checkpoint\s+\d+", ":checkpoint 1", example.read_text()))
+    table = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("\n\n", 2)[1]
+    for synopsis in ("sexpgpu run FILE [SELECTION]", "sexpgpu check FILE [SELECTION]", "sexpgpu checkpoint PATH [--json]"):
+        assert f"`{synopsis}`" in table
+    for flag in ("--run-dir", "--device auto/cpu/cuda", "--resume PATH/latest", "--checkpoint-to"):
+        assert f"`{flag}`" in table
+    run_cli(capsys, ["check", str(example), "tiny-adam"])
+    run_cli(capsys, ["run", str(example), "tiny-adam", "--device", "cpu", "--run-dir", "runs/a"])
+    assert "step        2" in run_cli(capsys, ["checkpoint", "runs/a/step-2"])
+    assert json.loads(run_cli(capsys, ["checkpoint", "runs/a/step-2", "--json"]))["step"] == 2
+    run_cli(capsys, ["run", str(example), "--device", "auto", "--run-dir", "runs/a", "--resume", "runs/a/step-1"])
+    run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/a", "--resume", "latest"])
+    run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/b", "--checkpoint-to", "elsewhere"])
+    assert sorted(path.name for path in Path("elsewhere").iterdir()) == ["step-1", "step-2"]
