@@ -97,3 +97,25 @@ def assert_private(folder) -> None:
     found = os.lstat(folder)
     assert stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid()
     assert found.st_mode & 0o077 == 0, oct(found.st_mode)
+
+
+def test_a_planted_bytecode_cache_is_not_run_in_place_of_the_checked_source(home):
+    # Python's file loader runs __pycache__'s bytecode when its recorded source size and
+    # time match the file: checking the source's hash would not be enough.
+    import importlib._bootstrap_external as external
+    import importlib.util
+
+    source = genuine_source()
+    folder = home / ".cache" / "sexpgpu" / "kernels"
+    folder.mkdir(parents=True, mode=0o700)
+    path = planted_path(folder, source)
+    path.write_text(source)
+    tampered = "def kernel():\n    return 'tampered'\n"
+    tampered += "#" * (len(source) - len(tampered) - 1) + "\n"
+    found = os.stat(path)
+    bytecode = external._code_to_timestamp_pyc(compile(tampered, str(path), "exec"), found.st_mtime, found.st_size)
+    cached = importlib.util.cache_from_source(str(path))
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    with open(cached, "wb") as handle:
+        handle.write(bytecode)
+    assert kernels.load_kernel(source)() == "genuine"

@@ -19,10 +19,10 @@ call them from an interpreted kernel.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import stat
 import tempfile
+import types
 from dataclasses import dataclass
 
 HEADER = "import triton\nimport triton.language as tl\n"
@@ -87,9 +87,11 @@ def load_kernel(source: str):
     if digest in _loaded:
         return _loaded[digest]
     path = _cached_file(kernel_folder(), source)
-    spec = importlib.util.spec_from_file_location(f"sexpgpu_kernel_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Run the source this process generated, compiled here, never bytecode from __pycache__;
+    # the file (whose content was just checked) is what Triton reads the kernel's text from.
+    module = types.ModuleType(f"sexpgpu_kernel_{digest}")
+    module.__file__ = path
+    exec(compile(source, path, "exec"), module.__dict__)
     _loaded[digest] = module.kernel
     return module.kernel
 
