@@ -1,13 +1,16 @@
 """Generated source to a launchable Triton kernel.
 
 Triton reads a kernel's source from its file, so each generated kernel is written once to
-`~/.cache/sexpgpu/kernels/k_<sha256>.py` and imported from there. Since importing a file runs
-it, the cache is guarded: the folder must belong to this user and be writable by no one else
-(`private_folder`), and a cached file is imported only when its content's hash is the one its
-name gives; any other content is replaced by the generated source first. When the home cache
-cannot be used, a fresh private folder from `tempfile.mkdtemp` holds this process's kernels:
-never a predictable shared path, which another user could create first. Every launch passes `enable_fp_fusion=False`: no multiply-add is
-contracted into an FMA, so a generated kernel rounds where its expression says.
+`~/.cache/sexpgpu/kernels/k_<sha256>.py`. Whoever can write that file could run code in the
+next CUDA run, so the cache is guarded: the folder must belong to this user and be writable by
+no one else (`private_folder`); a cached file is kept only when its content's hash is the one
+its name gives, and rewritten otherwise; and what runs is the source this process generated,
+compiled in memory, never the file's bytecode cache. When the home cache cannot be used, a
+fresh private folder from `tempfile.mkdtemp` holds this process's kernels: never a
+predictable shared path, which another user could create first.
+
+Every launch passes `enable_fp_fusion=False`: no multiply-add is contracted into an FMA, so a
+generated kernel rounds where its expression says.
 
 Generated kernels use Triton's core operations and this package's own device functions
 only, never the @triton.jit functions of triton.language.standard (tl.sum, tl.zeros, ...):
