@@ -72,8 +72,9 @@ def _edit_distance(a: str, b: str) -> int:
 
 # `scheme://user:password@host`: everything between the scheme and the @ is a credential.
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
-# Environment variables whose values are secrets wherever they turn up.
-_SECRET_VARIABLE = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|^AWS_ACCESS_KEY_ID$")
+# Environment variables whose values are secrets wherever they turn up; a name ending in
+# _FILE, _PATH or _DIR holds where a secret is (AWS_WEB_IDENTITY_TOKEN_FILE), not the secret.
+_SECRET_VARIABLE = re.compile(r"^(?!.*_(FILE|PATH|DIR)$).*(SECRET|TOKEN|PASSWORD|PASSWD)|^AWS_ACCESS_KEY_ID$")
 _SHORTEST_SECRET = 4  # shorter values would blank out ordinary words
 
 

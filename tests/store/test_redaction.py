@@ -55,3 +55,11 @@ def test_secrets_of_the_environment_are_never_shown(s3, tmp_path, capsys):
 def test_redact_removes_the_user_part_of_urls_only(shown, redacted):
     assert redact(shown) == redacted
     assert SexpgpuError("E-S3-001", shown, hint=shown).render() == f"error E-S3-001: {redacted} {redacted}"
+
+
+def test_redact_hides_secret_variables_but_not_where_secrets_are_kept(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_token_value_123")
+    monkeypatch.setenv("DATABASE_PASSWORD", "pa55word")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token-file")
+    shown = "hf_token_value_123 pa55word /var/run/token-file"
+    assert redact(shown) == "*** *** /var/run/token-file"
