@@ -205,6 +205,7 @@ def test_the_snippet_runs_as_documented(block, tmp_path, monkeypatch, capsys):
     kind = kind_of(block)
     if kind == "python":
         monkeypatch.chdir(ROOT)  # the snippets name files as seen from the repository
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # a process group listens on loopback only
         run_python(block, tmp_path)
         return
     monkeypatch.chdir(tmp_path)
