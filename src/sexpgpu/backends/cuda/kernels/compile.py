@@ -21,8 +21,10 @@ call them from an interpreted kernel.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
 import stat
 import tempfile
 import types
@@ -59,6 +61,7 @@ def kernel_folder() -> str:
         return folder
     if not _fallback_folder:
         _fallback_folder.append(tempfile.mkdtemp(prefix="sexpgpu-kernels-"))
+        atexit.register(shutil.rmtree, _fallback_folder[0], ignore_errors=True)
     return _fallback_folder[0]
 
 
