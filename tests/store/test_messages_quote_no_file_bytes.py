@@ -42,3 +42,21 @@ def test_a_text_file_is_told_what_a_safetensors_file_starts_with(tmp_path):
     with pytest.raises(SexpgpuError) as caught:
         load_parameter(str(path), "w", (1,), "model/w")
     assert "starts with the little-endian length of its JSON header" in caught.value.message
+
+
+@pytest.mark.parametrize("content, quoted", [
+    (b"password=hunter2\n", ["hunter2", "allow_pickle", "unsafely"]),
+    (b"\x93NUMPY\x01\x00secret-npy", ["secret", str(int.from_bytes(b"se", "little"))]),
+    (b"PK\x03\x04secret-zip-bytes", ["secret"]),
+])
+def test_a_record_file_that_is_not_npz_quotes_none_of_it(tmp_path, content, quoted):
+    from sexpgpu.data.records import read_record_file
+
+    path = tmp_path / "records.npz"
+    path.write_bytes(content)
+    with pytest.raises(SexpgpuError) as caught:
+        read_record_file(str(path))
+    text = caught.value.render()
+    assert caught.value.code == "E-DATA-002" and "numpy.savez" in text
+    for piece in quoted:
+        assert piece not in text, text

@@ -53,6 +53,10 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
         raise SexpgpuError("E-DATA-001", f"no record file at '{path}'.") from None
     except safetensors_io.SafetensorsFormatError as error:
         raise SexpgpuError("E-DATA-002", f"'{path}' is not a valid safetensors file: {error}.") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as error:
-        raise SexpgpuError("E-DATA-002", f"cannot read the record file '{path}': {error}") from None
+    except (ValueError, zipfile.BadZipFile):
+        # numpy's own messages quote the file's header, or advise loading pickles unsafely
+        raise SexpgpuError("E-DATA-002", f"'{path}' is not a readable .npz file: expected a zip archive of "
+                           ".npy arrays as numpy.savez writes it, with no pickled objects.") from None
+    except OSError as error:
+        raise SexpgpuError("E-DATA-002", f"cannot read the record file '{path}': {error.strerror or error}.") from None
     raise SexpgpuError("E-DATA-002", f"'{path}' is not a record file: expected a .safetensors or .npz file.")
