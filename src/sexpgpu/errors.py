@@ -8,6 +8,8 @@ as a traceback.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 
@@ -28,9 +30,9 @@ class SexpgpuError(Exception):
 
     def __init__(self, code: str, message: str, location: Location | None = None, hint: str | None = None):
         self.code = code
-        self.message = message
+        self.message = redact(message)
         self.location = location
-        self.hint = hint
+        self.hint = redact(hint) if hint else hint
         super().__init__(self.render())
 
     def render(self) -> str:
@@ -66,3 +68,24 @@ def _edit_distance(a: str, b: str) -> int:
             current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
         previous = current
     return previous[-1]
+
+
+# `scheme://user:password@host`: everything between the scheme and the @ is a credential.
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
+# Environment variables whose values are secrets wherever they turn up; a name ending in
+# _FILE, _PATH or _DIR holds where a secret is (AWS_WEB_IDENTITY_TOKEN_FILE), not the secret.
+_SECRET_VARIABLE = re.compile(r"^(?!.*_(FILE|PATH|DIR)$).*(SECRET|TOKEN|PASSWORD|PASSWD)|^AWS_ACCESS_KEY_ID$")
+_SHORTEST_SECRET = 4  # shorter values would blank out ordinary words
+
+
+def redact(text: str) -> str:
+    """`text` without credentials: the user part of every URL, and the value of every secret
+    environment variable (AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, ...), become ***.
+
+    Every SexpgpuError passes its message and hint through here, so an endpoint such as
+    http://KEY:SECRET@host or a server's reply that quotes a key never reaches the user."""
+    text = _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+    for name, value in sorted(os.environ.items()):
+        if _SECRET_VARIABLE.search(name) and len(value) >= _SHORTEST_SECRET:
+            text = text.replace(value, "***")
+    return text

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from exact_random import wide_random
+from sockets import listening_sockets
 from sexpgpu.exact import DetLinear, det_all_reduce, det_finalize, det_gemm_partial
 
 GEMM_SHAPE = (8, 6, 203)  # M, N, K
@@ -63,10 +64,28 @@ def say(line: str) -> None:
     os.write(1, (line + "\n").encode())  # one write per line: ranks share stdout
 
 
-def run(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def join_world(rank: int, world: int, out_dir: str) -> None:
+    """Join a gloo world that listens on the loopback interface only: the ranks meet through a
+    file (torch's TCPStore would listen on every interface), and gloo binds to `lo`."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'store')}", rank=rank, world_size=world)
+
+
+def record_listening(rank: int, world: int, out_dir: str) -> None:
+    """Save what this rank listens on once its world is up."""
+    join_world(rank, world, out_dir)
+    try:
+        dist.barrier()
+        listening = [str(socket) for socket in listening_sockets() if not socket.loopback_only]
+        torch.save({"listening": len(listening_sockets()), "exposed": listening}, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run(rank: int, world: int, out_dir: str) -> None:
+    join_world(rank, world, out_dir)
     try:
         x, w = gemm_operands()
         bounds = uneven_k_bounds(world)

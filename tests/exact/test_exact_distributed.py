@@ -1,7 +1,6 @@
 """det_all_reduce over gloo: K-sharded GEMMs and data-parallel DetLinear at world sizes 1, 2, 4."""
 
 import re
-import socket
 import time
 
 import pytest
@@ -12,16 +11,8 @@ import exact_dist_worker as worker
 from sexpgpu.exact import det_gemm
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_world(world: int, out_dir, timeout_s: float = 240.0) -> list[dict]:
-    context = mp.start_processes(
-        worker.run, args=(world, free_port(), str(out_dir)), nprocs=world, join=False, start_method="fork"
-    )
+def run_world(world: int, out_dir, timeout_s: float = 240.0, job=worker.run) -> list[dict]:
+    context = mp.start_processes(job, args=(world, str(out_dir)), nprocs=world, join=False, start_method="fork")
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -45,6 +36,12 @@ def test_sharded_gemm_and_data_parallel_det_linear_match_one_process(world, tmp_
         said = re.findall(rf"rank (\d+) of {world}: {what} digest ([0-9a-f]+)", printed)
         assert sorted(int(rank) for rank, _ in said) == list(range(world))
         assert {digest for _, digest in said} == {worker.digest(value)}
+
+
+def test_a_world_listens_on_the_loopback_interface_only(tmp_path):
+    results = run_world(2, tmp_path, job=worker.record_listening)
+    assert all(result["listening"] > 0 for result in results)  # gloo's own connections
+    assert [result["exposed"] for result in results] == [[], []]
 
 
 def test_float32_data_parallel_training_is_not_this_exact():

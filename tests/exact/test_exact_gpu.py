@@ -2,14 +2,13 @@
 the oracle, and the composition guarantees. Skipped where no CUDA device is present."""
 
 import functools
-import os
-import socket
 
 import pytest
 import torch
 
 from exact_oracle import oracle_gemm, same_bits
 from exact_random import random_cuts, random_fold, shard_partials, wide_random
+from sockets import listening_sockets
 from sexpgpu.exact import (
     DetLinear,
     backends,
@@ -114,19 +113,19 @@ def test_det_linear_on_cuda_gives_the_cpu_bits():
         assert torch.equal(on_cpu, on_cuda)
 
 
-def test_det_all_reduce_through_nccl_at_world_size_one():
+def test_det_all_reduce_through_nccl_at_world_size_one(tmp_path, monkeypatch):
     # One GPU here: NCCL's int64 all-reduce path at world size 1 (more GPUs were not available).
+    # The rank meets its world through a file, not a TCPStore (which would listen on every
+    # interface), and NCCL's own sockets use the loopback interface.
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl", rank=0, world_size=1)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         generator = torch.Generator().manual_seed(64)
         x, w = wide_random((32, 500), torch.float32, generator).cuda(), wide_random((16, 500), torch.float32, generator).cuda()
         acc = det_all_reduce(det_gemm_partial(x, w))
         assert torch.equal(det_finalize(acc), det_gemm(x, w))
+        assert [str(s) for s in listening_sockets() if not s.loopback_only] == []
     finally:
         dist.destroy_process_group()

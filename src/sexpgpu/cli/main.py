@@ -9,7 +9,7 @@ import sys
 
 from sexpgpu import __version__
 from sexpgpu import settings
-from sexpgpu.errors import SexpgpuError
+from sexpgpu.errors import SexpgpuError, redact
 
 DESCRIPTION = """\
 SexpGPU trains neural networks from S-expression experiment files. A run's bits are a
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # an internal bug: say so in one paragraph, traceback on request
         if os.environ.get("SEXPGPU_DEBUG", "").strip() == "1":  # checked before any command ran
             raise
-        print(f"internal error in sexpgpu {__version__}: {type(error).__name__}: {error}. This is a bug; "
+        print(f"internal error in sexpgpu {__version__}: {type(error).__name__}: {redact(str(error))}. This is a bug; "
               "run again with SEXPGPU_DEBUG=1 for the traceback and report it.", file=sys.stderr)
         return 3
 

@@ -8,6 +8,7 @@ import zipfile
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.store import safetensors_io
 
 _DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32"}
 
@@ -45,11 +46,17 @@ def _read_tensors(path: str) -> dict[str, np.ndarray]:
             with np.load(path, allow_pickle=False) as archive:
                 return {name: archive[name] for name in archive.files}
         if path.endswith(".safetensors"):
-            from sexpgpu.store.safetensors import load_file
-
-            return load_file(path)
+            with open(path, "rb") as file:
+                data = file.read()
+            return safetensors_io.decode_all(safetensors_io.parse_header(data, len(data)), data)
     except FileNotFoundError:
         raise SexpgpuError("E-DATA-001", f"no record file at '{path}'.") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as error:
-        raise SexpgpuError("E-DATA-002", f"cannot read the record file '{path}': {error}") from None
+    except safetensors_io.SafetensorsFormatError as error:
+        raise SexpgpuError("E-DATA-002", f"'{path}' is not a valid safetensors file: {error}.") from None
+    except (ValueError, zipfile.BadZipFile):
+        # numpy's own messages quote the file's header, or advise loading pickles unsafely
+        raise SexpgpuError("E-DATA-002", f"'{path}' is not a readable .npz file: expected a zip archive of "
+                           ".npy arrays as numpy.savez writes it, with no pickled objects.") from None
+    except OSError as error:
+        raise SexpgpuError("E-DATA-002", f"cannot read the record file '{path}': {error.strerror or error}.") from None
     raise SexpgpuError("E-DATA-002", f"'{path}' is not a record file: expected a .safetensors or .npz file.")

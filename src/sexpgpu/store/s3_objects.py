@@ -2,8 +2,8 @@
 
 The client follows the standard AWS configuration: credentials and region from the
 environment, ~/.aws or an instance role, and `AWS_ENDPOINT_URL` for an S3-compatible store.
-Messages name buckets and keys, never credentials: any text that came from a server passes
-through `_scrub` first.
+Messages name buckets and keys, never credentials: SexpgpuError redacts every message
+(`errors.redact`), the endpoint's user part and any secret the environment holds included.
 
 Large objects go up as multipart uploads and come down as parallel ranged reads. Parts are
 `TransferSettings.part_size` bytes (S3 takes at least 5 MiB for every part but the last).
@@ -76,12 +76,12 @@ def s3_errors(uri: str, doing: str):
         raise SexpgpuError("E-S3-002", f"no AWS credentials were found for {doing} {uri}.",
                            hint="Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role.") from None
     except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError, bx.ConnectionClosedError) as error:
-        raise SexpgpuError("E-S3-001", f"cannot reach the S3 endpoint {_endpoint()} for {doing} {uri}: {_scrub(str(error))}.",
+        raise SexpgpuError("E-S3-001", f"cannot reach the S3 endpoint {_endpoint()} for {doing} {uri}: {str(error)}.",
                            hint="Check AWS_ENDPOINT_URL, the network, and that the store is running.") from None
     except bx.ClientError as error:
         _raise_client_error(error, uri, doing)
     except bx.BotoCoreError as error:
-        raise SexpgpuError("E-S3-004", f"S3 request for {doing} {uri} failed: {_scrub(str(error))}") from None
+        raise SexpgpuError("E-S3-004", f"S3 request for {doing} {uri} failed: {str(error)}") from None
 
 
 def _raise_client_error(error, uri: str, doing: str):
@@ -99,21 +99,12 @@ def _raise_client_error(error, uri: str, doing: str):
         raise MissingFile(uri) from None
     if code == "PreconditionFailed" or status == 412:
         raise ObjectChanged(uri) from None
-    message = _scrub(str(info.get("Message", "")))
+    message = str(info.get("Message", ""))
     raise SexpgpuError("E-S3-004", f"S3 refused {doing} {uri}: {code} (HTTP {status}) {message}".rstrip()) from None
 
 
 def _endpoint() -> str:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "(the AWS default)"
-
-
-def _scrub(text: str) -> str:
-    """Remove every credential value the environment holds from `text`."""
-    for name in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
-        value = os.environ.get(name)
-        if value:
-            text = text.replace(value, "***")
-    return text
 
 
 def get_bytes(uri: str, doing: str) -> bytes:

@@ -146,15 +146,22 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_bytes: int | None 
     """
     if len(prefix) < 8:
         raise SafetensorsFormatError(f"file is {len(prefix)} bytes, shorter than the 8-byte header length")
+    # Messages describe the bytes, never quote them: a file that is not safetensors at all
+    # would otherwise have its first bytes echoed back as a "length".
     (length,) = struct.unpack("<Q", bytes(prefix[:8]))
     if length > MAX_HEADER_BYTES:
-        raise SafetensorsFormatError(f"header length {length} is over the {MAX_HEADER_BYTES}-byte limit")
+        raise SafetensorsFormatError(
+            f"its first 8 bytes are not a header length of at most {MAX_HEADER_BYTES // 2**20} MiB, as a "
+            f"safetensors file starts with the little-endian length of its JSON header; the value is over the limit")
     if len(prefix) < 8 + length:
-        raise SafetensorsFormatError(f"header says {length} bytes but the file ends after {len(prefix) - 8}")
+        raise SafetensorsFormatError(f"the header length in its first 8 bytes goes past the end: the file ends "
+                                     f"{len(prefix) - 8} bytes after them")
     try:
         header = json.loads(bytes(prefix[8 : 8 + length]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SafetensorsFormatError(f"header is not UTF-8 JSON: {error}") from None
+    except UnicodeDecodeError as error:
+        raise SafetensorsFormatError(f"header is not UTF-8 JSON: byte {error.start} of it is not UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise SafetensorsFormatError(f"header is not UTF-8 JSON: {error.msg} at byte {error.pos} of it") from None
     if not isinstance(header, dict):
         raise SafetensorsFormatError("header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -173,11 +180,11 @@ def _entry(name: str, spec) -> TensorEntry:
         raise SafetensorsFormatError(f"tensor '{name}' needs exactly dtype, shape and data_offsets")
     dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
     if dtype not in STORED_DTYPES:
-        raise SafetensorsFormatError(f"tensor '{name}' has dtype {dtype!r}, not one of {sorted(STORED_DTYPES)}")
+        raise SafetensorsFormatError(f"tensor '{name}' has a dtype that is not one of {', '.join(STORED_DTYPES)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise SafetensorsFormatError(f"tensor '{name}' has shape {shape!r}, not a list of non-negative integers")
+        raise SafetensorsFormatError(f"tensor '{name}' has a shape that is not a list of non-negative integers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0 for o in offsets)):
-        raise SafetensorsFormatError(f"tensor '{name}' has data_offsets {offsets!r}, not two non-negative integers")
+        raise SafetensorsFormatError(f"tensor '{name}' has data_offsets that are not two non-negative integers")
     begin, end = offsets
     expected = math.prod(shape) * STORED_DTYPES[dtype].itemsize
     if end - begin != expected:
