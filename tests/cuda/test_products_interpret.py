@@ -117,3 +117,33 @@ def test_the_recompute_budget_is_the_policys_and_moves_only_where_values_are_com
     assert CudaBackend(device="cpu").policy.budget == 9.0
     with pytest.raises(ValueError, match="positive number of flops a byte"):
         FusionPolicy("on", 0.0)
+
+
+def test_the_probes_product_graph_has_the_shape_it_times():
+    from sexpgpu.backends.cuda.probe import product_graph
+
+    for shape in (ProductShape(M, N, 512), ProductShape(M, N, 512, batch=3, a_transposed=True),
+                  ProductShape(M, N, 512, b_transposed=True)):
+        backend = CudaBackend(device="cpu", policy=FusionPolicy(products={shape.key(): "split-k 2"}))
+        (step,) = backend.lowered(product_graph(shape)).steps[-1:]
+        assert step.kind == "matmul" and len(step.writes) == 2  # the map's key matched the lowered product
+
+
+def test_the_probes_memory_grows_with_the_stacking_degree():
+    from sexpgpu.backends.cuda.probe import CudaProbe
+    from sexpgpu.graph import compile_program
+    from sexpgpu.lang.forms import parse_experiment, select_run
+    from sexpgpu.lang.reader import read_text
+
+    text = """
+(defgraph net (x) (linear (tanh (linear x :out 64 :as fc)) :out 3 :as head))
+(defrun r :seed 9 :data (records "d.npz") :model (net x) :loss (cross-entropy y)
+  :optimizer (adam :lr 0.1) :batch 32 :microbatches 4 :steps 1)
+"""
+    experiment = select_run(parse_experiment(read_text(text, "t.sexp"), "t.sexp", ""), None)
+    program = compile_program(experiment, {"x": ((16,), "f32"), "y": ((), "i32")})
+    probe = CudaProbe(CudaBackend(device="cpu"))
+    peaks = [probe.training_peak_bytes(program.training, degree) for degree in (1, 2, 4)]
+    assert peaks[0] < peaks[1] < peaks[2]
+    stacked_fields = 4 * 32 * (16 + 1) * 4  # four microbatches of x and y in the stacked call's inputs
+    assert peaks[2] - peaks[0] >= stacked_fields - 32 * 17 * 4
