@@ -147,3 +147,17 @@ def test_the_probes_memory_grows_with_the_stacking_degree():
     assert peaks[0] < peaks[1] < peaks[2]
     stacked_fields = 4 * 32 * (16 + 1) * 4  # four microbatches of x and y in the stacked call's inputs
     assert peaks[2] - peaks[0] >= stacked_fields - 32 * 17 * 4
+
+
+def test_the_probe_lists_a_graphs_float32_products_once_each():
+    from sexpgpu.backends.cuda.probe import CudaProbe
+
+    e = Emitter()
+    a, b = e.input("a", "f32", (2, M, K)), e.input("b", "f32", (K, N))
+    half = e.input("h", "bf16", (M, K))
+    first = e("matmul", a, b)
+    again = e("matmul", e("neg", a), b)
+    rounded = e("matmul", half, e("cast", b, dtype="bf16"))
+    graph = e.graph({"a": a, "b": b, "h": half}, {"c": first, "d": again, "r": rounded})
+    shapes = CudaProbe(CudaBackend(device="cpu")).product_shapes(graph)
+    assert shapes == (ProductShape(2 * M, N, K),)  # the rows fold; the bf16 product has no choice

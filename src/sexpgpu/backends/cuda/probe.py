@@ -109,6 +109,12 @@ class CudaProbe:
 
         return self._median_seconds(step)
 
+    def product_shapes(self, graph) -> tuple:
+        """The float32 products of `graph` as lowered here, each shape once, in step order:
+        the keys a products map may name for it."""
+        shapes = [step.product for step in self.backend.lowered(graph).steps if getattr(step, "product", None)]
+        return tuple(dict.fromkeys(shapes))
+
     def product_implementations(self, shape: ProductShape) -> tuple:
         return implementations(shape)
 

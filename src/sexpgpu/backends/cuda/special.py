@@ -27,7 +27,7 @@ def matmul(lowerer, node) -> None:
     key = lowerer.result_buffer(node)
     form = _product(left_view, right_view, node.shape)
     implementation = ORDINARY
-    if form.shape is not None and node.dtype == "f32":  # the plan's choice for a long f32 product
+    if form.shape is not None and node.dtype == "f32":  # the plan's choice for a float32 product
         implementation = lowerer.policy.products.get(form.shape.key(), ORDINARY)
     writes = (key,)
     if implementation != ORDINARY:
@@ -41,7 +41,8 @@ def matmul(lowerer, node) -> None:
         else:
             run_product(implementation, *form.batched(*operands), env[writes[1]])
 
-    lowerer.steps.append(TorchStep(run, (left, right), writes, "matmul"))
+    choosable = form.shape if node.dtype == "f32" else None
+    lowerer.steps.append(TorchStep(run, (left, right), writes, "matmul", product=choosable))
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
