@@ -95,9 +95,8 @@ class CudaProbe:
         step); each call's fields are them repeated `degree` times. The update is left out:
         it is the same at every degree."""
         micro = stack_training(training, degree).micro
-        call = {name: _stacked(value, degree) if name.startswith("field/") else value
+        call = {name: self._stacked(value, degree) if name.startswith("field/") else value
                 for name, value in inputs.items() if name in micro.inputs}
-        call = {name: self.backend.from_host(value) if isinstance(value, np.ndarray) else value for name, value in call.items()}
         calls = training.microbatches // degree
 
         def step():
@@ -137,6 +136,11 @@ class CudaProbe:
         bandwidth = 2.0 * COPY_BYTES / self._median_seconds(copy_work(self.device, COPY_BYTES))
         return Throughput(flops, bandwidth)
 
+    def _stacked(self, value, degree: int):
+        """A field of one microbatch as `degree` microbatches' (the values do not matter to a timing)."""
+        array = self.backend.to_host(value)
+        return self.backend.from_host(np.concatenate([array] * degree) if degree > 1 else array)
+
     def _median_seconds(self, work) -> float:
         torch = self.torch
         work()  # compiles, allocates and warms cuBLAS up
@@ -166,8 +170,3 @@ def product_graph(shape: ProductShape):
 
 def _bytes(nodes: dict) -> int:
     return sum(node.nbytes for node in nodes.values())
-
-
-def _stacked(value, degree: int):
-    array = np.asarray(value)
-    return np.concatenate([array] * degree) if degree > 1 else array

@@ -161,3 +161,35 @@ def test_the_probe_lists_a_graphs_float32_products_once_each():
     graph = e.graph({"a": a, "b": b, "h": half}, {"c": first, "d": again, "r": rounded})
     shapes = CudaProbe(CudaBackend(device="cpu")).product_shapes(graph)
     assert shapes == (ProductShape(2 * M, N, K),)  # the rows fold; the bf16 product has no choice
+
+
+STACKED_RUN = """
+(defgraph net (x)
+  (let h (dropout (tanh (linear x :out 6 :as fc)) :p 0.25 :salt :step))
+  (linear (add h (normal (batch 6) :std 0.1)) :out 3 :as head))
+(defrun r :seed 9 :data (records "d.npz") :model (net x) :loss (cross-entropy y)
+  :optimizer (sgd :lr 0.1) :batch 2 :microbatches 4 :steps 1)
+"""
+
+
+def test_the_cuda_backend_runs_a_stacked_graph_as_the_interpreter_does():
+    from sexpgpu.backends.cpu import Interpreter
+    from sexpgpu.graph import compile_program
+    from sexpgpu.graph.stacking import stack_training
+    from sexpgpu.lang.forms import parse_experiment, select_run
+    from sexpgpu.lang.reader import read_text
+
+    experiment = select_run(parse_experiment(read_text(STACKED_RUN, "t.sexp"), "t.sexp", ""), None)
+    program = compile_program(experiment, {"x": ((3,), "f32"), "y": ((), "i32")})
+    micro = stack_training(program.training, 4).micro
+    rng = np.random.default_rng(4)
+    values = {name: (rng.integers(0, 3, node.shape).astype(np.int32) if node.dtype == "i32"
+                     else rng.standard_normal(node.shape).astype(np.float32))
+              for name, node in micro.inputs.items() if name != "step"}
+    values["step"] = np.int32(3)
+    want = Interpreter().run(micro, values)
+    backend = CudaBackend(device="cpu")
+    got = {name: backend.to_host(value) for name, value in backend.run(micro, values).items()}
+    assert got["loss"].shape == (4,)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
