@@ -83,6 +83,7 @@ def test_split_k_sums_its_partial_products_in_one_fixed_order(parts):
 
 
 def test_the_backend_offers_splits_only_where_k_is_divisible_and_long():
+    assert ProductShape(4096, 512, 2048).key() == "1x4096x512x2048 NN"  # as docs/cuda.md shows a key
     assert implementations(ProductShape(8, 8, 1024)) == ALL
     assert implementations(ProductShape(8, 8, 512)) == ("ordinary", "transposed", "split-k 2")
     assert implementations(ProductShape(8, 8, 1001)) == implementations(ProductShape(8, 8, 300)) == ("ordinary", "transposed")
