@@ -12,9 +12,11 @@ The stacked microbatch graph is built again from the experiment with the batch `
 - the loss is built once for each of those slices of the model's output and targets, exactly
   as the unstacked graph builds it for one microbatch (its draws renumbered alike), so output
   `loss` is the vector of the `degree` microbatch losses, f32[degree], in microbatch order;
-- the gradients are those of ((loss_0 + loss_1) + ...) + loss_{degree-1}: the sum of the
-  microbatches' gradients, as the run loop sums them unstacked, with the sums over records
-  in another order (the only difference between a stacked and an unstacked step);
+- the gradients are the sum of the microbatches' gradients, as the run loop sums them
+  unstacked: each microbatch's cotangent of the model output comes from its own loss (the
+  unstacked graph's bits), the cotangents are concatenated, and the model's backward runs
+  once over the stacked batch, summing over its records in another order (the only
+  difference between a stacked and an unstacked step);
 - a draw whose first axis is the stacked batch is `degree` copies of the unstacked draw on
   that axis (attribute `repeats`): element i draws the index i mod (its size / degree). An
   unsalted or :step-salted draw is the same in every microbatch of a step, so each stacked
@@ -34,6 +36,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import replace
 
+from sexpgpu.graph.autodiff import gradients
 from sexpgpu.graph.build import Builder
 from sexpgpu.graph.emit import Emitter
 from sexpgpu.graph.ops import OPS, dims_text
@@ -154,33 +157,41 @@ def _stacked_micro(experiment, micro, degree: int):
         reasons.append(f"the model's output {dims_text(output.shape)} does not hold the records on its first axis")
     if reasons:
         raise StackingRefused(reasons)
-    losses = _microbatch_losses(experiment, builder, output, degree)
-    total = losses[0]
+    model_nodes = len(e.nodes)
+    losses, pieces = _microbatch_losses(experiment, builder, output, degree)
+    own = [node.name or "top level" for node in e.nodes[model_nodes:]
+           if any(source.op == "input" and source in builder.param_nodes.values() for source in node.inputs)]
+    if own:
+        raise StackingRefused([f"the loss reads parameters of its own (at '{own[0]}')"])
     with e.at(scope="", loc=run.loss.loc):
-        for loss in losses[1:]:
-            total = e("add", total, loss)
+        # each microbatch's cotangent of the model output, from its own loss alone, then
+        # the model's backward once over the stacked batch: the step's summed gradients
+        cotangents = [gradients(e, loss, [piece])[0] for loss, piece in zip(losses, pieces)]
+        seed = e("concat", *cotangents, axis=0)
         vector = e("concat", *[e("reshape", loss, shape=(1,)) for loss in losses], axis=0)
-    return micro_graph(experiment, builder, total, vector)
+    return micro_graph(experiment, builder, output, vector, seed)
 
 
-def _microbatch_losses(experiment, builder: _StackingBuilder, output, degree: int) -> list:
-    """The loss of each microbatch's slice, built as the unstacked graph builds it: with the
-    batch of one microbatch and the draw counters where the model left them."""
+def _microbatch_losses(experiment, builder: _StackingBuilder, output, degree: int) -> tuple:
+    """(the loss of each microbatch's slice, that slice of the model output), built as the
+    unstacked graph builds them: with the batch of one microbatch and the draw counters
+    where the model left them."""
     loss = experiment.run.loss
     e, one = builder.e, builder.batch // degree
     locs = loss.field_locs or (loss.loc,) * len(loss.fields)
     targets = [builder.field(name, loc) for name, loc in zip(loss.fields, locs)]
     counters = builder.draw_counters()
     builder.batch, builder.repeating = one, False
-    losses = []
+    losses, pieces = [], []
     for index in range(degree):
         builder.restore_draw_counters(counters)
         with e.at(scope="", loc=loss.loc):
-            piece, *pieces = [e("slice", node, axis=0, start=index * one, stop=(index + 1) * one) for node in [output] + targets]
-            value, _ = loss_of(experiment, builder, piece, pieces, metrics=False)
+            piece, *labels = [e("slice", node, axis=0, start=index * one, stop=(index + 1) * one) for node in [output] + targets]
+            value, _ = loss_of(experiment, builder, piece, labels, metrics=False)
         losses.append(value)
+        pieces.append(piece)
     builder.batch, builder.repeating = one * degree, True
-    return losses
+    return losses, pieces
 
 
 # --- does the graph keep each record to itself? ---------------------------------------------------

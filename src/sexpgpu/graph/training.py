@@ -106,13 +106,13 @@ def build_micro(experiment, fields: dict):
     return micro_graph(experiment, builder, loss, loss), builder
 
 
-def micro_graph(experiment, builder: Builder, loss: Node, loss_output: Node):
-    """The graph of `loss_output` (as output `loss`) and the gradient of `loss` for each
-    parameter, in path order."""
+def micro_graph(experiment, builder: Builder, loss: Node, loss_output: Node, seed: Node | None = None):
+    """The graph of `loss_output` (as output `loss`) and the gradient of `loss` (with the
+    cotangent `seed`, autodiff.gradients) for each parameter, in path order."""
     e = builder.e
     paths = sorted(builder.params)
     with e.at(scope="", loc=experiment.run.loss.loc):
-        grads = gradients(e, loss, [builder.param_nodes[path] for path in paths])
+        grads = gradients(e, loss, [builder.param_nodes[path] for path in paths], seed)
         grads = [grad if grad.dtype == "f32" else e("cast", grad, dtype="f32") for grad in grads]
     outputs = {"loss": loss_output}
     outputs.update({f"grad/{path}": grad for path, grad in zip(paths, grads)})
