@@ -132,6 +132,7 @@ def test_salts_that_differ_between_microbatches_keep_the_run_unstacked(salt, rea
     ("(softmax (linear x :out 3 :as head) :axis 0)", "softmax at 'top level' combines records"),
     ("(add (linear x :out 3 :as head) (broadcast (slice x :axis 0 :start 0 :stop 1) (batch 3)))", "combines records"),
     ("(transpose (linear x :out 2 :as head) (1 0))", "the batch is not its first axis alone"),
+    ("(reshape (linear x :out 3 :as head) (2 3))", "the model does not build with 4 records"),
 ])
 def test_a_model_that_combines_records_keeps_the_run_unstacked(body, reason):
     text = PLAIN.replace("(linear (tanh (linear x :out 5 :as fc)) :out 3 :as head)", body)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import replace
 
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.autodiff import gradients
 from sexpgpu.graph.build import Builder
 from sexpgpu.graph.emit import Emitter
@@ -73,7 +74,8 @@ def stack_generator(program, degree: int):
     if degree not in cache:
         experiment = program.training.source
         batch = experiment.run.batch * degree
-        graph, _ = build_generator(experiment, experiment.run.data.generator, _maker(degree), batch)
+        graph, _ = _refusing(lambda: build_generator(experiment, experiment.run.data.generator, _maker(degree), batch),
+                             "the generator", batch)
         reasons = _compare(program.generator.nodes, graph.nodes, degree, "the generator")
         if reasons:
             raise StackingRefused(reasons)
@@ -133,6 +135,14 @@ class _StackingBuilder(Builder):
         self._draws_in_scope, self._draws_in_graph = dict(counters[0]), counters[1]
 
 
+def _refusing(build, what: str, batch: int):
+    """build(), with an error of the larger build as the reason stacking is refused."""
+    try:
+        return build()
+    except SexpgpuError as error:
+        raise StackingRefused([f"{what} does not build with {batch} records: {error.message}"]) from None
+
+
 def _maker(degree: int):
     def make(*args, **options):
         builder = _StackingBuilder(*args, **options)
@@ -151,7 +161,7 @@ def _stacked_micro(experiment, micro, degree: int):
     e = Emitter()
     builder = _maker(degree)(e, experiment.graphs, seed=run.seed, batch=run.batch * degree,
                                                   mode="model", training=True, fields=stacked)
-    output = model_output(experiment, builder)
+    output = _refusing(lambda: model_output(experiment, builder), "the model", builder.batch)
     reasons = _compare(reference.e.nodes, e.nodes, degree, "the model")
     if not reasons and output.shape[:1] != (reference_output.shape[0] * degree,):
         reasons.append(f"the model's output {dims_text(output.shape)} does not hold the records on its first axis")
