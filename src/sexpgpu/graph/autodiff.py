@@ -18,10 +18,12 @@ from sexpgpu.graph.ir import FLOAT_DTYPES, Node
 from sexpgpu.graph.ops import OPS
 
 
-def gradients(e, loss: Node, wrt: list) -> list:
+def gradients(e, loss: Node, wrt: list, seed: Node | None = None) -> list:
+    """`seed` is the cotangent of `loss` (ones unless given: a tensor `loss` then stands for
+    the scalar whose gradient it carries, as a stacked graph's model output does)."""
     order = _nodes_up_to(e.nodes, loss)
     active = _depends_on(order, wrt)
-    contributions = {loss: [e.const(1, like=loss, shape=loss.shape)]}
+    contributions = {loss: [seed if seed is not None else e.const(1, like=loss, shape=loss.shape)]}
     totals = {}
     for node in reversed(order):
         parts = contributions.pop(node, None)

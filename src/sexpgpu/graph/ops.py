@@ -176,7 +176,8 @@ _register("causal_mask", "source", _infer_causal_mask, arity=0)
 
 # --- draws -----------------------------------------------------------------------------------
 # attrs: shape, seed, stream (the stream key's path), salts (a tuple naming each input:
-# "step", "microbatch" or "field:NAME"), and the distribution's parameters. The inputs are
+# "step", "microbatch" or "field:NAME"), the distribution's parameters, and for a stacked
+# draw `repeats`: the draw of shape (shape[0] / repeats, ...) repeated along the first axis. The inputs are
 # the salt values, folded into the key in input order (backends/cpu/draws.py).
 
 _DRAW_RESULT = {"normal": "f32", "uniform": "f32", "truncated_normal": "f32", "bernoulli": "bool", "randint": "i32"}
@@ -188,6 +189,9 @@ def _infer_draw(op: str):
         if len(salts) != len(inputs):
             raise OpError("E-GRAPH-003", f"{op}: {len(salts)} salts named for {len(inputs)} salt inputs.")
         shape = tuple(attrs["shape"])
+        repeats = attrs.get("repeats", 1)  # a stacked draw: `repeats` copies on its first axis (graph/stacking.py)
+        if repeats != 1 and (not shape or shape[0] % repeats or any(source.rank for source in inputs)):
+            raise OpError("E-SHAPE-001", f"{op}: {repeats} repeats of a draw of shape {dims_text(shape)} salted per record.")
         for kind, source in zip(salts, inputs):
             _require_dtype(op, source, ("i32",), f"its salt {kind}")
             if source.rank == 1 and (not shape or shape[0] != source.shape[0]):

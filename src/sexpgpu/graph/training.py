@@ -40,6 +40,8 @@ class TrainingGraph:
     update: object  # Graph
     state: dict  # slot -> [paths]: the optimizer state the update reads and writes
     microbatches: int
+    degree: int = 1  # microbatches one call of `micro` runs as one batch (graph/stacking.py)
+    source: object = field(default=None, compare=False, repr=False)  # the experiment stacking rebuilds from
 
     def state_shapes(self) -> dict:
         """{"state/<slot>/<path>": shape} in the update graph's input order."""
@@ -52,9 +54,13 @@ class Program:
     training: TrainingGraph
     passes: dict  # name -> Graph
     generator: object | None  # Graph
-    stackable: bool
+    blockers: tuple  # why the run cannot stack, found while compiling (graph/stacking.py adds the graph's own)
     field_specs: dict  # field -> (shape of one record, dtype): what the model was built for
     pass_generators: dict = field(default_factory=dict)  # pass name -> Graph
+
+    @property
+    def stackable(self) -> bool:
+        return not self.blockers
 
 
 def compile_program(experiment, field_specs: dict | None = None, pass_field_specs: dict | None = None) -> Program:
@@ -76,9 +82,9 @@ def compile_program(experiment, field_specs: dict | None = None, pass_field_spec
         elif spec.data is not None:
             specs = (pass_field_specs or {}).get(name) or _record_specs(run, spec.data, field_specs, None)
         passes[name] = build_pass(experiment, name, _microbatch_specs(specs, run.batch))
-    stackable = _stackable(builder, generator, generator_builder)
-    training = TrainingGraph(micro, update, slots, run.microbatches)
-    return Program(params, training, passes, generator, stackable, record_specs, pass_generators)
+    blockers = _blockers(builder, generator, generator_builder)
+    training = TrainingGraph(micro, update, slots, run.microbatches, source=experiment)
+    return Program(params, training, passes, generator, blockers, record_specs, pass_generators)
 
 
 def field_specs_of_generator(experiment, call=None) -> dict:
@@ -97,13 +103,20 @@ def build_micro(experiment, fields: dict):
     e = Emitter()
     builder = Builder(e, experiment.graphs, seed=run.seed, batch=run.batch, mode="model", training=True, fields=fields)
     loss, _ = _model_and_loss(experiment, builder, metrics=False)
+    return micro_graph(experiment, builder, loss, loss), builder
+
+
+def micro_graph(experiment, builder: Builder, loss: Node, loss_output: Node, seed: Node | None = None):
+    """The graph of `loss_output` (as output `loss`) and the gradient of `loss` (with the
+    cotangent `seed`, autodiff.gradients) for each parameter, in path order."""
+    e = builder.e
     paths = sorted(builder.params)
-    with e.at(scope="", loc=run.loss.loc):
-        grads = gradients(e, loss, [builder.param_nodes[path] for path in paths])
+    with e.at(scope="", loc=experiment.run.loss.loc):
+        grads = gradients(e, loss, [builder.param_nodes[path] for path in paths], seed)
         grads = [grad if grad.dtype == "f32" else e("cast", grad, dtype="f32") for grad in grads]
-    outputs = {"loss": loss}
+    outputs = {"loss": loss_output}
     outputs.update({f"grad/{path}": grad for path, grad in zip(paths, grads)})
-    return e.graph(_inputs(builder), outputs), builder
+    return e.graph(_inputs(builder), outputs)
 
 
 def build_pass(experiment, name: str, fields: dict):
@@ -115,13 +128,14 @@ def build_pass(experiment, name: str, fields: dict):
     return e.graph(_inputs(builder), {"loss": loss, **metrics})
 
 
-def build_generator(experiment, call):
-    """(generator graph, its builder) for a `(generator NAME ...)` call."""
+def build_generator(experiment, call, make_builder=Builder, batch: int | None = None):
+    """(generator graph, its builder) for a `(generator NAME ...)` call; `batch` (the run's
+    unless given) and `make_builder` are stacking's (graph/stacking.py)."""
     run = experiment.run
     definition = experiment.graphs[call.name]
     e = Emitter()
-    builder = Builder(e, experiment.graphs, seed=run.seed, batch=run.batch, mode="generator",
-                      draw_graph=definition.name, training=True)
+    builder = make_builder(e, experiment.graphs, seed=run.seed, batch=batch or run.batch, mode="generator",
+                           draw_graph=definition.name, training=True)
     with e.at(scope="", loc=call.loc):
         fields = builder.run_generator_body(definition, Frame(dict(call.options), "", definition.name))
     return e.graph(_inputs(builder), {f"field/{name}": node for name, node in fields.items()}), builder
@@ -135,14 +149,27 @@ def _inputs(builder: Builder) -> dict:
 
 
 def _model_and_loss(experiment, builder: Builder, metrics: bool):
+    output = model_output(experiment, builder)
     run = experiment.run
-    model, loss = run.model, run.loss
+    loss = run.loss
+    targets = [builder.field(name, loc) for name, loc in zip(loss.fields, _locs(loss.field_locs, loss, len(loss.fields)))]
+    return loss_of(experiment, builder, output, targets, metrics)
+
+
+def model_output(experiment, builder: Builder) -> Node:
+    """The model's output on the builder's fields."""
+    model = experiment.run.model
     arguments = [builder.field(name, loc) for name, loc in zip(model.args, _locs(model.arg_locs, model, len(model.args)))]
     with builder.e.at(scope="", loc=model.loc):
         output = builder.call(experiment.graphs[model.name], arguments, dict(model.options), "", model.loc)
     if not isinstance(output, Node):
         raise SexpgpuError("E-GRAPH-003", f"the model '{model.name}' gives a number, not a tensor.", model.loc)
-    targets = [builder.field(name, loc) for name, loc in zip(loss.fields, _locs(loss.field_locs, loss, len(loss.fields)))]
+    return output
+
+
+def loss_of(experiment, builder: Builder, output: Node, targets: list, metrics: bool):
+    """(the f32 scalar loss of `output` against `targets`, {metric name: node})."""
+    loss = experiment.run.loss
     found = {}
     with builder.e.at(scope="", loc=loss.loc):
         if loss.kind == "cross-entropy":
@@ -208,13 +235,27 @@ def _generator_record_specs(generator, batch: int, loc) -> dict:
     return specs
 
 
-def _stackable(builder: Builder, generator, generator_builder) -> bool:
-    """False when a draw reads :microbatch or a field, or the generator does, or has bf16 nodes."""
-    if any(part == "microbatch" or part.startswith("field/") for part in builder.salts_read):
-        return False
+UNSTACKABLE_SALTS = {
+    "microbatch": "a draw is salted with :microbatch, which differs between the stacked microbatches",
+    "records": "a draw reads :records, which differs between the stacked microbatches",
+    "stage-records": "a draw reads :stage-records, which differs between the stacked microbatches",
+}
+
+
+def _blockers(builder: Builder, generator, generator_builder) -> tuple:
+    """Why the run's microbatches cannot run as one batch, as far as the salts and the
+    generator tell (determinism.md: "A generator makes no choice of its own")."""
+    reasons = []
+    for part in dict.fromkeys(builder.salts_read):
+        if part in UNSTACKABLE_SALTS:
+            reasons.append(f"the model or loss: {UNSTACKABLE_SALTS[part]}")
+        elif part.startswith("field/"):
+            reasons.append(f"the model or loss: a draw is salted with the field {part[len('field/'):]}, "
+                           "which differs between the stacked microbatches")
     if generator is not None:
-        if "microbatch" in generator_builder.salts_read:
-            return False
+        for part in dict.fromkeys(generator_builder.salts_read):
+            if part in UNSTACKABLE_SALTS:
+                reasons.append(f"the generator: {UNSTACKABLE_SALTS[part]}")
         if any(node.dtype == "bf16" for node in generator.nodes):
-            return False
-    return True
+            reasons.append("the generator has bf16 nodes")
+    return tuple(reasons)

@@ -3,7 +3,9 @@
 Training microbatch m of step s reads global records starting at ((s-1)*M + m)*B. A pass's
 batch b reads records starting at b*B of the pass's data (the run's own data when the pass
 names none): the same records at every pass, so evaluations compare across steps.
-A generator is run with step s and trip 0 for training, and trip b+1 for a pass's batch b.
+A generator is run with step s and trip 0 for training, and trip b+1 for a pass's batch b;
+a stacked call's k microbatches are the k*B records from its first microbatch's start, or
+the generator stacked at degree k.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.data import open_source
+from sexpgpu.graph.stacking import stack_generator
 
 
 class Feeder:
@@ -42,11 +45,13 @@ class Feeder:
             return {"kind": "generator", "name": self.run.data.generator.name}
         return self.sources[None].identity
 
-    def train_batch(self, step: int, microbatch: int) -> dict:
+    def train_batch(self, step: int, microbatch: int, count: int = 1) -> dict:
+        """The fields of `count` microbatches from `microbatch` on, one after another on the
+        first axis (a stacked call's, graph/stacking.py)."""
         if self.run.data.kind == "generator":
-            return self._generate(self.program.generator, step, 0, microbatch)
+            return self._generate(stack_generator(self.program, count), step, 0, microbatch)
         start = ((step - 1) * self.run.microbatches + microbatch) * self.run.batch
-        return _as_fields(self.sources[None].batch(start, self.run.batch))
+        return _as_fields(self.sources[None].batch(start, self.run.batch * count))
 
     def eval_batch(self, pass_spec, name: str, step: int, batch_index: int) -> dict:
         data = pass_spec.data or self.run.data

@@ -1,10 +1,18 @@
 """The run loop: one step is the microbatches in order, their gradients summed in order,
-then the update. Passes and checkpoints follow the step that triggers them."""
+then the update. Passes and checkpoints follow the step that triggers them.
+
+At stacking degree k (the plan's choice; graph/stacking.py) a step makes :microbatches / k
+calls of the stacked microbatch graph, call c running microbatches c*k .. c*k+k-1 as one
+batch. Each call gives the sum of its k microbatches' gradients, summed over calls left to
+right, and the vector of its k microbatch losses, so the step's loss is the same mean of
+the :microbatches losses in microbatch order. k = 1 is the unstacked step."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.stacking import stack_training
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import float_bits
 from sexpgpu.run.schedule import learning_rate
@@ -15,22 +23,25 @@ class Trainer:
     """Drives a compiled program on a backend. It owns no policy about where output goes:
     `on_step`, `on_pass` and `on_checkpoint` callbacks receive each record."""
 
-    def __init__(self, run, program, backend, feeder):
+    def __init__(self, run, program, backend, feeder, degree: int = 1, on_allocation_failure=None):
         self.run = run
         self.program = program
         self.backend = backend
         self.feeder = feeder
+        self.degree = degree  # microbatches a call runs as one batch, as the plan decided
+        # called with the E-MEM-001 error when a stacked call cannot allocate; True: compute
+        # unstacked from this step on (determinism.md, "losing level 1"), False: stop
+        self.on_allocation_failure = on_allocation_failure
 
     def step(self, state: TrainingState) -> dict:
         """Apply step state.step + 1 and return its metrics record."""
         step = state.step + 1
-        micro = self.program.training.micro
-        grads, losses = None, []
-        for microbatch in range(self.run.microbatches):
-            inputs = self._micro_inputs(state, step, microbatch)
-            outputs = self.backend.run(micro, inputs)
-            losses.append(outputs["loss"])  # read after the update is queued: no wait between them
-            grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
+        try:
+            grads, losses = self._microbatches(state, step)
+        except SexpgpuError as error:
+            if error.code != "E-MEM-001" or self.degree == 1 or not self._unstack_after(error):
+                raise
+            grads, losses = self._microbatches(state, step)
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
         update_inputs.update(grads)
@@ -40,7 +51,7 @@ class Trainer:
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
-        loss = _mean_in_order([self.backend.to_host(value) for value in losses])
+        loss = _mean_in_order([part for value in losses for part in np.ravel(self.backend.to_host(value))])
         return {
             "step": step,
             "loss": float(loss),
@@ -69,12 +80,28 @@ class Trainer:
             record[prefix + metric] = float(_mean_in_order(totals[key]))
         return record
 
-    def _micro_inputs(self, state: TrainingState, step: int, microbatch: int) -> dict:
-        micro = self.program.training.micro
-        inputs = dict(_prefixed("param/", state.params))
-        inputs.update(self.feeder.train_batch(step, microbatch))
-        inputs.update({"step": np.int32(step), "microbatch": np.int32(microbatch)})
-        return _only(micro, inputs)
+    def _microbatches(self, state: TrainingState, step: int) -> tuple:
+        """(the step's gradients summed in microbatch order, each call's losses)."""
+        micro = stack_training(self.program.training, self.degree).micro
+        grads, losses = None, []
+        for first in range(0, self.run.microbatches, self.degree):
+            inputs = dict(_prefixed("param/", state.params))
+            inputs.update(self.feeder.train_batch(step, first, self.degree))
+            inputs.update({"step": np.int32(step), "microbatch": np.int32(first)})
+            outputs = self.backend.run(micro, _only(micro, inputs))
+            losses.append(outputs["loss"])  # read after the update is queued: no wait between them
+            grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
+        return grads, losses
+
+    def _unstack_after(self, error: SexpgpuError) -> bool:
+        """Whether the step continues unstacked after a stacked call could not allocate."""
+        if self.on_allocation_failure is None or not self.on_allocation_failure(error):
+            return False
+        release = getattr(self.backend, "release", None)
+        if release is not None:  # the stacked graphs' memory is the unstacked run's room
+            release(stack_training(self.program.training, self.degree).micro)
+        self.degree = 1
+        return True
 
 
 def _prefixed(prefix: str, values: dict) -> dict:

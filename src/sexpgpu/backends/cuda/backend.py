@@ -20,8 +20,9 @@ import numpy as np
 from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import Lowerer
-from sexpgpu.backends.cuda.runtime import Captured, Executable
+from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import torch_dtype
+from sexpgpu.errors import SexpgpuError
 
 
 class CudaBackend:
@@ -35,20 +36,44 @@ class CudaBackend:
         self.device = torch.device(device or "cuda")
         self.policy = policy or policy_from_environment()
         self._runners: dict = {}
+        self._lowerings: dict = {}
 
     # --- the contract ---------------------------------------------------------------------------
 
     def run(self, graph, inputs: dict) -> dict:
+        """The graph's outputs. A device allocation that fails, the arena's or any step's,
+        raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
+        caller may go on with a smaller graph (the run loop's unstacked steps)."""
         self._check_names(graph, inputs)
-        accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
-        # a step that needs an input on the host (a draw's salt) reads it here, not back
-        # from the device, which would wait for every queued kernel
-        host = {name: value for name, value in inputs.items() if not isinstance(value, self.torch.Tensor)}
-        return self._entry(graph)[2](accepted, host)
+        try:
+            accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
+            # a step that needs an input on the host (a draw's salt) reads it here, not back
+            # from the device, which would wait for every queued kernel
+            host = {name: value for name, value in inputs.items() if not isinstance(value, self.torch.Tensor)}
+            return self._entry(graph)[2](accepted, host)
+        except self.torch.cuda.OutOfMemoryError as error:
+            self.release(graph)
+            raise allocation_failed("the graph (its arena and a step's own memory)", self.memory_peak(graph), error) from None
+        except SexpgpuError as error:
+            if error.code == "E-MEM-001":
+                self.release(graph)
+            raise
+
+    def release(self, graph) -> None:
+        """Let go of the device memory held for `graph` (its arena and captured buffers);
+        a later run of it allocates them again."""
+        self._runners.pop(id(graph), None)
+        if self.device.type == "cuda":
+            self.torch.cuda.empty_cache()
 
     def lowered(self, graph):
-        """The lowering of `graph` (steps, buffers, arena size), made once."""
-        return self._entry(graph)[1].lowered
+        """The lowering of `graph` (steps, buffers, arena size), made once; making it
+        allocates nothing."""
+        entry = self._lowerings.get(id(graph))
+        if entry is None or entry[0] is not graph:
+            entry = (graph, Lowerer(graph, self.policy).lower())
+            self._lowerings[id(graph)] = entry
+        return entry[1]
 
     def cast_parameter(self, array, dtype: str):
         """A float32 starting value stored as a parameter of `dtype` (bf16: rounded to
@@ -116,9 +141,8 @@ class CudaBackend:
     def _entry(self, graph):
         entry = self._runners.get(id(graph))
         if entry is None or entry[0] is not graph:
-            lowered = Lowerer(graph, self.policy).lower()
-            executable = Executable(lowered, self.device)
-            capture = self.policy.fuses and lowered.capturable and self.device.type == "cuda"
+            executable = Executable(self.lowered(graph), self.device)
+            capture = self.policy.fuses and executable.lowered.capturable and self.device.type == "cuda"
             entry = (graph, executable, Captured(executable) if capture else executable)
             self._runners[id(graph)] = entry
         return entry

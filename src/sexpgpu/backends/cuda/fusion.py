@@ -6,9 +6,9 @@ normalisation). A node read by one kernel is therefore computed once, where it i
 node read by R kernels is recomputed by each of them only when that is cheaper than writing
 it once and reading it back, by both measures, per element of the value:
 
-- flops: its expression costs at most BUDGET flops per byte of the value (9 flops a byte,
-  the spec's figure for an A100, as used under --deterministic; the later choices issue
-  measures it per device and records it), unless R is 1;
+- flops: its expression costs at most the policy's budget in flops per byte of the value
+  (by default and under --deterministic 9 flops a byte, the spec's figure for an A100;
+  otherwise the plan's measured one, plan/choices.py), unless R is 1;
 - bytes: each recomputing reader loads the L bytes its expression loads (each distinct load
   counts the distinct elements it reads, so a bias broadcast along a long axis costs almost
   nothing), against a kernel that loads L and writes the value's S bytes, then R reads of
@@ -43,7 +43,7 @@ SEXPGPU_OPTIMIZE sets how much is fused:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sexpgpu import settings
 from sexpgpu.backends.cuda.kernels.expr import flops, nodes_in_order
@@ -57,16 +57,27 @@ VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
 
 @dataclass(frozen=True)
 class FusionPolicy:
+    """How the backend lowers, as the plan decided it (plan/choices.py): the fusion level,
+    the recompute budget in flops a byte (BUDGET_FLOPS_PER_BYTE under --deterministic and by
+    default), and {ProductShape.key(): implementation} for float32 products (products.py;
+    a shape not named is ordinary)."""
+
     level: str = "on"
-    budget: float = BUDGET_FLOPS_PER_BYTE  # the seam for the measured recompute budget
+    budget: float = BUDGET_FLOPS_PER_BYTE
+    products: dict = field(default_factory=dict, hash=False)
+
+    def __post_init__(self):
+        if not (0 < self.budget < float("inf")):
+            raise ValueError(f"a recompute budget must be a positive number of flops a byte, not {self.budget}")
 
     @property
     def fuses(self) -> bool:
         return self.level == "on"
 
 
-def policy_from_environment() -> FusionPolicy:
-    return FusionPolicy(settings.value("SEXPGPU_OPTIMIZE") or "on")
+def policy_from_environment(budget: float = BUDGET_FLOPS_PER_BYTE, products: dict | None = None) -> FusionPolicy:
+    """The policy of SEXPGPU_OPTIMIZE with the plan's recompute budget and products."""
+    return FusionPolicy(settings.value("SEXPGPU_OPTIMIZE") or "on", budget, dict(products or {}))
 
 
 class KernelReaders:

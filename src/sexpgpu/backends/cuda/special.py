@@ -4,14 +4,19 @@ through PyTorch), gathers and their scatters, pads, concatenations, and draws.
 Products: float32 operands give an ordinary GEMM with TF32 and reduced-precision
 reductions off (device.py), bf16 operands a GEMM accumulating in float32 rounded once to
 bf16, and leading axes a batched product. cuBLAS's kernel for each shape is chosen by
-cuBLAS from the GPU and its version (the spec's "what the device decides").
+cuBLAS from the GPU and its version (the spec's "what the device decides"). A float32
+product may run another implementation that the plan chose for its shape (products.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import dataclass
+
 from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides
+from sexpgpu.backends.cuda.products import ORDINARY, check_implementation, product_shape, run_product, scratch_shape
+from sexpgpu.plan.device import ProductShape
 from sexpgpu.backends.cuda.steps import HOST_INPUTS, TorchStep, same_memory, strided
 
 
@@ -20,16 +25,35 @@ def matmul(lowerer, node) -> None:
     left, left_view = lowerer.addressable(a)
     right, right_view = lowerer.addressable(b)
     key = lowerer.result_buffer(node)
-    product = _product(left_view, right_view, node.shape)
+    form = _product(left_view, right_view, node.shape)
+    implementation = ORDINARY
+    if form.shape is not None and node.dtype == "f32":  # the plan's choice for a float32 product
+        implementation = lowerer.policy.products.get(form.shape.key(), ORDINARY)
+    writes = (key,)
+    if implementation != ORDINARY:
+        check_implementation(form.shape, implementation)
+        writes += (lowerer.new_buffer("f32", scratch_shape(implementation, form.shape)),)
 
     def run(env):
-        product(strided(env, left, left_view), strided(env, right, right_view), env[key])
+        operands = strided(env, left, left_view), strided(env, right, right_view), env[key]
+        if implementation == ORDINARY:
+            form.call(*operands)
+        else:
+            run_product(implementation, *form.batched(*operands), env[writes[1]])
 
-    lowerer.steps.append(TorchStep(run, (left, right), (key,), "matmul"))
+    choosable = form.shape if node.dtype == "f32" else None
+    lowerer.steps.append(TorchStep(run, (left, right), writes, "matmul", product=choosable))
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
-def _product(left_view, right_view, shape):
+@dataclass(frozen=True)
+class ProductForm:
+    call: object  # call(a, b, out): the ordinary product, written into `out`
+    shape: ProductShape | None  # the product as the plan sees it; None: no other implementation
+    batched: object = None  # batched(a, b, out) -> (batch, m, k), (batch, k, n), (batch, m, n) views
+
+
+def _product(left_view, right_view, shape) -> ProductForm:
     """The PyTorch call that writes a product straight into its buffer: one GEMM (`mm`)
     when the left operand's leading axes fold into its rows as a view and the right one is
     a matrix, a strided batched GEMM (`bmm`) when both operands have the product's batch
@@ -47,16 +71,27 @@ def _product(left_view, right_view, shape):
     for size in shape[:-1]:
         rows *= int(size)
     k = left_view.dims[-1]
+    n = int(shape[-1])
     if len(right_view.dims) == 2 and reshape_strides(left_view.dims, left_view.strides, (rows, k)) is not None:
-        return lambda a, b, out: torch.mm(a.reshape(rows, k), b, out=out.view(rows, shape[-1]))
+        return ProductForm(
+            lambda a, b, out: torch.mm(a.reshape(rows, k), b, out=out.view(rows, n)),
+            product_shape(rows, 1, shape, k, left_view, right_view),
+            lambda a, b, out: (a.reshape(1, rows, k), b.unsqueeze(0), out.view(1, rows, n)),
+        )
     batch = 1
     for size in shape[:-2]:
         batch *= int(size)
     if left_view.dims[:-2] == right_view.dims[:-2] == tuple(shape[:-2]):
+        matrices = (batch,) + tuple(shape[-2:])
+
         def batched(a, b, out):
-            torch.bmm(_batch_operand(a, batch), _batch_operand(b, batch), out=out.view((batch,) + tuple(shape[-2:])))
-        return batched
-    return lambda a, b, out: torch.matmul(a, b, out=out)
+            return _batch_operand(a, batch), _batch_operand(b, batch), out.view(matrices)
+
+        def ordinary(a, b, out):
+            torch.bmm(*batched(a, b, out)[:2], out=out.view(matrices))
+
+        return ProductForm(ordinary, product_shape(int(shape[-2]), batch, shape, k, left_view, right_view), batched)
+    return ProductForm(lambda a, b, out: torch.matmul(a, b, out=out), None)
 
 
 def _batch_operand(x, batch: int):

@@ -106,6 +106,7 @@ class TorchStep:
     # (operand, arena key, view): where an input or output operand may live so that this
     # step's copy of it is an identity (placement.py)
     aliases: tuple = ()
+    product: object = None  # a float32 product's ProductShape: the key of the plan's choice for it
 
     def __call__(self, env: dict) -> None:
         self.run(env)

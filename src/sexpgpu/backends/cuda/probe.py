@@ -1,0 +1,172 @@
+"""What the CUDA backend tells the plan before it decides (plan/device.py's DeviceProbe).
+
+    probe = CudaProbe(backend)
+    probe.device_facts()                     # DeviceFacts: GPU, compute capability, driver, libraries
+    probe.free_memory_bytes()                # free device memory now
+    probe.training_peak_bytes(training, 4)   # bytes the run holds at stacking degree 4
+    probe.time_training_step(training, 4, microbatch_inputs)
+    probe.product_implementations(shape); probe.time_product(shape, "split-k 2")
+    probe.measure_throughput()               # f32 FMA flops and copy bandwidth: the recompute budget
+
+A probe measures; it never chooses, and it changes nothing the backend runs: timings use
+backends of their own with the candidate's policy. Timings are CUDA events around warm
+calls (the first call compiles and warms cuBLAS), the median of a few.
+
+The CPU interpreter has no probe: it decides nothing (no stacking, no product
+implementations, no recompute budget), so the plan never asks it; its runs keep their
+machine-independent bits without one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+from dataclasses import replace
+
+import numpy as np
+
+from sexpgpu.backends.cuda.backend import CudaBackend
+from sexpgpu.backends.cuda.device import cublas_version
+from sexpgpu.backends.cuda.products import implementations
+from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.stacking import stack_training
+from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
+
+TIMED_CALLS = 5  # each timing is the median of this many warm calls
+FMA_ROUNDS = 512  # multiply-adds per element of the flops kernel: arithmetic, not memory, bounds it
+FLOPS_ELEMENTS = 1 << 24
+COPY_BYTES = 1 << 28
+
+
+def driver_version() -> str:
+    """The CUDA driver API version (cuDriverGetVersion), e.g. "13000"; "unknown" without a driver."""
+    try:
+        library = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "unknown"
+    version = ctypes.c_int()
+    return str(version.value) if library.cuDriverGetVersion(ctypes.byref(version)) == 0 else "unknown"
+
+
+class CudaProbe:
+    def __init__(self, backend: CudaBackend):
+        self.backend = backend
+        self.torch = backend.torch
+        self.device = backend.device
+
+    # --- facts and memory -----------------------------------------------------------------------
+
+    def device_facts(self) -> DeviceFacts:
+        import triton
+
+        torch = self.torch
+        properties = torch.cuda.get_device_properties(self.device)
+        torch.ones(1, 1, device=self.device) @ torch.ones(1, 1, device=self.device)  # loads cuBLAS
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        libraries = {"cuBLAS": cublas_version()}
+        if cudnn is not None:
+            libraries["cuDNN"] = str(cudnn)
+        libraries["Triton"] = triton.__version__  # the generated kernels' compiler
+        return DeviceFacts(gpu=properties.name, compute=f"compute_{properties.major}{properties.minor}",
+                           multiprocessors=properties.multi_processor_count, driver=driver_version(),
+                           libraries=libraries, patterns=False)
+
+    def free_memory_bytes(self) -> int:
+        free, _ = self.torch.cuda.mem_get_info(self.device)
+        return int(free)
+
+    def training_peak_bytes(self, training, degree: int) -> int:
+        """The arenas of the stacked microbatch graph and the update graph (each held for the
+        run), and what lives outside them: the microbatch graph's inputs and outputs, a
+        second set of gradients for the running sum, and the update's inputs and outputs."""
+        micro = stack_training(training, degree).micro
+        update = training.update
+        arenas = self.backend.memory_peak(micro) + self.backend.memory_peak(update)
+        grads = sum(node.nbytes for name, node in micro.outputs.items() if name.startswith("grad/"))
+        return (arenas + _bytes(micro.inputs) + _bytes(micro.outputs) + grads
+                + _bytes(update.inputs) + _bytes(update.outputs))
+
+    # --- timings --------------------------------------------------------------------------------
+
+    def time_training_step(self, training, degree: int, inputs) -> float:
+        """Seconds of a step's microbatch calls at `degree`: :microbatches / degree calls of
+        the stacked graph and the sum of their gradients, as the run loop makes them.
+        `inputs` are one microbatch's inputs of the unstacked graph (param/..., field/...,
+        step); each call's fields are them repeated `degree` times. The update is left out:
+        it is the same at every degree."""
+        micro = stack_training(training, degree).micro
+        call = {name: self._stacked(value, degree) if name.startswith("field/") else value
+                for name, value in inputs.items() if name in micro.inputs}
+        calls = training.microbatches // degree
+
+        def step():
+            total = None
+            for _ in range(calls):
+                outputs = self.backend.run(micro, call)
+                grads = [value for name, value in outputs.items() if name.startswith("grad/")]
+                total = grads if total is None else [a + b for a, b in zip(total, grads)]
+
+        return self._median_seconds(step)
+
+    def product_shapes(self, graph) -> tuple:
+        """The float32 products of `graph` as lowered here, each shape once, in step order:
+        the keys a products map may name for it."""
+        shapes = [step.product for step in self.backend.lowered(graph).steps if getattr(step, "product", None)]
+        return tuple(dict.fromkeys(shapes))
+
+    def product_implementations(self, shape: ProductShape) -> tuple:
+        return implementations(shape)
+
+    def time_product(self, shape: ProductShape, implementation: str) -> float:
+        graph = product_graph(shape)
+        backend = CudaBackend(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
+        rng = np.random.default_rng(0)
+        values = {name: backend.from_host(rng.standard_normal(node.shape).astype(np.float32))
+                  for name, node in graph.inputs.items()}
+        return self._median_seconds(lambda: backend.run(graph, values))
+
+    def measure_throughput(self) -> Throughput:
+        """float32 multiply-adds a second of a kernel that does FMA_ROUNDS of them per loaded
+        element, and bytes a second of a copy (read and write) of COPY_BYTES: a few milliseconds
+        once the kernel is compiled."""
+        # imported here: Triton reads TRITON_INTERPRET when it decorates the kernel
+        from sexpgpu.backends.cuda.throughput import copy_work, fma_work
+
+        flops = 2.0 * FMA_ROUNDS * FLOPS_ELEMENTS / self._median_seconds(fma_work(self.device, FLOPS_ELEMENTS, FMA_ROUNDS))
+        bandwidth = 2.0 * COPY_BYTES / self._median_seconds(copy_work(self.device, COPY_BYTES))
+        return Throughput(flops, bandwidth)
+
+    def _stacked(self, value, degree: int):
+        """A field of one microbatch as `degree` microbatches' (the values do not matter to a timing)."""
+        array = self.backend.to_host(value)
+        return self.backend.from_host(np.concatenate([array] * degree) if degree > 1 else array)
+
+    def _median_seconds(self, work) -> float:
+        torch = self.torch
+        work()  # compiles, allocates and warms cuBLAS up
+        times = []
+        for _ in range(TIMED_CALLS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            work()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
+
+def product_graph(shape: ProductShape):
+    """A graph of one product of `shape`, its operands stored in the shape's layouts."""
+    e = Emitter()
+    lead = (shape.batch,) if shape.batch > 1 else ()
+    inputs, operands = {}, []
+    for name, rows, cols, transposed in (("a", shape.m, shape.k, shape.a_transposed), ("b", shape.k, shape.n, shape.b_transposed)):
+        node = inputs[name] = e.input(name, "f32", lead + ((cols, rows) if transposed else (rows, cols)))
+        if transposed:
+            node = e("transpose", node, perm=tuple(range(len(lead))) + (len(lead) + 1, len(lead)))
+        operands.append(node)
+    return e.graph(inputs, {"c": e("matmul", *operands)})
+
+
+def _bytes(nodes: dict) -> int:
+    return sum(node.nbytes for node in nodes.values())
