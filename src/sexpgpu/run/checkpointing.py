@@ -87,8 +87,8 @@ def save(built, state: TrainingState, root: str, options) -> str:
 
 
 def resume_state(built, options, run_dir: str) -> Resumed:
-    from sexpgpu.store import (check_same_experiment, check_tensors, read_checkpoint, resolve_checkpoint,
-                               uncommitted_after, verify_load_pin)
+    from sexpgpu.store import (check_same_experiment, check_tensors, read_checkpoint, recorded_pins,
+                               resolve_checkpoint, uncommitted_after, verify_load_pin)
     from sexpgpu.run.setup import checkpoint_root
 
     root = checkpoint_root(built.experiment.run, options, run_dir)
@@ -98,7 +98,7 @@ def resume_state(built, options, run_dir: str) -> Resumed:
     recorded = checkpoint.experiment
     check_same_experiment(recorded, checkpoint_record(built, TrainingState(checkpoint.step, {}), options))
     layout_note = _check_layout(recorded, built.experiment.run, options)
-    pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded.get("loads", [])]
+    pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded_pins(path, recorded)]
     built.load_pins = pins
     state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
     state.params = {path: built.backend.from_host(value) for path, value in state.params.items()}
@@ -129,8 +129,7 @@ def expected_tensors(built) -> dict:
 def _current_source(built, pin) -> str | None:
     """The source the file now names for a pinned parameter: a copy of the same bytes
     elsewhere resumes, and the annotation names the new path."""
-    path = pin["param"] if isinstance(pin, dict) else pin.param
-    spec = built.program.params.get(path)
+    spec = built.program.params.get(pin.param)
     return load_source(built.experiment, spec) if spec is not None and spec.load is not None else None
 
 

@@ -24,6 +24,7 @@ from sexpgpu.store import crash_points, local_steps, s3_steps, safetensors_io
 from sexpgpu.store.checks import (EXPERIMENT_FILE, FORMAT, MARKER, MODEL_FILE, OPTIMIZER_FILE, TensorSpec, check_marker,
                                   check_name, check_record, check_tensor_set, corrupt, parse_json)
 from sexpgpu.store.digests import BackgroundSha256, chunks
+from sexpgpu.store.loads import LoadPin
 from sexpgpu.store.uris import MissingFile, is_s3, join, parent
 
 PARAM_PREFIX = "param/"
@@ -215,6 +216,17 @@ def read_record(path: str) -> dict:
     return record
 
 
+def recorded_pins(path: str, record: dict) -> list[LoadPin]:
+    """The record's `loads`, each checked for its fields and types (E-CKPT-001 if not)."""
+    loads = record.get("loads", [])
+    if not isinstance(loads, list):
+        raise corrupt(path, f"{EXPERIMENT_FILE}'s loads is not a list")
+    try:
+        return [LoadPin.from_json(pin) for pin in loads]
+    except ValueError as error:
+        raise corrupt(path, f"{EXPERIMENT_FILE}'s loads: {error}") from None
+
+
 def check_tensors(checkpoint: Checkpoint, expected: dict[str, TensorSpec]) -> None:
     """E-CKPT-006 unless the checkpoint holds exactly the `expected` tensors, by name, shape and stored dtype."""
     found = {name: TensorSpec(tuple(array.shape), checkpoint.stored_dtypes[name])
@@ -232,9 +244,10 @@ class Verified:
 
 
 def verify_checkpoint(path: str) -> Verified:
-    """Hash every file of a checkpoint against its recorded SHA-256 and decode every tensor;
-    the first mismatch is E-CKPT-001 naming the file."""
+    """Hash every file of a checkpoint against its recorded SHA-256, decode every tensor and
+    check the load pins; the first mismatch is E-CKPT-001 naming the file."""
     checkpoint = read_checkpoint(path)
+    recorded_pins(path, checkpoint.experiment)
     files = {name: {"bytes": entry["bytes"], "tensors": 0} for name, entry in sorted(checkpoint.experiment["tensors"].items())}
     for name in checkpoint.tensors:
         files[MODEL_FILE if name.startswith(PARAM_PREFIX) else OPTIMIZER_FILE]["tensors"] += 1

@@ -132,9 +132,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+@contextmanager
+def _reading(path: str):
+    """No file where one should be (or a directory in its place) is MissingFile; any other
+    failure to read is E-DISK-002."""
+    try:
+        yield
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise MissingFile(path) from None
+    except OSError as error:
+        raise SexpgpuError("E-DISK-002", f"cannot read {path}: {error.strerror or error}.") from None
+
+
 def read_whole(path: str) -> tuple[np.ndarray, str]:
     """A file's bytes (a uint8 array) and SHA-256, hashing each chunk while the next is read."""
-    try:
+    with _reading(path):
         size = os.stat(path).st_size
         # np.empty, not bytearray: zero-filling a large buffer first costs as much as the read.
         data = np.empty(size, dtype=np.uint8)
@@ -148,17 +160,12 @@ def read_whole(path: str) -> tuple[np.ndarray, str]:
                 digest.update(view[position : position + count])
                 position += count
             return (data if position == size else data[:position]), digest.hexdigest()
-    except FileNotFoundError:
-        raise MissingFile(path) from None
 
 
 def read_head(path: str, count: int) -> tuple[bytes, int]:
     """The first `count` bytes of a file and its size."""
-    try:
-        with open(path, "rb") as file:
-            return file.read(count), os.fstat(file.fileno()).st_size
-    except (FileNotFoundError, NotADirectoryError):
-        raise MissingFile(path) from None
+    with _reading(path), open(path, "rb") as file:
+        return file.read(count), os.fstat(file.fileno()).st_size
 
 
 def read_small(path: str) -> bytes:
