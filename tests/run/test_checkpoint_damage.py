@@ -234,3 +234,25 @@ def test_a_damaged_checkpoint_is_a_coded_error_for_every_command(tmp_path, capsy
     resumed, _, err = outcome(capsys, "run", file, "--device", "cpu", "--run-dir", tmp_path / "run", "--resume", step)
     assert resumed == 2, err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+ON_S3 = ["model truncated to half", "optimizer deleted", "marker empty", "tensor data flipped",
+         "renamed to another step", "sealed: header nested too deep", "sealed: a tensor file outside",
+         "sealed: loads a string", "sealed: seed changed"]
+
+
+@pytest.mark.parametrize("name", ON_S3)
+def test_a_damaged_checkpoint_on_s3_is_a_coded_error_for_every_command(tmp_path, capsys, good, s3, name):
+    file, source = good
+    step = tmp_path / "ckpt" / "step-4"
+    shutil.copytree(source, step)
+    damage = DAMAGES[name]
+    step = damage.apply(step) or step
+    for local in step.iterdir():
+        s3.client.put_object(Bucket=s3.bucket, Key=f"ckpt/{step.name}/{local.name}", Body=local.read_bytes())
+    uri = s3.uri("ckpt", step.name)
+    outcome(capsys, "checkpoint", uri)
+    verified, _, err = outcome(capsys, "checkpoint", "--verify", uri)
+    assert verified == (2 if damage.verify_finds else 0), err
+    resumed, _, err = outcome(capsys, "run", file, "--device", "cpu", "--run-dir", tmp_path / "run", "--resume", uri)
+    assert resumed == 2, err
