@@ -6,7 +6,7 @@ perceptron, so each case takes a second or two."""
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
 from pathlib import Path
 
@@ -80,6 +80,15 @@ def test_latest_names_an_uncommitted_newest_step_and_replaces_it_on_s3(tmp_path,
 # -- A record whose tensors do not fit the model -------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, Path]:
+    """(experiment file, run directory) of a finished four-step run; tests only read it."""
+    folder = tmp_path_factory.mktemp("finished")
+    file = tiny_file(folder)
+    assert main(["run", str(file), "--device", "cpu", "--run-dir", str(folder / "run")]) == 0
+    return file, folder / "run"
+
+
 def rewritten(source: Path, dest_root: Path, change) -> Path:
     """A consistent checkpoint (digests and marker recomputed) with `change` applied to its tensors."""
     checkpoint = read_checkpoint(str(source))
@@ -115,9 +124,9 @@ def widen(name):
     (reshape("param/fc2/w"), "param/fc2/w"),
     (widen("state/v/fc1/b"), "F64"),
 ])
-def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_E_CKPT_006_before_any_step(tmp_path, capsys, change, named):
-    file, run_dir = tiny_file(tmp_path), tmp_path / "run"
-    assert run(capsys, file, run_dir)[0] == 0
+def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_E_CKPT_006_before_any_step(tmp_path, capsys, finished,
+                                                                                       change, named):
+    file, run_dir = finished
     broken = rewritten(run_dir / "step-2", tmp_path / "broken", change)
     status, out, err = run(capsys, file, tmp_path / "resumed", "--resume", broken)
     assert status == 2 and "E-CKPT-006" in err and named in err, err
@@ -162,6 +171,10 @@ def test_verify_hashes_every_tensor_file_and_names_the_first_mismatch(tmp_path, 
     status, out, err = sexpgpu(capsys, "checkpoint", "--verify", run_dir / "step-4")
     assert status == 0, err
     assert out.startswith("OK") and "step 4" in out and "optimizer.safetensors" in out
+    status, out, _ = sexpgpu(capsys, "checkpoint", "--verify", "--json", run_dir / "step-4")
+    files = json.loads(out)["files"]
+    assert status == 0 and files["model.safetensors"] == {"bytes": (run_dir / "step-4" / "model.safetensors").stat().st_size,
+                                                          "tensors": 6}
     data = bytearray((run_dir / "step-4" / "optimizer.safetensors").read_bytes())
     data[-1] ^= 0x40  # a bit in the last tensor's data: the header still parses
     (run_dir / "step-4" / "optimizer.safetensors").write_bytes(bytes(data))
