@@ -13,8 +13,8 @@ import pytest
 
 from store_samples import BF16, sample_record, sample_tensors, same_tensors
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.store import (TensorSpec, check_tensors, describe_checkpoint, read_checkpoint, uncommitted_after,
-                           verify_checkpoint, write_checkpoint)
+from sexpgpu.store import (TensorSpec, check_tensors, describe_checkpoint, read_checkpoint, resolve_checkpoint,
+                           uncommitted_after, verify_checkpoint, write_checkpoint)
 from sexpgpu.store.checks import FORMAT
 
 GOOD_SHA = "ab" * 32
@@ -153,6 +153,13 @@ def test_uncommitted_steps_after_a_checkpoint_are_named_locally(tmp_path):
     (tmp_path / ".step-1.deleting").mkdir()
     assert uncommitted_after(str(tmp_path / "step-1"), 1) == {2: str(tmp_path / "step-2"),
                                                               3: str(tmp_path / ".step-3.partial-x1")}
+
+
+def test_latest_with_only_uncommitted_steps_names_them(tmp_path):
+    path = Path(write(tmp_path, 2))
+    (path / "COMMITTED").unlink()
+    error = code_of(lambda: resolve_checkpoint("latest", str(tmp_path)))
+    assert error.code == "E-CKPT-003" and f"{path} was begun and never committed" in error.message
 
 
 def test_an_uncommitted_step_directory_is_replaced_when_its_step_is_written_again(tmp_path):

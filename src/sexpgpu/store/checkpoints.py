@@ -153,7 +153,9 @@ def resolve_checkpoint(spec: str, run_root: str) -> str:
     if spec == "latest":
         found = list_checkpoints(run_root)
         if not found:
-            raise SexpgpuError("E-CKPT-003", f"there is no committed checkpoint under {run_root} to resume from.",
+            begun = list(_steps_module(run_root).uncommitted_steps(run_root).values())
+            unfinished = f" ({', '.join(begun)} {'was' if len(begun) == 1 else 'were'} begun and never committed)" if begun else ""
+            raise SexpgpuError("E-CKPT-003", f"there is no committed checkpoint under {run_root} to resume from{unfinished}.",
                                hint="Start the run without --resume, or name the directory that holds its checkpoints.")
         return found[-1][1]
     # A bare step-<n> means the one under the run's root.
