@@ -194,3 +194,17 @@ def test_verify_on_s3(tmp_path, capsys, s3):
     s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
     status, _, err = sexpgpu(capsys, "checkpoint", "--verify", s3.uri("ckpt", "step-2"))
     assert status == 2 and "E-CKPT-001" in err and "model.safetensors" in err
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_resume_with_a_bf16_layer_passes_the_tensor_check_and_repeats_the_bits(tmp_path, capsys, device):
+    file = tiny_file(tmp_path)
+    # A bf16 scale on the output: a parameter stored as BF16 beside the float32 ones.
+    scaled = "(mul (linear h2 :out classes :as head) (cast (param scale (3) :init (ones) :dtype bf16) f32)))"
+    file.write_text(file.read_text().replace("(linear h2 :out classes :as head))", scaled))
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert sexpgpu(capsys, "run", file, "--device", device, "--run-dir", whole)[0] == 0
+    assert read_checkpoint(str(whole / "step-2")).stored_dtypes["param/scale"] == "BF16"
+    status, _, err = sexpgpu(capsys, "run", file, "--device", device, "--run-dir", resumed, "--resume", whole / "step-2")
+    assert status == 0, err
+    assert same_bits(read_checkpoint(str(resumed / "step-4")).tensors, read_checkpoint(str(whole / "step-4")).tensors)
