@@ -43,8 +43,12 @@ def check(args) -> int:
 
 
 def checkpoint(args) -> int:
-    from sexpgpu.store import describe_checkpoint, format_checkpoint
+    from sexpgpu.store import describe_checkpoint, format_checkpoint, format_verified, verify_checkpoint
 
+    if args.verify:
+        verified = verify_checkpoint(args.path)
+        print(json.dumps(vars(verified), sort_keys=True) if args.json else format_verified(verified))
+        return 0
     description = describe_checkpoint(args.path)
     if args.json:
         json.dump(description, sys.stdout, indent=2, sort_keys=True)

@@ -82,6 +82,9 @@ def _add_checkpoint(commands) -> None:
                     "load pins, and each tensor's shape and dtype.")
     parser.add_argument("path", metavar="PATH", help="a step-<n> directory or s3://bucket/prefix/step-<n>")
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
+    parser.add_argument("--verify", action="store_true",
+                        help="hash every file against its recorded SHA-256 and decode every tensor: prints OK, "
+                             "or fails with E-CKPT-001 naming the first mismatch")
 
 
 def main(argv: list[str] | None = None) -> int:

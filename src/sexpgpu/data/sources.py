@@ -8,7 +8,6 @@ seed and e.
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,6 +18,7 @@ from sexpgpu import numerics as nx
 from sexpgpu.data.corpus import CORPORA, corpus_bytes, corpus_digest
 from sexpgpu.data.records import dtype_name, read_record_file
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.store.digests import file_sha256
 
 SHUFFLE_PATH = "data/shuffle"
 
@@ -76,12 +76,15 @@ class RecordSource(DataSource):
         self.fields = {
             name: FieldSpec(tuple(array.shape[1:]), dtype_name(array)) for name, array in self.tensors.items()
         }
+        sha256, size = file_sha256(path)
+        # The path is for display: a resume compares the bytes and the digest (run/checkpointing.py).
         self.identity = {
             "kind": "records",
             "path": path,
             "records": self.count,
             "shuffle": shuffle,
-            "sha256": _file_sha256(path),
+            "bytes": size,
+            "sha256": sha256,
         }
 
     def batch(self, start: int, count: int) -> dict[str, np.ndarray]:
@@ -125,10 +128,3 @@ def open_source(spec, seed: int) -> DataSource:
         return TextSource(spec.corpus, spec.context)
     raise ValueError(f"open_source does not open {spec.kind} data")
 
-
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

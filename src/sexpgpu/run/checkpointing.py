@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass
 
 from sexpgpu.errors import SexpgpuError
@@ -34,11 +35,16 @@ def due(run, step: int) -> bool:
     return step % spec.every == 0 or step == run.steps
 
 
-def bit_identity(experiment) -> dict:
+def bit_identity(experiment, data_identity: dict) -> dict:
     """The resolved experiment without what cannot change a training step's bits. A `:load`
-    path is left out too: the load pins check the bytes, wherever they now lie."""
+    path is left out too: the load pins check the bytes, wherever they now lie. So is a
+    records file's path: the file counts by its size and SHA-256 (`data_identity`), so a
+    resume from another folder, or naming it by another path, finds the same data."""
     resolved = experiment_to_json(experiment)
     run = {key: value for key, value in resolved["run"].items() if key not in _NOT_BIT_RELEVANT}
+    if run["data"]["kind"] == "records":
+        run["data"] = {"kind": "records", "shuffle": run["data"]["shuffle"],
+                       "bytes": data_identity["bytes"], "sha256": data_identity["sha256"]}
     graphs = {name: dict(graph, body=[_LOAD_PATH.sub(':load "<pinned>"', form) for form in graph["body"]])
               for name, graph in resolved["graphs"].items()}
     return {"run": run, "graphs": graphs}
@@ -52,7 +58,7 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
     """experiment.json of a checkpoint. Its `experiment.resolved`, `selection`, `flags`,
     `environment`, `world_size` and `device` are what a resume compares (store.BIT_KEYS)."""
     run = built.experiment.run
-    identity = bit_identity(built.experiment)
+    identity = bit_identity(built.experiment, built.data_identity)
     return {
         "experiment": {"resolved": identity, "digest": identity_digest(identity),
                        "name": run.name, "file": experiment_to_json(built.experiment)},
@@ -81,16 +87,18 @@ def save(built, state: TrainingState, root: str, options) -> str:
 
 
 def resume_state(built, options, run_dir: str) -> Resumed:
-    from sexpgpu.store import check_same_experiment, read_checkpoint, resolve_checkpoint, verify_load_pin
+    from sexpgpu.store import (check_same_experiment, check_tensors, read_checkpoint, recorded_pins,
+                               resolve_checkpoint, uncommitted_after, verify_load_pin)
     from sexpgpu.run.setup import checkpoint_root
 
     root = checkpoint_root(built.experiment.run, options, run_dir)
     path = resolve_checkpoint(options.resume, root)
     checkpoint = read_checkpoint(path)
+    check_tensors(checkpoint, expected_tensors(built))
     recorded = checkpoint.experiment
     check_same_experiment(recorded, checkpoint_record(built, TrainingState(checkpoint.step, {}), options))
     layout_note = _check_layout(recorded, built.experiment.run, options)
-    pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded.get("loads", [])]
+    pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded_pins(path, recorded)]
     built.load_pins = pins
     state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
     state.params = {path: built.backend.from_host(value) for path, value in state.params.items()}
@@ -100,14 +108,28 @@ def resume_state(built, options, run_dir: str) -> Resumed:
         annotation += f"; {pin.param} loaded from {pin.file} ({pin.version_kind} {pin.version})"
     if layout_note:
         annotation += "\n" + layout_note
+    for step, where in uncommitted_after(path, checkpoint.step).items():
+        note = (f"step-{step} at {where} was not committed (its write was interrupted): resuming from step "
+                f"{checkpoint.step}; it is replaced when step {step} is written again")
+        print(f"note: {note}", file=options.err or sys.stderr, flush=True)
+        annotation += f"\n  {'not committed':<20}{note}"
     return Resumed(state, path, annotation)
+
+
+def expected_tensors(built) -> dict:
+    """{name: TensorSpec} of what a checkpoint of this model and optimizer holds (see save)."""
+    from sexpgpu.store import TensorSpec
+
+    params = {f"param/{path}": TensorSpec(tuple(spec.shape), "BF16" if spec.dtype == "bf16" else "F32")
+              for path, spec in built.program.params.items()}
+    state = {name: TensorSpec(tuple(shape), "F32") for name, shape in built.program.training.state_shapes().items()}
+    return {**params, **state}
 
 
 def _current_source(built, pin) -> str | None:
     """The source the file now names for a pinned parameter: a copy of the same bytes
     elsewhere resumes, and the annotation names the new path."""
-    path = pin["param"] if isinstance(pin, dict) else pin.param
-    spec = built.program.params.get(path)
+    spec = built.program.params.get(pin.param)
     return load_source(built.experiment, spec) if spec is not None and spec.load is not None else None
 
 

@@ -7,12 +7,19 @@ checkpoint. See docs/checkpoints.md for the layout and the rules.
 
 from sexpgpu.store.checkpoints import (
     Checkpoint,
+    Verified,
+    check_tensors,
+    format_verified,
     list_checkpoints,
     read_checkpoint,
     read_record,
+    recorded_pins,
     resolve_checkpoint,
+    uncommitted_after,
+    verify_checkpoint,
     write_checkpoint,
 )
+from sexpgpu.store.checks import TensorSpec
 from sexpgpu.store.describe import describe_checkpoint, format_checkpoint
 from sexpgpu.store.identity import BIT_KEYS, check_same_experiment
 from sexpgpu.store.loads import LoadPin, load_parameter, verify_load_pin
@@ -21,6 +28,12 @@ from sexpgpu.store.s3_objects import TransferSettings
 __all__ = [
     "BIT_KEYS",
     "Checkpoint",
+    "TensorSpec",
+    "Verified",
+    "check_tensors",
+    "format_verified",
+    "uncommitted_after",
+    "verify_checkpoint",
     "LoadPin",
     "TransferSettings",
     "check_same_experiment",
@@ -30,6 +43,7 @@ __all__ = [
     "load_parameter",
     "read_checkpoint",
     "read_record",
+    "recorded_pins",
     "resolve_checkpoint",
     "verify_load_pin",
     "write_checkpoint",

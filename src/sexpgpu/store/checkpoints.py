@@ -21,14 +21,12 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import crash_points, local_steps, s3_steps, safetensors_io
+from sexpgpu.store.checks import (EXPERIMENT_FILE, FORMAT, MARKER, MODEL_FILE, OPTIMIZER_FILE, TensorSpec, check_marker,
+                                  check_name, check_record, check_tensor_set, corrupt, parse_json)
 from sexpgpu.store.digests import BackgroundSha256, chunks
+from sexpgpu.store.loads import LoadPin
 from sexpgpu.store.uris import MissingFile, is_s3, join, parent
 
-FORMAT = "sexpgpu-checkpoint/1"
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_FILE = "optimizer.safetensors"
-EXPERIMENT_FILE = "experiment.json"
-MARKER = "COMMITTED"
 PARAM_PREFIX = "param/"
 RESERVED_KEYS = ("format", "step", "tensors")
 
@@ -117,7 +115,7 @@ def _same_or_refuse(existing: str, files: dict[str, safetensors_io.Encoded]) -> 
     steps = _steps_module(existing)
     try:
         recorded = json.loads(steps.read_small(join(existing, EXPERIMENT_FILE))).get("tensors")
-    except (MissingFile, ValueError, AttributeError):
+    except (MissingFile, ValueError, AttributeError, RecursionError):
         recorded = None
     ours = {name: {"sha256": _digest(enc), "bytes": enc.nbytes} for name, enc in files.items()}
     if recorded == ours:
@@ -155,7 +153,9 @@ def resolve_checkpoint(spec: str, run_root: str) -> str:
     if spec == "latest":
         found = list_checkpoints(run_root)
         if not found:
-            raise SexpgpuError("E-CKPT-003", f"there is no committed checkpoint under {run_root} to resume from.",
+            begun = list(_steps_module(run_root).uncommitted_steps(run_root).values())
+            unfinished = f" ({', '.join(begun)} {'was' if len(begun) == 1 else 'were'} begun and never committed)" if begun else ""
+            raise SexpgpuError("E-CKPT-003", f"there is no committed checkpoint under {run_root} to resume from{unfinished}.",
                                hint="Start the run without --resume, or name the directory that holds its checkpoints.")
         return found[-1][1]
     # A bare step-<n> means the one under the run's root.
@@ -187,7 +187,7 @@ def read_checkpoint(path: str) -> Checkpoint:
         try:
             data, sha = steps.read_whole(file)
         except MissingFile:
-            raise _corrupt(path, f"{name} is missing") from None
+            raise corrupt(path, f"{name} is missing") from None
         _check_digest(path, name, data, sha, expected)
         header = _parse(path, name, data)
         prefix = PARAM_PREFIX if name == MODEL_FILE else ""
@@ -198,48 +198,88 @@ def read_checkpoint(path: str) -> Checkpoint:
 
 
 def read_record(path: str) -> dict:
-    """A committed checkpoint's experiment.json, verified against its commit marker."""
+    """A committed checkpoint's experiment.json, verified against its commit marker, every
+    field of both checked, and the step in the directory's name checked against it."""
     steps = _steps_module(path)
     if not steps.is_committed(path):
         raise _missing_step(path)
     try:
-        marker = json.loads(steps.read_small(join(path, MARKER)))
-        expected = marker[EXPERIMENT_FILE]
-    except (MissingFile, ValueError, KeyError, TypeError):
-        raise _corrupt(path, f"its {MARKER} marker is not one sexpgpu writes") from None
+        marker = parse_json(path, MARKER, steps.read_small(join(path, MARKER)))
+    except MissingFile:
+        raise corrupt(path, f"its {MARKER} marker is missing") from None
+    expected = check_marker(path, marker)
     try:
         data, sha = steps.read_whole(join(path, EXPERIMENT_FILE))
     except MissingFile:
-        raise _corrupt(path, f"{EXPERIMENT_FILE} is missing") from None
+        raise corrupt(path, f"{EXPERIMENT_FILE} is missing") from None
     _check_digest(path, EXPERIMENT_FILE, data, sha, expected)
-    try:
-        record = json.loads(bytes(data))
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("tensors"), dict):
-        raise _corrupt(path, f"{EXPERIMENT_FILE} is not in the {FORMAT} format")
-    if record.get("step") != marker.get("step"):
-        raise _corrupt(path, f"{EXPERIMENT_FILE} is for step {record.get('step')} but {MARKER} for {marker.get('step')}")
+    record = check_record(path, parse_json(path, EXPERIMENT_FILE, data), marker)
+    check_name(path, record["step"])
     return record
 
 
+def recorded_pins(path: str, record: dict) -> list[LoadPin]:
+    """The record's `loads`, each checked for its fields and types (E-CKPT-001 if not)."""
+    loads = record.get("loads", [])
+    if not isinstance(loads, list):
+        raise corrupt(path, f"{EXPERIMENT_FILE}'s loads is not a list")
+    try:
+        return [LoadPin.from_json(pin) for pin in loads]
+    except ValueError as error:
+        raise corrupt(path, f"{EXPERIMENT_FILE}'s loads: {error}") from None
+
+
+def check_tensors(checkpoint: Checkpoint, expected: dict[str, TensorSpec]) -> None:
+    """E-CKPT-006 unless the checkpoint holds exactly the `expected` tensors, by name, shape and stored dtype."""
+    found = {name: TensorSpec(tuple(array.shape), checkpoint.stored_dtypes[name])
+             for name, array in checkpoint.tensors.items()}
+    check_tensor_set(checkpoint.path, found, expected)
+
+
+@dataclass
+class Verified:
+    """What `checkpoint --verify` checked: each tensor file's bytes and tensor count."""
+
+    path: str
+    step: int
+    files: dict[str, dict]  # {file: {"bytes": n, "tensors": count}}
+
+
+def verify_checkpoint(path: str) -> Verified:
+    """Hash every file of a checkpoint against its recorded SHA-256, decode every tensor and
+    check the load pins; the first mismatch is E-CKPT-001 naming the file."""
+    checkpoint = read_checkpoint(path)
+    recorded_pins(path, checkpoint.experiment)
+    files = {name: {"bytes": entry["bytes"], "tensors": 0} for name, entry in sorted(checkpoint.experiment["tensors"].items())}
+    for name in checkpoint.tensors:
+        files[MODEL_FILE if name.startswith(PARAM_PREFIX) else OPTIMIZER_FILE]["tensors"] += 1
+    return Verified(path, checkpoint.step, files)
+
+
+def format_verified(verified: Verified) -> str:
+    files = ", ".join(f"{name} ({entry['bytes']} bytes, {entry['tensors']} tensors)" for name, entry in verified.files.items())
+    return f"OK  {verified.path}: step {verified.step}; {files} match their SHA-256"
+
+
+def uncommitted_after(path: str, step: int) -> dict[int, str]:
+    """{step: where} of the steps after `step` beside the checkpoint `path` that were never
+    committed: interrupted writes that a resume from `path` should name."""
+    root = parent(path)
+    return {later: where for later, where in _steps_module(root).uncommitted_steps(root).items() if later > step}
+
+
 def _check_digest(path: str, name: str, data, sha: str, expected: dict) -> None:
-    if len(data) != expected.get("bytes"):
-        raise _corrupt(path, f"{name} has {len(data)} bytes where {expected.get('bytes')} were written (truncated?)")
-    if sha != expected.get("sha256"):
-        raise _corrupt(path, f"{name} has SHA-256 {sha} where {expected.get('sha256')} was written")
+    if len(data) != expected["bytes"]:
+        raise corrupt(path, f"{name} has {len(data)} bytes where {expected['bytes']} were written (truncated?)")
+    if sha != expected["sha256"]:
+        raise corrupt(path, f"{name} has SHA-256 {sha} where {expected['sha256']} was written")
 
 
 def _parse(path: str, name: str, data) -> safetensors_io.Header:
     try:
         return safetensors_io.parse_header(data, len(data))
     except safetensors_io.SafetensorsFormatError as error:
-        raise _corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
-
-
-def _corrupt(path: str, what: str) -> SexpgpuError:
-    return SexpgpuError("E-CKPT-001", f"the checkpoint {path} is damaged: {what}.",
-                        hint="Resume from an earlier checkpoint; this one was left as it is.")
+        raise corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
 
 
 def tensor_headers(path: str, record: dict) -> dict[str, safetensors_io.Header]:
@@ -253,10 +293,10 @@ def tensor_headers(path: str, record: dict) -> dict[str, safetensors_io.Header]:
             length = int.from_bytes(prefix[:8], "little") if len(prefix) == 8 else 0
             head, size = steps.read_head(file, 8 + min(length, safetensors_io.MAX_HEADER_BYTES))
         except MissingFile:
-            raise _corrupt(path, f"{name} is missing") from None
+            raise corrupt(path, f"{name} is missing") from None
         try:
             headers[name] = safetensors_io.parse_header(head, size)
         except safetensors_io.SafetensorsFormatError as error:
-            raise _corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
+            raise corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
     return headers
 

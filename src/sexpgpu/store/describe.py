@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from sexpgpu.store.checkpoints import MODEL_FILE, PARAM_PREFIX, read_record, tensor_headers
+from sexpgpu.store.checkpoints import MODEL_FILE, PARAM_PREFIX, read_record, recorded_pins, tensor_headers
 
 
 def describe_checkpoint(path: str) -> dict:
@@ -28,7 +28,7 @@ def describe_checkpoint(path: str) -> dict:
         "selection": record.get("selection"),
         "flags": record.get("flags"),
         "choices": record.get("choices"),
-        "loads": record.get("loads") or [],
+        "loads": [pin.to_json() for pin in recorded_pins(path, record)],
         "files": record["tensors"],
         "tensors": tensors,
     }

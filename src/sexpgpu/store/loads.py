@@ -43,7 +43,18 @@ class LoadPin:
 
     @classmethod
     def from_json(cls, record: dict) -> "LoadPin":
-        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
+        """The pin a checkpoint recorded; ValueError unless it has every field with its type."""
+        fields = cls.__dataclass_fields__
+        if not isinstance(record, dict) or set(record) != set(fields):
+            raise ValueError(f"a load pin needs exactly the keys {sorted(fields)}")
+        if not all(isinstance(record[name], str) for name in fields if name != "bytes") or \
+                not _is_size(record["bytes"]) or record["version_kind"] not in ("sha256", "etag"):
+            raise ValueError("a load pin holds strings, a byte count, and a version_kind of sha256 or etag")
+        return cls(**record)
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)

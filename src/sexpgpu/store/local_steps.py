@@ -19,11 +19,10 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import crash_points
+from sexpgpu.store.checks import MARKER, STEP_NAME
 from sexpgpu.store.digests import CHUNK_BYTES, BackgroundSha256, chunks
 from sexpgpu.store.uris import MissingFile
 
-MARKER = "COMMITTED"
-STEP_NAME = re.compile(r"step-(0|[1-9][0-9]*)")
 # A writer's temporary directory, or one being deleted: never a checkpoint, even with a marker.
 UNFINISHED_NAME = re.compile(r"\.step-(\d+)\.(partial-.*|deleting)")
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -77,10 +76,15 @@ class Writer:
         crash_points.reached("commit")
         with disk_errors(self.final, "commit"):
             _fsync_dir(self.temp)
-            if os.path.exists(self.final):
+            if is_committed(self.final):
                 raise SexpgpuError("E-CKPT-004", f"{self.final} appeared while this checkpoint was written; it was left as it is.")
+            # A step-<n> without its marker is an interrupted write, not a checkpoint: it is
+            # renamed away before ours takes its name, and only deleted once ours is durable.
+            uncommitted = _set_aside(self.final) if os.path.lexists(self.final) else None
             os.rename(self.temp, self.final)
             _fsync_dir(self.root)
+            if uncommitted:
+                _remove(uncommitted)
         return self.final
 
     def abort(self) -> None:
@@ -128,9 +132,21 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+@contextmanager
+def _reading(path: str):
+    """No file where one should be (or a directory in its place) is MissingFile; any other
+    failure to read is E-DISK-002."""
+    try:
+        yield
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise MissingFile(path) from None
+    except OSError as error:
+        raise SexpgpuError("E-DISK-002", f"cannot read {path}: {error.strerror or error}.") from None
+
+
 def read_whole(path: str) -> tuple[np.ndarray, str]:
     """A file's bytes (a uint8 array) and SHA-256, hashing each chunk while the next is read."""
-    try:
+    with _reading(path):
         size = os.stat(path).st_size
         # np.empty, not bytearray: zero-filling a large buffer first costs as much as the read.
         data = np.empty(size, dtype=np.uint8)
@@ -144,17 +160,12 @@ def read_whole(path: str) -> tuple[np.ndarray, str]:
                 digest.update(view[position : position + count])
                 position += count
             return (data if position == size else data[:position]), digest.hexdigest()
-    except FileNotFoundError:
-        raise MissingFile(path) from None
 
 
 def read_head(path: str, count: int) -> tuple[bytes, int]:
     """The first `count` bytes of a file and its size."""
-    try:
-        with open(path, "rb") as file:
-            return file.read(count), os.fstat(file.fileno()).st_size
-    except (FileNotFoundError, NotADirectoryError):
-        raise MissingFile(path) from None
+    with _reading(path), open(path, "rb") as file:
+        return file.read(count), os.fstat(file.fileno()).st_size
 
 
 def read_small(path: str) -> bytes:
@@ -180,13 +191,40 @@ def is_committed(path: str) -> bool:
     return not unfinished and os.path.isfile(os.path.join(path, MARKER))
 
 
+def uncommitted_steps(root: str) -> dict[int, str]:
+    """{step: path} of the steps under `root` that a writer began and never committed: a
+    `step-<n>` without its marker, or a writer's `.partial` directory."""
+    try:
+        names = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    found = {}
+    for name in sorted(names):
+        match = STEP_NAME.fullmatch(name) or UNFINISHED_NAME.fullmatch(name)
+        if match and not name.endswith(".deleting") and not os.path.isfile(os.path.join(root, name, MARKER)):
+            found.setdefault(int(match.group(1)), os.path.join(root, name))
+    return dict(sorted(found.items()))
+
+
 def remove_step(path: str) -> None:
     """Uncommit first (rename away), then delete, so a crash midway leaves no half checkpoint."""
-    doomed = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.deleting")
     with disk_errors(path, "delete"):
-        shutil.rmtree(doomed, ignore_errors=True)
-        os.rename(path, doomed)
-        shutil.rmtree(doomed)
+        shutil.rmtree(_set_aside(path))
+
+
+def _set_aside(path: str) -> str:
+    """Rename `path` to its `.deleting` name, which nothing reads, and return that name."""
+    doomed = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.deleting")
+    _remove(doomed)
+    os.rename(path, doomed)
+    return doomed
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
 
 
 def remove_partials(root: str, up_to_step: int) -> None:

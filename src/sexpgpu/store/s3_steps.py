@@ -86,6 +86,11 @@ def _step_objects(root: str) -> dict[int, list[str]]:
     return dict(sorted(steps.items()))
 
 
+def uncommitted_steps(root: str) -> dict[int, str]:
+    """{step: prefix} of the `step-<n>/` prefixes under `root` that hold objects but no marker."""
+    return {step: join(root, f"step-{step}") for step, names in _step_objects(root).items() if MARKER not in names}
+
+
 def is_committed(uri: str) -> bool:
     try:
         s3_objects.get_range(join(uri, MARKER), 0, 1, "reading")

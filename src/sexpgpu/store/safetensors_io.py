@@ -162,6 +162,8 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_bytes: int | None 
         raise SafetensorsFormatError(f"header is not UTF-8 JSON: byte {error.start} of it is not UTF-8") from None
     except json.JSONDecodeError as error:
         raise SafetensorsFormatError(f"header is not UTF-8 JSON: {error.msg} at byte {error.pos} of it") from None
+    except (ValueError, RecursionError):  # an integer of thousands of digits, or nesting too deep
+        raise SafetensorsFormatError("header is not JSON that a safetensors reader accepts") from None
     if not isinstance(header, dict):
         raise SafetensorsFormatError("header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -179,7 +181,7 @@ def _entry(name: str, spec) -> TensorEntry:
     if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "data_offsets"}:
         raise SafetensorsFormatError(f"tensor '{name}' needs exactly dtype, shape and data_offsets")
     dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
-    if dtype not in STORED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in STORED_DTYPES:
         raise SafetensorsFormatError(f"tensor '{name}' has a dtype that is not one of {', '.join(STORED_DTYPES)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise SafetensorsFormatError(f"tensor '{name}' has a shape that is not a list of non-negative integers")
