@@ -25,6 +25,7 @@ class Resumed:
     state: TrainingState
     path: str
     annotation: str
+    record: dict | None = None  # the checkpoint's experiment.json: its choices pin the resume
 
 
 def due(run, step: int) -> bool:
@@ -65,7 +66,7 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
                           "next_record": state.step * run.microbatches * run.batch},
         "microbatches": run.microbatches,
         "world_size": WORLD_SIZE,
-        "choices": None,
+        "choices": built.choices,
         "backend": built.backend_facts["name"],
         "loads": [pin.to_json() for pin in built.load_pins],
     }
@@ -100,7 +101,7 @@ def resume_state(built, options, run_dir: str) -> Resumed:
         annotation += f"; {pin.param} loaded from {pin.file} ({pin.version_kind} {pin.version})"
     if layout_note:
         annotation += "\n" + layout_note
-    return Resumed(state, path, annotation)
+    return Resumed(state, path, annotation, recorded)
 
 
 def _current_source(built, pin) -> str | None:

@@ -1,7 +1,14 @@
 """The run loop: one step is the microbatches in order, their gradients summed in order,
-then the update. Passes and checkpoints follow the step that triggers them."""
+then the update. Passes and checkpoints follow the step that triggers them.
+
+At a stacking degree k (plan/choices.py decides it) the loop runs the stacked training graph
+once for each k consecutive microbatches, their fields concatenated along the batch axis.
+When memory runs out in a stacked step, an unpinned run says `memory: allocation failed` and
+computes unstacked from that step; a pinned one stops with the allocation error."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -11,23 +18,43 @@ from sexpgpu.run.schedule import learning_rate
 from sexpgpu.run.state import TrainingState
 
 
+@dataclass(frozen=True)
+class Stacking:
+    training: object  # TrainingGraph at this degree
+    degree: int = 1
+    pinned: bool = False  # a pinned run never falls back
+
+
 class Trainer:
     """Drives a compiled program on a backend. It owns no policy about where output goes:
     `on_step`, `on_pass` and `on_checkpoint` callbacks receive each record."""
 
-    def __init__(self, run, program, backend, feeder):
+    def __init__(self, run, program, backend, feeder, stacking: Stacking | None = None, on_unstacked=None):
         self.run = run
         self.program = program
         self.backend = backend
         self.feeder = feeder
+        self.stacking = stacking or Stacking(program.training)
+        self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
 
     def step(self, state: TrainingState) -> dict:
         """Apply step state.step + 1 and return its metrics record."""
+        try:
+            return self._step(state)
+        except MemoryError:
+            if self.stacking.degree == 1 or self.stacking.pinned:
+                raise
+            self.stacking = Stacking(self.program.training)
+            if self.on_unstacked is not None:
+                self.on_unstacked(state.step + 1)
+            return self._step(state)
+
+    def _step(self, state: TrainingState) -> dict:
         step = state.step + 1
-        micro = self.program.training.micro
+        micro, degree = self.stacking.training.micro, self.stacking.degree
         grads, losses = None, []
-        for microbatch in range(self.run.microbatches):
-            inputs = self._micro_inputs(state, step, microbatch)
+        for first in range(0, self.run.microbatches, degree):
+            inputs = self._stacked_inputs(state, step, first, degree)
             outputs = self.backend.run(micro, inputs)
             losses.append(outputs["loss"])  # read after the update is queued: no wait between them
             grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
@@ -36,11 +63,12 @@ class Trainer:
         update_inputs.update(grads)
         update_inputs.update(state.optimizer)
         update_inputs.update({"step": np.int32(step), "lr": lr})
-        outputs = self.backend.run(self.program.training.update, _only(self.program.training.update, update_inputs))
+        update = self.stacking.training.update
+        outputs = self.backend.run(update, _only(update, update_inputs))
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
-        loss = _mean_in_order([self.backend.to_host(value) for value in losses])
+        loss = _mean_in_order([part for value in losses for part in np.ravel(self.backend.to_host(value))])
         return {
             "step": step,
             "loss": float(loss),
@@ -68,6 +96,21 @@ class Trainer:
             metric = key[len("metric/"):] if key.startswith("metric/") else key
             record[prefix + metric] = float(_mean_in_order(totals[key]))
         return record
+
+    def _stacked_inputs(self, state: TrainingState, step: int, first: int, degree: int) -> dict:
+        """The inputs of microbatches first .. first + degree - 1 as one batch: each field
+        concatenated in microbatch order; `microbatch` is the first one's index."""
+        if degree == 1:
+            return self._micro_inputs(state, step, first)
+        parts = [self.feeder.train_batch(step, first + offset) for offset in range(degree)]
+        inputs = dict(_prefixed("param/", state.params))
+        inputs.update({name: np.concatenate([part[name] for part in parts]) for name in parts[0]})
+        inputs.update({"step": np.int32(step), "microbatch": np.int32(first)})
+        return _only(self.stacking.training.micro, inputs)
+
+    def first_inputs(self, state: TrainingState) -> dict:
+        """The inputs of step 1's first microbatch: what a measurement at the first step runs."""
+        return self._micro_inputs(state, 1, 0)
 
     def _micro_inputs(self, state: TrainingState, step: int, microbatch: int) -> dict:
         micro = self.program.training.micro

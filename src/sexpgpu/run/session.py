@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
-from sexpgpu.run.loop import Trainer
+from sexpgpu.run.choosing import ChoiceSettings, choose, lowering_annotation, stacked_training
+from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.progress import Progress
 from sexpgpu.run.report import lowering_report
@@ -31,6 +32,7 @@ class RunOptions:
     checkpoint_to: str | None = None
     allow_layout_change: bool = False
     flags: dict = field(default_factory=dict)
+    choices: ChoiceSettings = field(default_factory=ChoiceSettings)
     out: object = None  # where the report goes (stdout)
     err: object = None  # where progress goes (stderr)
 
@@ -59,14 +61,19 @@ def execute(experiment, options: RunOptions) -> RunResult:
     run_dir = options.run_dir or default_run_dir(experiment.run.name)
     built = build_run(experiment, options.device)
     resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
+    chosen = choose(built, options.choices, resumed.record if resumed is not None else None,
+                    lambda: _first_step_inputs(built))
+    built.choices = chosen.choices.to_json()
     os.makedirs(run_dir, exist_ok=True)
-    report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity)
+    report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity,
+                             chosen.report_lines())
     if resumed is not None:
         report += "\n" + resumed.annotation
     _write_run_files(run_dir, experiment, built, options, report)
+    _write_json(os.path.join(run_dir, "lowering.json"), lowering_annotation(report, chosen))
     print(report, file=out, flush=True)
     state = resumed.state if resumed is not None else built.initial_state()
-    return _train(experiment, built, state, run_dir, options, err)
+    return _train(experiment, built, state, run_dir, options, err, chosen)
 
 
 def _write_run_files(run_dir, experiment, built, options, report) -> None:
@@ -75,20 +82,39 @@ def _write_run_files(run_dir, experiment, built, options, report) -> None:
         "flags": options.flags,
         "data": built.data_identity,
         "loads": [pin.to_json() for pin in built.load_pins],
+        "choices": built.choices,
     }
-    with open(os.path.join(run_dir, "experiment.json"), "w", encoding="utf-8") as handle:
-        json.dump(resolved, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    _write_json(os.path.join(run_dir, "experiment.json"), resolved)
     with open(os.path.join(run_dir, "report.txt"), "w", encoding="utf-8") as handle:
         handle.write(report + "\n")
 
 
-def _train(experiment, built, state, run_dir, options, err) -> RunResult:
+def _first_step_inputs(built) -> dict:
+    trainer = Trainer(built.experiment.run, built.program, built.backend, built.feeder)
+    return trainer.first_inputs(built.initial_state())
+
+
+def _write_json(path: str, content: dict) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(content, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+def _train(experiment, built, state, run_dir, options, err, chosen) -> RunResult:
     run = experiment.run
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     truncate_after_step(metrics_path, state.step) if options.resume else None
     metrics = MetricsLog(metrics_path, append=bool(options.resume))
-    trainer = Trainer(run, built.program, built.backend, built.feeder)
+    degree = chosen.choices.stacking
+    stacking = Stacking(stacked_training(built.program, degree), degree, chosen.pinned)
+
+    def unstacked(step: int) -> None:
+        print(f"memory: allocation failed at step {step} with stacking {degree}; computing unstacked from this "
+              "step on", file=err, flush=True)
+        chosen.unstacked()
+        built.choices = chosen.choices.to_json()
+
+    trainer = Trainer(run, built.program, built.backend, built.feeder, stacking, unstacked)
     progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err)
     root = checkpoint_root(run, options, run_dir)
     last_checkpoint = None
