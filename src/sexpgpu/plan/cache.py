@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from sexpgpu.plan.device import DeviceFacts
 
 FORMAT = 1
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def cache_root() -> str | None:

@@ -160,8 +160,8 @@ def _make_products(situation: Situation) -> dict:
             continue
         timed = {name: situation.probe.time_product(shape, name) for name in offered}
         fastest = min(offered, key=lambda name: (timed[name], name != ORDINARY))
-        keep = timed[fastest] * (1 + PRODUCT_LEAD) > timed[ORDINARY]
-        chosen[shape.key()] = ORDINARY if not keep else fastest
+        faster = timed[fastest] <= timed[ORDINARY] * (1 - PRODUCT_LEAD)
+        chosen[shape.key()] = fastest if faster else ORDINARY
     return chosen
 
 
@@ -176,11 +176,12 @@ def _products_key(situation: Situation) -> str:
 def _check_products(situation: Situation, recorded) -> str | None:
     if recorded is None:  # recorded before product implementations were: its run took ordinary
         return None
-    for shape in situation.product_shapes():
+    for shape in graph_products(situation.training):
+        offered = situation.probe.product_implementations(shape)
         name = recorded.get(shape.key())
-        if name is None:
+        if name is None and len(offered) > 1:
             return f"the product {shape.key()} has no recorded implementation"
-        if name not in situation.probe.product_implementations(shape):
+        if name is not None and name not in offered:
             return f"the product {shape.key()}: this device does not offer '{name}'"
     return None
 

@@ -148,8 +148,8 @@ def _cache_notes(cache) -> list:
 
 
 def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
-    """The CPU interpreter decides nothing: stacking 1, no fusion planner, no products of
-    its own to choose. A pinned record must ask for nothing else."""
+    """A backend without a probe decides nothing: stacking 1, no fusion planner, no products
+    of its own to choose (the CPU interpreter). A pinned record must ask for nothing else."""
     device = built.backend_facts["name"]
     gradients = "f32" if settings.deterministic else settings.node_gradients
     if pinned is not None:
@@ -165,7 +165,8 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
                                                f"{key}: {reason}.",
                                hint="Run with --choices fresh to choose again here (level 3).")
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
-    return Chosen(choices, How("interpreter"))
+    # a backend that measures nothing yet (no probe) is still only level 1 on its own machine
+    return Chosen(choices, How("interpreter" if built.backend_facts.get("kind") == "cpu" else "own"))
 
 
 def read_pinned(source: str) -> Choices:
