@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from sexpgpu.backends.cpu import Interpreter
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
 from sexpgpu.lang.forms import load_experiment
 from sexpgpu.run.feed import Feeder
@@ -20,16 +21,22 @@ from sexpgpu.run.state import TrainingState, initial_value, zero_optimizer_state
 from test_cli import EXAMPLES
 
 
+OUT_OF_MEMORY = {
+    "host": MemoryError("out of memory"),
+    "device": SexpgpuError("E-MEM-001", "memory: allocation failed: the memory plan's arena needs 4,096 bytes"),
+}
+
+
 class CrowdedDevice(Interpreter):
     """The interpreter, out of memory whenever it runs `graph`."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, error=OUT_OF_MEMORY["host"]):
         super().__init__()
-        self.graph = graph
+        self.graph, self.error = graph, error
 
     def run(self, graph, inputs):
         if graph is self.graph:
-            raise MemoryError("out of device memory")
+            raise self.error
         return super().run(graph, inputs)
 
 
@@ -61,10 +68,12 @@ def runs(tmp_path):
     return experiment, stacked
 
 
-def test_an_unpinned_stacked_run_computes_unstacked_from_the_failing_step(runs):
+@pytest.mark.parametrize("where", OUT_OF_MEMORY)
+def test_an_unpinned_stacked_run_computes_unstacked_from_the_failing_step(runs, where):
     experiment, stacked = runs
     unstacked_at = []
-    crowded, program = trainer(experiment, CrowdedDevice(stacked.micro), Stacking(stacked, 2), unstacked_at.append)
+    crowded, program = trainer(experiment, CrowdedDevice(stacked.micro, OUT_OF_MEMORY[where]), Stacking(stacked, 2),
+                               unstacked_at.append)
     plain, _ = trainer(experiment, Interpreter())
     ours, theirs = start(program, experiment.run.seed), start(program, experiment.run.seed)
     for _ in range(3):
@@ -74,6 +83,7 @@ def test_an_unpinned_stacked_run_computes_unstacked_from_the_failing_step(runs):
 
 def test_a_pinned_stacked_run_stops_with_the_allocation_error(runs):
     experiment, stacked = runs
-    crowded, program = trainer(experiment, CrowdedDevice(stacked.micro), Stacking(stacked, 2, pinned=True))
-    with pytest.raises(MemoryError):
+    error = OUT_OF_MEMORY["device"]
+    crowded, program = trainer(experiment, CrowdedDevice(stacked.micro, error), Stacking(stacked, 2, pinned=True))
+    with pytest.raises(SexpgpuError, match="memory: allocation failed"):
         crowded.step(start(program, experiment.run.seed))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import float_bits
 from sexpgpu.run.schedule import learning_rate
@@ -41,8 +42,8 @@ class Trainer:
         """Apply step state.step + 1 and return its metrics record."""
         try:
             return self._step(state)
-        except MemoryError:
-            if self.stacking.degree == 1 or self.stacking.pinned:
+        except (MemoryError, SexpgpuError) as error:
+            if not _allocation_failed(error) or self.stacking.degree == 1 or self.stacking.pinned:
                 raise
             self.stacking = Stacking(self.program.training)
             if self.on_unstacked is not None:
@@ -118,6 +119,11 @@ class Trainer:
         inputs.update(self.feeder.train_batch(step, microbatch))
         inputs.update({"step": np.int32(step), "microbatch": np.int32(microbatch)})
         return _only(micro, inputs)
+
+
+def _allocation_failed(error: Exception) -> bool:
+    """The host's MemoryError, or a backend's `memory: allocation failed` stop (E-MEM-001)."""
+    return isinstance(error, MemoryError) or getattr(error, "code", None) == "E-MEM-001"
 
 
 def _prefixed(prefix: str, values: dict) -> dict:
