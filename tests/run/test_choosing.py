@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -290,3 +291,24 @@ def test_a_pin_on_s3(sexpgpu, tiny, tmp_path, s3):
                              device=mine)
     assert code == 0, err
     assert line(out, "determinism").startswith("2: pinned") and mine.measured == []
+
+
+def test_choices_fresh_on_a_new_run_is_its_own_choices(sexpgpu, tiny, tmp_path):
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", "--choices", "fresh", device=FakeDevice())
+    assert code == 0 and line(out, "determinism").startswith("1: this machine repeats these bits")
+
+
+def test_run_help_names_the_choice_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "--choices RECORD|fresh" in text and "--deterministic" in text and "SEXPGPU_CHOICES" in text
+
+
+def test_every_choice_code_is_documented_and_no_other():
+    root = Path(__file__).resolve().parents[2]
+    code = re.compile(r"E-CHOICE-\d{3}")
+    section = (root / "docs/errors.md").read_text().split("## Choices\n", 1)[1].split("\n## ", 1)[0]
+    documented = {code.match(row[2:]).group(0) for row in section.splitlines() if row.startswith("| E-")}
+    sources = [root / "src/sexpgpu/run/choosing.py", *(root / "src/sexpgpu/plan").glob("*.py")]
+    assert documented == {found for path in sources for found in code.findall(path.read_text())}

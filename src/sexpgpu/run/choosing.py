@@ -165,8 +165,14 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
                                                f"{key}: {reason}.",
                                hint="Run with --choices fresh to choose again here (level 3).")
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
-    # a backend that measures nothing yet (no probe) is still only level 1 on its own machine
-    return Chosen(choices, How("interpreter" if built.backend_facts.get("kind") == "cpu" else "own"))
+    if built.backend_facts.get("kind") == "cpu":
+        return Chosen(choices, How("interpreter"))
+    # a backend that measures nothing yet (no probe) states the level of any run that chooses
+    if settings.deterministic:
+        return Chosen(choices, How("strict"))
+    if pinned is not None:
+        return Chosen(choices, How("pinned", pinned[1], pinned[0].device))
+    return Chosen(choices, How("own"))
 
 
 def read_pinned(source: str) -> Choices:
