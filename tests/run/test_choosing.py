@@ -312,3 +312,25 @@ def test_every_choice_code_is_documented_and_no_other():
     documented = {code.match(row[2:]).group(0) for row in section.splitlines() if row.startswith("| E-")}
     sources = [root / "src/sexpgpu/run/choosing.py", *(root / "src/sexpgpu/plan").glob("*.py")]
     assert documented == {found for path in sources for found in code.findall(path.read_text())}
+
+
+def test_the_backend_is_handed_what_the_plan_decided(tmp_path):
+    class Executor:
+        """A backend that executes choices: it keeps what it is handed."""
+
+        taken = None
+
+        def take_choices(self, choices):
+            self.taken = choices
+
+    executor = Executor()
+    record = choosing.read_pinned(str(_write(tmp_path / "e.json", {"choices": {"device": "d", "stacking": 1,
+                                                                                "recompute": 9.21}})))
+    choosing.hand_over(executor, record)
+    choosing.hand_over(object(), record)  # a backend that decides nothing takes nothing
+    assert executor.taken.recompute == 9.21
+
+
+def _write(path: Path, content: dict) -> Path:
+    path.write_text(json.dumps(content))
+    return path

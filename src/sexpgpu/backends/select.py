@@ -10,8 +10,8 @@ import platform
 
 import numpy as np
 
-from sexpgpu import __version__
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.plan.levels import How, determinism_line
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -20,9 +20,7 @@ def cpu_facts() -> dict:
     return {
         "kind": "cpu",
         "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
-        "determinism": "2: the CPU interpreter decides nothing from the machine and calls no platform math "
-                       "library, so any machine repeats these bits for this file, selection, flags and "
-                       f"sexpgpu {__version__}",
+        "determinism": determinism_line(How("interpreter"), ""),
         "choices": "none: stacking 1, sequential folds in a documented order, portable float32 math",
     }
 

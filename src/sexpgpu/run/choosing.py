@@ -81,6 +81,14 @@ def backend_probe(backend):
     return probe() if probe is not None else None
 
 
+def hand_over(backend, choices: Choices) -> None:
+    """Give the backend what the plan decided for it to execute (the recompute budget, each
+    product's implementation); a backend that decides nothing takes nothing."""
+    take = getattr(backend, "take_choices", None)
+    if take is not None:
+        take(choices)
+
+
 def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs=dict) -> Chosen:
     """The run's choices, or E-CHOICE-001/002/003 before its first step."""
     _refuse_contradictions(settings)

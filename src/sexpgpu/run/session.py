@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
-from sexpgpu.run.choosing import ChoiceSettings, choose, lowering_annotation, stacked_training
+from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.progress import Progress
@@ -64,6 +64,7 @@ def execute(experiment, options: RunOptions) -> RunResult:
     chosen = choose(built, options.choices, resumed.record if resumed is not None else None,
                     lambda: _first_step_inputs(built))
     built.choices = chosen.choices.to_json()
+    hand_over(built.backend, chosen.choices)
     os.makedirs(run_dir, exist_ok=True)
     report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity,
                              chosen.report_lines())
