@@ -73,7 +73,7 @@ def _digest(value) -> str:
 
 @dataclass
 class ChoiceCache:
-    """The plan's memory (plan/choices.py's `Memory`) backed by the two cache files."""
+    """The plan's memory (the methods of plan/choices.py's `Forgetful`), in the two cache files."""
 
     root: str | None
     identity: dict

@@ -77,22 +77,22 @@ class Situation:
     gpus: int = 1
     first_step_inputs: Callable[[], dict] = dict  # the first step's inputs, for a measurement at that step
     notes: list = field(default_factory=list)  # what the report says of how the choices were made
-    _offered: tuple | None = None
-    _free: int | None = None
+    free_bytes: int | None = None  # asked once, with the degrees offered
+    offered: tuple | None = None
 
     def offered_degrees(self) -> tuple:
         """The stacking degrees this run may take here: divisors of :microbatches (only 1 when
         the program is not stackable) whose memory plan fits the free device memory."""
-        if self._offered is None:
-            self._free = self.probe.free_memory_bytes()
+        if self.offered is None:
+            self.free_bytes = self.probe.free_memory_bytes()
             candidates = [degree for degree in range(1, self.microbatches + 1)
                           if self.microbatches % degree == 0 and (degree == 1 or self.stackable)]
             fitting = tuple(degree for degree in candidates
-                            if self.probe.training_peak_bytes(self.training, degree) <= self._free)
-            self._offered = fitting or (1,)
-            self.notes.append(f"stacking degrees {_listed(self._offered)} fit {_gib(self._free)} free"
+                            if self.probe.training_peak_bytes(self.training, degree) <= self.free_bytes)
+            self.offered = fitting or (1,)
+            self.notes.append(f"stacking degrees {_listed(self.offered)} fit {_gib(self.free_bytes)} free"
                               + (f" (of {_listed(candidates)})" if fitting != tuple(candidates) else ""))
-        return self._offered
+        return self.offered
 
     def product_shapes(self) -> list:
         """The float32 products of the training graph that the device offers more than one
@@ -145,7 +145,7 @@ def _check_stacking(situation: Situation, degree) -> str | None:
     if degree not in situation.offered_degrees():
         return (f"stacking {degree}: its memory plan needs "
                 f"{_gib(situation.probe.training_peak_bytes(situation.training, degree))} and "
-                f"{_gib(situation._free)} is free")
+                f"{_gib(situation.free_bytes)} is free")
     return None
 
 
@@ -221,9 +221,9 @@ DECISIONS = (
 )
 
 
-class Memory:
-    """Where decisions are remembered; plan/cache.py's `ChoiceCache` is the real one. A pinned
-    or --deterministic run uses `Forgetful`: it reads and writes nothing."""
+class Forgetful:
+    """A memory that remembers nothing. plan/cache.py's `ChoiceCache` has the same two methods
+    and remembers in ~/.cache/sexpgpu."""
 
     def lookup(self, file: str, key: str):
         return None
@@ -232,10 +232,7 @@ class Memory:
         return None
 
 
-Forgetful = Memory
-
-
-def decide(situation: Situation, memory: Memory) -> Choices:
+def decide(situation: Situation, memory) -> Choices:
     """The run's own choices: each taken from `memory` when it remembers one, else made now
     and remembered."""
     values = {}

@@ -14,7 +14,6 @@ from sexpgpu.plan.cache import open_cache
 from sexpgpu.plan.choices import (
     DEFAULT_NODE_GRADIENTS,
     Choices,
-    Forgetful,
     Situation,
     choices_from_json,
     decide,
