@@ -8,16 +8,22 @@ made to run out of memory on that graph, as a GPU does when another process take
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sexpgpu.backends.cpu import Interpreter
+from sexpgpu.backends.select import cpu_facts
+from sexpgpu.cli.main import main
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
 from sexpgpu.lang.forms import load_experiment
+from sexpgpu.run import choosing, session, setup
 from sexpgpu.run.feed import Feeder
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.state import TrainingState, initial_value, zero_optimizer_state
 
+from fake_device import FakeDevice
 from test_cli import EXAMPLES
 
 
@@ -87,3 +93,29 @@ def test_a_pinned_stacked_run_stops_with_the_allocation_error(runs):
     crowded, program = trainer(experiment, CrowdedDevice(stacked.micro, error), Stacking(stacked, 2, pinned=True))
     with pytest.raises(SexpgpuError, match="memory: allocation failed"):
         crowded.step(start(program, experiment.run.seed))
+
+
+class CrowdedForStacks(Interpreter):
+    """The interpreter, out of memory for any graph that takes twice the file's batch."""
+
+    def run(self, graph, inputs):
+        if any(name.startswith("field/") and node.shape[0] == 128 for name, node in graph.inputs.items()):
+            raise MemoryError("out of memory")
+        return super().run(graph, inputs)
+
+
+def test_the_run_says_memory_allocation_failed_and_records_stacking_1(tmp_path, monkeypatch, capsys):
+    """Through main(): the fake device offers stacking 2, the backend cannot hold it. The
+    stacked graph stands in for graph/stacking.py's (the file compiled with twice the batch)."""
+    experiment = tiny(tmp_path, 64, 2)
+    stacked = compile_program(tiny(tmp_path, 128, 1), {"x": ((2,), "f32"), "y": ((), "i32")}).training
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(choosing, "backend_probe", lambda backend: FakeDevice())
+    monkeypatch.setattr(session, "stacked_training", lambda program, degree: stacked if degree == 2 else program.training)
+    monkeypatch.setattr(setup, "select_backend", lambda device: (CrowdedForStacks(), cpu_facts()))
+    code = main(["run", experiment.path, "--run-dir", str(tmp_path / "r")])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "stacking 2," in out and "memory: allocation failed at step 1 with stacking 2" in err
+    report = json.loads((tmp_path / "r/step-3/experiment.json").read_text())
+    assert report["choices"]["stacking"] == 1
