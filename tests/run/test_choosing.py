@@ -90,11 +90,11 @@ def test_a_measured_choice_is_remembered_and_taken_again(sexpgpu, tiny, tmp_path
     code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "a", device=first)
     assert code == 0
     assert line(out, "determinism").startswith("1: this machine repeats these bits with this binary and ~/.cache/sexpgpu")
-    assert "measured now" in out and (home / ".cache/sexpgpu/choices.json").is_file()
+    assert "chosen now" in out and (home / ".cache/sexpgpu/choices.json").is_file()
     # the same machine, its timings now the other way round: the cache decides, not a new measurement
     second = FakeDevice(product_seconds={"ordinary": 0.5, "split-k 2": 1.0})
     code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "b", device=second)
-    assert code == 0 and f"taken from {home}/.cache/sexpgpu" in out and "measured now" not in out
+    assert code == 0 and f"taken from {home}/.cache/sexpgpu" in out and "chosen now" not in out
     assert choices_of(tmp_path / "a/experiment.json") == choices_of(tmp_path / "b/experiment.json")
     assert set(choices_of(tmp_path / "b/experiment.json")["products"].values()) == {"split-k 2"}
     assert metrics(tmp_path / "a") == metrics(tmp_path / "b")

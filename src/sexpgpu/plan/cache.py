@@ -79,7 +79,7 @@ class ChoiceCache:
     identity: dict
     notes: list = field(default_factory=list)
     taken: list = field(default_factory=list)  # the keys found in the cache
-    made: list = field(default_factory=list)  # the keys measured now
+    made: list = field(default_factory=list)  # the keys chosen now (measured, or a fixed value)
     _files: dict = field(default_factory=dict)
 
     def path(self, file: str) -> str:

@@ -150,7 +150,7 @@ def _cache_notes(cache) -> list:
     if cache.taken:
         notes.append(f"{', '.join(key.split('/')[0] for key in cache.taken)} taken from {cache.root}")
     if cache.made:
-        notes.append(f"{', '.join(key.split('/')[0] for key in cache.made)} measured now (not in {cache.root})")
+        notes.append(f"{', '.join(key.split('/')[0] for key in cache.made)} chosen now (not found in {cache.root})")
     return notes
 
 
