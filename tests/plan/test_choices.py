@@ -14,7 +14,7 @@ import pytest
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
 from sexpgpu.lang.forms import load_experiment
-from sexpgpu.plan.cache import open_cache
+from sexpgpu.plan.cache import executable_identity, identity, open_cache
 from sexpgpu.plan.choices import (
     DECISIONS,
     RECORD_KEYS,
@@ -84,7 +84,7 @@ def test_only_the_degrees_whose_plan_fits_are_offered_and_the_only_one_is_taken(
     ask = situation(program, device)
     assert ask.offered_degrees() == (1,)
     assert decide(ask, Forgetful()).stacking == 1
-    assert device.measured == [("throughput",)]  # the recompute budget; stacking measured nothing
+    assert device.measured == [("throughput",)]  # for the recompute budget; stacking measured nothing
     assert "stacking degrees 1 fit 1.5 GiB free (of 1, 2, 4)" in ask.notes
 
 
@@ -184,7 +184,26 @@ def test_a_miss_measures_and_remembers_and_a_hit_measures_nothing(program, home)
     cache = cache_for(second, program)
     assert decide(situation(program, second), cache) == made
     assert cache.taken and not cache.made
-    assert [call for call in second.measured if call[0] != "throughput"] == []
+    assert second.measured == []
+
+
+def test_the_cost_file_keeps_the_measured_throughput_and_the_budget(program, home):
+    decide(situation(program, FakeDevice()), cache_for(FakeDevice(), program))
+    (cost_file,) = (home / ".cache/sexpgpu/cost").iterdir()
+    values = {entry["key"]: entry["value"] for entry in json.loads(cost_file.read_text())["entries"].values()}
+    assert values == {"throughput": {"flops_per_second": 19.5e12, "bytes_per_second": 1.775e12},
+                      "recompute/recompute": 10.99}
+
+
+def test_the_executable_and_the_generators_are_part_of_the_identity(program, tmp_path):
+    binary = tmp_path / "python"
+    binary.write_bytes(b"v1")
+    before = executable_identity(str(binary))
+    binary.write_bytes(b"v2 longer")
+    assert executable_identity(str(binary)) != before
+    plain = identity(A100, program.training)
+    assert identity(A100, program.training, [program.training.micro]) != plain
+    assert identity(H200, program.training) != plain
 
 
 def test_the_cache_is_keyed_by_the_device_and_the_graph(program, tmp_path, home):

@@ -15,12 +15,12 @@ reads the resulting `Choices` record and nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.plan.cost import CostModel, graph_products
-from sexpgpu.plan.device import DeviceProbe
+from sexpgpu.plan.device import DeviceProbe, Throughput
 
 ORDINARY = "ordinary"
 STRICT_RECOMPUTE = 9.0  # flops a byte: the A100's, what --deterministic takes
@@ -79,6 +79,8 @@ class Situation:
     notes: list = field(default_factory=list)  # what the report says of how the choices were made
     free_bytes: int | None = None  # asked once, with the degrees offered
     offered: tuple | None = None
+    memory: object = None  # where the measured throughput is remembered (the cost file); set by `decide`
+    measured_throughput: Throughput | None = None
 
     def offered_degrees(self) -> tuple:
         """The stacking degrees this run may take here: divisors of :microbatches (only 1 when
@@ -93,6 +95,19 @@ class Situation:
             self.notes.append(f"stacking degrees {_listed(self.offered)} fit {_gib(self.free_bytes)} free"
                               + (f" (of {_listed(candidates)})" if fitting != tuple(candidates) else ""))
         return self.offered
+
+    def throughput(self) -> Throughput:
+        """The device's throughput, measured once and kept in the cost file: the cost model
+        and the recompute budget both read it."""
+        if self.measured_throughput is None:
+            memory = self.memory or Forgetful()
+            remembered = memory.lookup("cost", "throughput")
+            if isinstance(remembered, dict) and set(remembered) == {"flops_per_second", "bytes_per_second"}:
+                self.measured_throughput = Throughput(**remembered)
+            else:
+                self.measured_throughput = self.probe.measure_throughput()
+                memory.remember("cost", "throughput", asdict(self.measured_throughput))
+        return self.measured_throughput
 
     def product_shapes(self) -> list:
         """The float32 products of the training graph that the device offers more than one
@@ -117,7 +132,7 @@ def _make_stacking(situation: Situation) -> int:
     offered = situation.offered_degrees()
     if len(offered) == 1:
         return offered[0]
-    model = CostModel(situation.probe.measure_throughput())
+    model = CostModel(situation.throughput())
     predicted = {degree: model.step_seconds(situation.training, degree) for degree in offered}
     ranked = sorted(offered, key=lambda degree: (predicted[degree], degree))
     if predicted[ranked[1]] > predicted[ranked[0]] * (1 + COST_MODEL_LEAD):
@@ -189,7 +204,7 @@ def _check_products(situation: Situation, recorded) -> str | None:
 # --- the rest -----------------------------------------------------------------------------
 
 def _make_recompute(situation: Situation) -> float:
-    return round(situation.probe.measure_throughput().flops_per_byte, 2)
+    return round(situation.throughput().flops_per_byte, 2)
 
 
 def _check_recompute(situation: Situation, budget) -> str | None:
@@ -236,6 +251,7 @@ def decide(situation: Situation, memory) -> Choices:
     """The run's own choices: each taken from `memory` when it remembers one, else made now
     and remembered."""
     values = {}
+    situation.memory = memory
     for decision in DECISIONS:
         key = decision.cache_key(situation)
         remembered = memory.lookup(decision.remembered, f"{decision.key}/{key}") if decision.remembered else None
