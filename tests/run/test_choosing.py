@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from sexpgpu.backends.cpu import Interpreter
+from sexpgpu.backends.select import cpu_facts
 from sexpgpu.cli.main import main
-from sexpgpu.run import choosing
+from sexpgpu.run import choosing, setup
 
 from fake_device import GIB, H200, FakeDevice
 from test_cli import EXAMPLES, metrics
@@ -334,3 +336,14 @@ def test_the_backend_is_handed_what_the_plan_decided(tmp_path):
 def _write(path: Path, content: dict) -> Path:
     path.write_text(json.dumps(content))
     return path
+
+
+def test_a_backend_without_a_probe_keeps_its_own_choices_line(sexpgpu, tiny, tmp_path, monkeypatch):
+    """A device backend that measures nothing yet (the CUDA backend before its probe) states
+    its fixed choices and device facts itself, at level 1 on its own machine."""
+    facts = dict(cpu_facts(), kind="cuda", name="cuda test", choices="stacking 1, recompute 9.00 flops a byte; on compute_80")
+    monkeypatch.setattr(setup, "select_backend", lambda device: (Interpreter(), facts))
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=None)
+    assert code == 0 and line(out, "choices") == facts["choices"]
+    assert line(out, "determinism").startswith("1: this machine repeats these bits")
+    assert choices_of(tmp_path / "r/experiment.json")["recompute"] == 9.0

@@ -13,6 +13,7 @@ from sexpgpu.graph.stacking import stack_training
 from sexpgpu.plan.cache import open_cache
 from sexpgpu.plan.choices import (
     DEFAULT_NODE_GRADIENTS,
+    STRICT_RECOMPUTE,
     Choices,
     Situation,
     choices_from_json,
@@ -58,6 +59,7 @@ class Chosen:
     choices: Choices
     how: How
     notes: list = field(default_factory=list)
+    described: str | None = None  # the backend's own choices line, for a backend with no probe yet
 
     @property
     def pinned(self) -> bool:
@@ -67,7 +69,7 @@ class Chosen:
         """(label, text) pairs: how the choices were made, then the closing two lines."""
         lines = [("choosing", note) for note in self.notes]
         return lines + [("determinism", determinism_line(self.how, self.choices.device)),
-                        ("choices", choices_line(self.choices))]
+                        ("choices", self.described or choices_line(self.choices))]
 
     def unstacked(self) -> None:
         self.choices = replace(self.choices, stacking=1)
@@ -174,12 +176,14 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
     if built.backend_facts.get("kind") == "cpu":
         return Chosen(choices, How("interpreter"))
-    # a backend that measures nothing yet (no probe) states the level of any run that chooses
+    # a backend with no probe yet measures nothing: it states its fixed choices itself
+    choices = replace(choices, recompute=STRICT_RECOMPUTE)
+    described = built.backend_facts["choices"]
     if settings.deterministic:
-        return Chosen(choices, How("strict"))
+        return Chosen(choices, How("strict"), described=described)
     if pinned is not None:
-        return Chosen(choices, How("pinned", pinned[1], pinned[0].device))
-    return Chosen(choices, How("own"))
+        return Chosen(choices, How("pinned", pinned[1], pinned[0].device), described=described)
+    return Chosen(choices, How("own"), described=described)
 
 
 def read_pinned(source: str) -> Choices:
