@@ -75,6 +75,8 @@ def test_a_run_pinned_to_another_runs_record_repeats_its_bits_with_the_cache_emp
 def test_a_deleted_cache_and_another_outcome_are_reported(tiny, tmp_path):
     """Another process takes most of the free memory, so fewer stacking degrees fit."""
     first = run(tiny, tmp_path / "a", tmp_path / "home")
+    if "stacking degrees" not in first:
+        pytest.skip("this CUDA backend offers no DeviceProbe yet, so it measures nothing")
     shutil.rmtree(tmp_path / "home")
     free, _ = torch.cuda.mem_get_info()
     holder = subprocess.Popen([sys.executable, "-c",
@@ -88,9 +90,9 @@ def test_a_deleted_cache_and_another_outcome_are_reported(tiny, tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    assert "chosen now" in second or "stacking degrees" in second
+    assert "chosen now" in second
     offered = [line for line in second.splitlines() if "stacking degrees" in line]
-    assert offered == [] or offered != [line for line in first.splitlines() if "stacking degrees" in line]
+    assert offered != [line for line in first.splitlines() if "stacking degrees" in line]  # less memory is free
 
 
 def test_deterministic_runs_agree_bit_for_bit(tiny, tmp_path):
