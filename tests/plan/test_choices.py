@@ -343,3 +343,17 @@ def test_the_choices_line_names_the_device_facts(program):
 def test_cache_files_are_replaced_whole(program, home):
     decide(situation(program, FakeDevice()), cache_for(FakeDevice(), program))
     assert not [name for name in os.listdir(home / ".cache/sexpgpu") if name.startswith(".tmp-")]
+
+
+def test_a_remembered_value_this_machine_cannot_take_is_chosen_again(program, home):
+    device = FakeDevice()
+    decide(situation(program, device), cache_for(device, program))
+    path = home / ".cache/sexpgpu/choices.json"
+    content = json.loads(path.read_text())
+    for entry in content["entries"].values():
+        if entry["key"].startswith("stacking/"):
+            entry["value"] = 3  # does not divide 4 microbatches
+    path.write_text(json.dumps(content))
+    cache = cache_for(device, program)
+    assert decide(situation(program, device), cache).stacking == 4
+    assert "stacking/degrees 1, 2, 4" in cache.made

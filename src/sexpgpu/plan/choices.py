@@ -248,14 +248,14 @@ class Forgetful:
 
 
 def decide(situation: Situation, memory) -> Choices:
-    """The run's own choices: each taken from `memory` when it remembers one, else made now
-    and remembered."""
+    """The run's own choices: each taken from `memory` when it remembers one this machine can
+    take (a damaged entry is not), else made now and remembered."""
     values = {}
     situation.memory = memory
     for decision in DECISIONS:
         key = decision.cache_key(situation)
         remembered = memory.lookup(decision.remembered, f"{decision.key}/{key}") if decision.remembered else None
-        if remembered is not None:
+        if remembered is not None and decision.check_pin(situation, remembered) is None:
             values[decision.key] = remembered
             continue
         values[decision.key] = decision.make(situation)
