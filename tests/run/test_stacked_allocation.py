@@ -117,5 +117,5 @@ def test_the_run_says_memory_allocation_failed_and_records_stacking_1(tmp_path, 
     out, err = capsys.readouterr()
     assert code == 0
     assert "stacking 2," in out and "memory: allocation failed at step 1 with stacking 2" in err
-    report = json.loads((tmp_path / "r/step-3/experiment.json").read_text())
-    assert report["choices"]["stacking"] == 1
+    for record in ("r/step-3/experiment.json", "r/experiment.json"):
+        assert json.loads((tmp_path / record).read_text())["choices"]["stacking"] == 1

@@ -95,6 +95,13 @@ def _first_step_inputs(built) -> dict:
     return trainer.first_inputs(built.initial_state())
 
 
+def _record_choices(path: str, choices: dict) -> None:
+    """The run directory's experiment.json records the choices in effect."""
+    with open(path, encoding="utf-8") as handle:
+        resolved = json.load(handle)
+    _write_json(path, dict(resolved, choices=choices))
+
+
 def _write_json(path: str, content: dict) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(content, handle, indent=2, sort_keys=True)
@@ -114,6 +121,7 @@ def _train(experiment, built, state, run_dir, options, err, chosen) -> RunResult
               "step on", file=err, flush=True)
         chosen.unstacked()
         built.choices = chosen.choices.to_json()
+        _record_choices(os.path.join(run_dir, "experiment.json"), built.choices)
 
     trainer = Trainer(run, built.program, built.backend, built.feeder, stacking, unstacked)
     progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err)
