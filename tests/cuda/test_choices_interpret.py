@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-if torch.cuda.is_available():  # pragma: no cover - tests/cuda/test_choices_gpu.py runs these on the device
+if torch.cuda.is_available():  # pragma: no cover - tests/cuda/test_mechanisms_gpu.py runs these on the device
     pytest.skip("a GPU is present: the GPU tests check these there", allow_module_level=True)
 pytest.importorskip("triton")
 

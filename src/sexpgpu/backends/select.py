@@ -10,8 +10,8 @@ import platform
 
 import numpy as np
 
-from sexpgpu import __version__
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.plan.levels import How, determinism_line
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -20,9 +20,7 @@ def cpu_facts() -> dict:
     return {
         "kind": "cpu",
         "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
-        "determinism": "2: the CPU interpreter decides nothing from the machine and calls no platform math "
-                       "library, so any machine repeats these bits for this file, selection, flags and "
-                       f"sexpgpu {__version__}",
+        "determinism": determinism_line(How("interpreter"), ""),
         "choices": "none: stacking 1, sequential folds in a documented order, portable float32 math",
     }
 
@@ -64,3 +62,13 @@ def select_backend(device: str):
     from sexpgpu.backends.cpu import Interpreter
 
     return Interpreter(), cpu_facts()
+
+
+def probe_for(backend):
+    """The DeviceProbe (plan/device.py) of a backend that offers choices, or None for one that
+    decides nothing (the CPU interpreter)."""
+    if getattr(backend, "name", None) != "cuda":
+        return None
+    from sexpgpu.backends.cuda.probe import CudaProbe  # torch is optional: loaded with the CUDA backend
+
+    return CudaProbe(backend)

@@ -8,8 +8,9 @@ import os
 import sys
 
 # Settings that change a run's bits by design (determinism.md, "What the run's configuration decides").
-BIT_SETTINGS = ("SEXPGPU_OPTIMIZE", "SEXPGPU_PATTERNS", "SEXPGPU_DETERMINISTIC", "SEXPGPU_CHOICES",
-                "SEXPGPU_NODE_GRADIENTS")
+# The choice settings (SEXPGPU_CHOICES, SEXPGPU_DETERMINISTIC, SEXPGPU_NODE_GRADIENTS) are not
+# among them: a resume's choices are checked by its pin (E-CHOICE-001), not its identity.
+BIT_SETTINGS = ("SEXPGPU_OPTIMIZE", "SEXPGPU_PATTERNS")
 
 
 def _flags(args) -> dict:
@@ -21,12 +22,15 @@ def _flags(args) -> dict:
 
 def run(args) -> int:
     from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.choosing import choice_settings
     from sexpgpu.run.session import RunOptions, execute
 
     experiment = load_experiment(args.file, args.selection)
+    settings = choice_settings(args.choices, args.deterministic)
+    flags = dict(_flags(args), choices=settings.to_json())
     options = RunOptions(run_dir=args.run_dir, device=args.device, resume=args.resume,
                          checkpoint_to=args.checkpoint_to, allow_layout_change=args.allow_layout_change,
-                         flags=_flags(args))
+                         flags=flags, choices=settings)
     result = execute(experiment, options)
     return 130 if result.interrupted else 0
 

@@ -63,6 +63,13 @@ def _add_run(commands) -> None:
     parser.add_argument("--allow-layout-change", action="store_true",
                         help="resume even though the microbatch layout changed; the bits will then differ "
                              "from the uninterrupted run's")
+    parser.add_argument("--choices", metavar="RECORD|fresh",
+                        help="take the machine's choices recorded in a checkpoint (a step-<n> directory or "
+                             "s3:// prefix), an experiment.json or a lowering annotation; or 'fresh' to choose "
+                             "again, a resume too (default: SEXPGPU_CHOICES; see docs/determinism.md)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="take a fixed rule for every choice and measure nothing: bits that hold with no "
+                             "record, a few percent slower (default: SEXPGPU_DETERMINISTIC=1)")
 
 
 def _add_check(commands) -> None:

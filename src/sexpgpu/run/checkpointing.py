@@ -26,6 +26,7 @@ class Resumed:
     state: TrainingState
     path: str
     annotation: str
+    record: dict | None = None  # the checkpoint's experiment.json: its choices pin the resume
 
 
 def due(run, step: int) -> bool:
@@ -71,7 +72,7 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
                           "next_record": state.step * run.microbatches * run.batch},
         "microbatches": run.microbatches,
         "world_size": WORLD_SIZE,
-        "choices": None,
+        "choices": built.choices,
         "backend": built.backend_facts["name"],
         "loads": [pin.to_json() for pin in built.load_pins],
     }
@@ -113,7 +114,7 @@ def resume_state(built, options, run_dir: str) -> Resumed:
                 f"{checkpoint.step}; it is replaced when step {step} is written again")
         print(f"note: {note}", file=options.err or sys.stderr, flush=True)
         annotation += f"\n  {'not committed':<20}{note}"
-    return Resumed(state, path, annotation)
+    return Resumed(state, path, annotation, recorded)
 
 
 def expected_tensors(built) -> dict:

@@ -1,53 +1,74 @@
 """The run loop: one step is the microbatches in order, their gradients summed in order,
 then the update. Passes and checkpoints follow the step that triggers them.
 
-At stacking degree k (the plan's choice; graph/stacking.py) a step makes :microbatches / k
-calls of the stacked microbatch graph, call c running microbatches c*k .. c*k+k-1 as one
-batch. Each call gives the sum of its k microbatches' gradients, summed over calls left to
-right, and the vector of its k microbatch losses, so the step's loss is the same mean of
-the :microbatches losses in microbatch order. k = 1 is the unstacked step."""
+At a stacking degree k (plan/choices.py decides it) the loop runs the stacked training graph
+once for each k consecutive microbatches, their fields concatenated along the batch axis.
+When memory runs out in a stacked step, an unpinned run says `memory: allocation failed` and
+computes unstacked from that step; a pinned one stops with the allocation error."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.stacking import stack_training
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import float_bits
 from sexpgpu.run.schedule import learning_rate
 from sexpgpu.run.state import TrainingState
 
 
+@dataclass(frozen=True)
+class Stacking:
+    training: object  # TrainingGraph at this degree
+    degree: int = 1
+    pinned: bool = False  # a pinned run never falls back
+
+
 class Trainer:
     """Drives a compiled program on a backend. It owns no policy about where output goes:
     `on_step`, `on_pass` and `on_checkpoint` callbacks receive each record."""
 
-    def __init__(self, run, program, backend, feeder, degree: int = 1, on_allocation_failure=None):
+    def __init__(self, run, program, backend, feeder, stacking: Stacking | None = None, on_unstacked=None):
         self.run = run
         self.program = program
         self.backend = backend
         self.feeder = feeder
-        self.degree = degree  # microbatches a call runs as one batch, as the plan decided
-        # called with the E-MEM-001 error when a stacked call cannot allocate; True: compute
-        # unstacked from this step on (determinism.md, "losing level 1"), False: stop
-        self.on_allocation_failure = on_allocation_failure
+        self.stacking = stacking or Stacking(program.training)
+        self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
 
     def step(self, state: TrainingState) -> dict:
         """Apply step state.step + 1 and return its metrics record."""
-        step = state.step + 1
         try:
-            grads, losses = self._microbatches(state, step)
-        except SexpgpuError as error:
-            if error.code != "E-MEM-001" or self.degree == 1 or not self._unstack_after(error):
+            return self._step(state)
+        except (MemoryError, SexpgpuError) as error:
+            if not _allocation_failed(error) or self.stacking.degree == 1 or self.stacking.pinned:
                 raise
-            grads, losses = self._microbatches(state, step)
+            release = getattr(self.backend, "release", None)
+            if release is not None:  # the stacked graphs' memory is the unstacked run's room
+                release(self.stacking.training.micro)
+            self.stacking = Stacking(self.program.training)
+            if self.on_unstacked is not None:
+                self.on_unstacked(state.step + 1)
+            return self._step(state)
+
+    def _step(self, state: TrainingState) -> dict:
+        step = state.step + 1
+        micro, degree = self.stacking.training.micro, self.stacking.degree
+        grads, losses = None, []
+        for first in range(0, self.run.microbatches, degree):
+            inputs = self._stacked_inputs(state, step, first, degree)
+            outputs = self.backend.run(micro, inputs)
+            losses.append(outputs["loss"])  # read after the update is queued: no wait between them
+            grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
         update_inputs.update(grads)
         update_inputs.update(state.optimizer)
         update_inputs.update({"step": np.int32(step), "lr": lr})
-        outputs = self.backend.run(self.program.training.update, _only(self.program.training.update, update_inputs))
+        update = self.stacking.training.update
+        outputs = self.backend.run(update, _only(update, update_inputs))
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
@@ -80,28 +101,28 @@ class Trainer:
             record[prefix + metric] = float(_mean_in_order(totals[key]))
         return record
 
-    def _microbatches(self, state: TrainingState, step: int) -> tuple:
-        """(the step's gradients summed in microbatch order, each call's losses)."""
-        micro = stack_training(self.program.training, self.degree).micro
-        grads, losses = None, []
-        for first in range(0, self.run.microbatches, self.degree):
-            inputs = dict(_prefixed("param/", state.params))
-            inputs.update(self.feeder.train_batch(step, first, self.degree))
-            inputs.update({"step": np.int32(step), "microbatch": np.int32(first)})
-            outputs = self.backend.run(micro, _only(micro, inputs))
-            losses.append(outputs["loss"])  # read after the update is queued: no wait between them
-            grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
-        return grads, losses
+    def _stacked_inputs(self, state: TrainingState, step: int, first: int, degree: int) -> dict:
+        """The inputs of microbatches first .. first + degree - 1 as one batch: the feeder
+        gives each field's records in microbatch order; `microbatch` is the first one's index."""
+        inputs = dict(_prefixed("param/", state.params))
+        inputs.update(self.feeder.train_batch(step, first, degree))
+        inputs.update({"step": np.int32(step), "microbatch": np.int32(first)})
+        return _only(self.stacking.training.micro, inputs)
 
-    def _unstack_after(self, error: SexpgpuError) -> bool:
-        """Whether the step continues unstacked after a stacked call could not allocate."""
-        if self.on_allocation_failure is None or not self.on_allocation_failure(error):
-            return False
-        release = getattr(self.backend, "release", None)
-        if release is not None:  # the stacked graphs' memory is the unstacked run's room
-            release(stack_training(self.program.training, self.degree).micro)
-        self.degree = 1
-        return True
+    def first_inputs(self, state: TrainingState) -> dict:
+        """The inputs of step 1's first microbatch: what a measurement at the first step runs."""
+        return self._micro_inputs(state, 1, 0)
+
+    def _micro_inputs(self, state: TrainingState, step: int, microbatch: int) -> dict:
+        inputs = dict(_prefixed("param/", state.params))
+        inputs.update(self.feeder.train_batch(step, microbatch))
+        inputs.update({"step": np.int32(step), "microbatch": np.int32(microbatch)})
+        return _only(self.program.training.micro, inputs)
+
+
+def _allocation_failed(error: Exception) -> bool:
+    """The host's MemoryError, or a backend's `memory: allocation failed` stop (E-MEM-001)."""
+    return isinstance(error, MemoryError) or getattr(error, "code", None) == "E-MEM-001"
 
 
 def _prefixed(prefix: str, values: dict) -> dict:

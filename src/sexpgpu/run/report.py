@@ -22,7 +22,10 @@ def _line(label: str, text: str) -> str:
     return f"  {label:<20}{text}"
 
 
-def lowering_report(experiment, program, backend_facts: dict, memory: dict, source_identity: dict) -> str:
+def lowering_report(experiment, program, backend_facts: dict, memory: dict, source_identity: dict,
+                    closing: list | None = None) -> str:
+    """`closing`: (label, text) lines of the run's choices (run/choosing.py); without them the
+    backend's own account closes the report, as for `sexpgpu check`."""
     run = experiment.run
     training = program.training
     param_values = sum(int(np.prod(spec.shape)) for spec in program.params.values())
@@ -36,9 +39,9 @@ def lowering_report(experiment, program, backend_facts: dict, memory: dict, sour
         _line("data", _describe_data(source_identity)),
         _line("steps", f"{run.steps} steps of {run.microbatches} x {run.batch} records, "
                        f"{run.optimizer.kind}, {run.schedule.kind} schedule"),
-        _line("determinism", backend_facts["determinism"]),
-        _line("choices", backend_facts["choices"]),
     ]
+    closing = closing or [("determinism", backend_facts["determinism"]), ("choices", backend_facts["choices"])]
+    lines += [_line(label, text) for label, text in closing]
     return "\n".join(lines)
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
-from sexpgpu.run.loop import Trainer
+from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over, lowering_annotation, stacked_training
+from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.progress import Progress
 from sexpgpu.run.report import lowering_report
@@ -31,6 +32,7 @@ class RunOptions:
     checkpoint_to: str | None = None
     allow_layout_change: bool = False
     flags: dict = field(default_factory=dict)
+    choices: ChoiceSettings = field(default_factory=ChoiceSettings)
     out: object = None  # where the report goes (stdout)
     err: object = None  # where progress goes (stderr)
 
@@ -51,14 +53,20 @@ def execute(experiment, options: RunOptions) -> RunResult:
     root = checkpoint_root(experiment.run, options, run_dir)
     with claimed(run_dir, root, fresh=not options.resume, writes_checkpoints=experiment.run.checkpoint is not None):
         resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
-        report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity)
+        chosen = choose(built, options.choices, resumed.record if resumed is not None else None,
+                        lambda: _first_step_inputs(built))
+        built.choices = chosen.choices.to_json()
+        hand_over(built.backend, chosen.choices)
+        report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity,
+                                 chosen.report_lines())
         if resumed is not None:
             report += "\n" + resumed.annotation
         with run_dir_errors(run_dir, "write the run's files in"):
             _write_run_files(run_dir, experiment, built, options, report)
+            _write_json(os.path.join(run_dir, "lowering.json"), lowering_annotation(report, chosen))
         print(report, file=out, flush=True)
         state = resumed.state if resumed is not None else built.initial_state()
-        return _train(experiment, built, state, run_dir, options, err)
+        return _train(experiment, built, state, run_dir, options, err, chosen)
 
 
 def _write_run_files(run_dir, experiment, built, options, report) -> None:
@@ -67,15 +75,32 @@ def _write_run_files(run_dir, experiment, built, options, report) -> None:
         "flags": options.flags,
         "data": built.data_identity,
         "loads": [pin.to_json() for pin in built.load_pins],
+        "choices": built.choices,
     }
-    with open(os.path.join(run_dir, "experiment.json"), "w", encoding="utf-8") as handle:
-        json.dump(resolved, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    _write_json(os.path.join(run_dir, "experiment.json"), resolved)
     with open(os.path.join(run_dir, "report.txt"), "w", encoding="utf-8") as handle:
         handle.write(report + "\n")
 
 
-def _train(experiment, built, state, run_dir, options, err) -> RunResult:
+def _first_step_inputs(built) -> dict:
+    trainer = Trainer(built.experiment.run, built.program, built.backend, built.feeder)
+    return trainer.first_inputs(built.initial_state())
+
+
+def _record_choices(path: str, choices: dict) -> None:
+    """The run directory's experiment.json records the choices in effect."""
+    with open(path, encoding="utf-8") as handle:
+        resolved = json.load(handle)
+    _write_json(path, dict(resolved, choices=choices))
+
+
+def _write_json(path: str, content: dict) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(content, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+def _train(experiment, built, state, run_dir, options, err, chosen) -> RunResult:
     run = experiment.run
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if options.resume:
@@ -83,7 +108,17 @@ def _train(experiment, built, state, run_dir, options, err) -> RunResult:
         if torn:
             print(torn, file=err, flush=True)
     metrics = MetricsLog(metrics_path, append=bool(options.resume))
-    trainer = Trainer(run, built.program, built.backend, built.feeder)
+    degree = chosen.choices.stacking
+    stacking = Stacking(stacked_training(built.program, degree), degree, chosen.pinned)
+
+    def unstacked(step: int) -> None:
+        print(f"memory: allocation failed at step {step} with stacking {degree}; computing unstacked from this "
+              "step on", file=err, flush=True)
+        chosen.unstacked()
+        built.choices = chosen.choices.to_json()
+        _record_choices(os.path.join(run_dir, "experiment.json"), built.choices)
+
+    trainer = Trainer(run, built.program, built.backend, built.feeder, stacking, unstacked)
     progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err)
     root = checkpoint_root(run, options, run_dir)
     last_checkpoint = None

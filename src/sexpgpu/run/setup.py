@@ -27,6 +27,7 @@ class BuiltRun:
     data_identity: dict
     load_pins: list = field(default_factory=list)
     loaded: dict = field(default_factory=dict)  # path -> array read from a :load source
+    choices: dict | None = None  # the `choices` record in effect (run/choosing.py)
 
     def initial_state(self) -> TrainingState:
         seed = self.experiment.run.seed

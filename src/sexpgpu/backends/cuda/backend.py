@@ -15,6 +15,8 @@ how CI checks the lowering without a GPU.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from sexpgpu.backends.cuda import device as device_settings
@@ -39,6 +41,14 @@ class CudaBackend:
         self._lowerings: dict = {}
 
     # --- the contract ---------------------------------------------------------------------------
+    def take_choices(self, choices) -> None:
+        """Lower from now on as the plan decided (plan/choices.py's Choices): its recompute
+        budget and each float32 product's implementation. Lowerings made before are dropped."""
+        budget = choices.recompute if choices.recompute is not None else self.policy.budget
+        self.policy = replace(self.policy, budget=budget, products=dict(choices.products or {}))
+        self._runners.clear()
+        self._lowerings.clear()
+
 
     def run(self, graph, inputs: dict) -> dict:
         """The graph's outputs. A device allocation that fails, the arena's or any step's,

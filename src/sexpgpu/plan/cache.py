@@ -1,0 +1,156 @@
+"""Where a machine remembers its choices: `~/.cache/sexpgpu`.
+
+    choices.json                                  {"format": 1, "entries": {digest: entry}}
+    cost/<gpu>-<identity-hash>-<driver>.json      the same shape, for the cost model's numbers
+
+An entry is {"identity": ..., "key": ..., "value": ...} under the SHA-256 of its identity and
+key. The identity is everything that can make one measurement differ from another on the same
+card (determinism.md, "What a run chooses"): the GPU, the CUDA driver API version, the loaded
+libraries, the executable's size and modification time, and the hashes of the training graph
+and any generator's graphs; the key adds the decision and its candidates (the stacking
+degrees that fit, the product shapes).
+
+Files are written whole to a temporary file and renamed into place, so a reader sees the old
+file or the new one. A file that cannot be read as this shape is ignored, and the run says
+so; an unset HOME or a cache that cannot be written is said too, and the run goes on: it only
+loses level 1 against a later run, whose measurement may choose otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from sexpgpu.plan.device import DeviceFacts
+
+FORMAT = 1
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def cache_root() -> str | None:
+    """~/.cache/sexpgpu, or None when HOME is unset (determinism.md: the run then says so)."""
+    home = os.environ.get("HOME")
+    return os.path.join(home, ".cache", "sexpgpu") if home else None
+
+
+def graph_hash(graphs) -> str:
+    """A stable hash of graphs: the SHA-256 of their node listings (`Graph.dump`), in order."""
+    digest = hashlib.sha256()
+    for graph in graphs:
+        digest.update((graph.dump() if graph is not None else "none").encode())
+        digest.update(b"\n--\n")
+    return digest.hexdigest()
+
+
+def executable_identity(path: str | None = None) -> dict:
+    path = path or sys.executable
+    try:
+        found = os.stat(path)
+    except OSError:
+        return {"path": path, "size": None, "mtime_ns": None}
+    return {"path": path, "size": found.st_size, "mtime_ns": found.st_mtime_ns}
+
+
+def identity(facts: DeviceFacts, training, generators=()) -> dict:
+    return {
+        "gpu": facts.gpu,
+        "driver": facts.driver,
+        "libraries": dict(sorted(facts.libraries.items())),
+        "executable": executable_identity(),
+        "training": graph_hash([training.micro, training.update]),
+        "generators": graph_hash(generators) if generators else None,
+    }
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class ChoiceCache:
+    """The plan's memory (the methods of plan/choices.py's `Forgetful`), in the two cache files."""
+
+    root: str | None
+    identity: dict
+    notes: list = field(default_factory=list)
+    taken: list = field(default_factory=list)  # the keys found in the cache
+    made: list = field(default_factory=list)  # the keys chosen now (measured, or a fixed value)
+    _files: dict = field(default_factory=dict)
+
+    def path(self, file: str) -> str:
+        if file == "choices":
+            return os.path.join(self.root, "choices.json")
+        device = f"{self.identity['gpu']}-{_digest(self.identity)[:16]}-{self.identity['driver']}"
+        return os.path.join(self.root, "cost", _UNSAFE.sub("_", device) + ".json")
+
+    def lookup(self, file: str, key: str):
+        if self.root is None:
+            return None
+        entry = self._entries(file).get(_digest([self.identity, key]))
+        value = entry.get("value") if isinstance(entry, dict) and entry.get("key") == key else None
+        if value is not None:
+            self.taken.append(key)
+        return value
+
+    def remember(self, file: str, key: str, value) -> None:
+        self.made.append(key)
+        if self.root is None:
+            return
+        entries = self._entries(file)
+        entries[_digest([self.identity, key])] = {"identity": self.identity, "key": key, "value": value}
+        try:
+            _write_atomically(self.path(file), {"format": FORMAT, "entries": entries})
+        except OSError as error:
+            self._note(f"the cache {self.path(file)} cannot be written ({error.strerror or error}): "
+                       "nothing measured now is remembered")
+
+    def _entries(self, file: str) -> dict:
+        if file not in self._files:
+            self._files[file] = self._read(self.path(file))
+        return self._files[file]
+
+    def _read(self, path: str) -> dict:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                content = json.load(handle)
+        except FileNotFoundError:
+            return {}
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            self._note(f"the cache {path} could not be read ({type(error).__name__}) and is ignored")
+            return {}
+        if not isinstance(content, dict) or content.get("format") != FORMAT or not isinstance(content.get("entries"), dict):
+            self._note(f"the cache {path} is not a sexpgpu cache of format {FORMAT} and is ignored")
+            return {}
+        return content["entries"]
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+def open_cache(facts: DeviceFacts, training, generators=()) -> ChoiceCache:
+    root = cache_root()
+    cache = ChoiceCache(root, identity(facts, training, generators))
+    if root is None:
+        cache.notes.append("HOME is unset, so there is no ~/.cache/sexpgpu: every choice is measured now "
+                           "and nothing is remembered")
+    return cache
+
+
+def _write_atomically(path: str, content: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(content, stream, indent=1, sort_keys=True)
+            stream.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise

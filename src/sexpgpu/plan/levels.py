@@ -1,0 +1,68 @@
+"""The report's `determinism` and `choices` lines: the run's level (determinism.md, "The
+three levels") and why, and what it chose, with the device facts level 2 needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sexpgpu.plan.choices import Choices
+
+CACHE = "~/.cache/sexpgpu"
+
+
+@dataclass(frozen=True)
+class How:
+    """How a run came by its choices."""
+
+    mode: str  # one of LINES' keys
+    source: str = ""  # the record pinned to, or why a resume chose again
+    recorded_device: str = ""  # the device line of the pinned record
+
+
+def _own(how: How, device: str) -> str:
+    return (f"1: this machine repeats these bits with this binary and {CACHE}; another is 3, "
+            "or 2 pinned to these choices with --choices")
+
+
+def _strict(how: How, device: str) -> str:
+    return ("2: --deterministic: every choice is a fixed rule and nothing is measured, so every --deterministic "
+            "run of this file on a machine with these device facts repeats these bits, with no record (and this "
+            "machine repeats them: 1)")
+
+
+def _pinned(how: How, device: str) -> str:
+    if how.recorded_device == device:
+        return (f"2: pinned to the choices of {how.source}, whose device facts read as this machine's: "
+                "a run pinned to them repeats its bits here")
+    return (f"3: pinned to the choices of {how.source}, recorded on {how.recorded_device}; this machine is "
+            f"{device} and may lower otherwise, so the same distribution, not the same bits")
+
+
+def _rechosen(how: How, device: str) -> str:
+    return (f"3: this resume chose again ({how.source}): its choices were made on another machine than the "
+            "steps before it may have been, so the same distribution, not the same bits; this machine repeats "
+            f"the resumed bits with {CACHE} (1)")
+
+
+def _interpreter(how: How, device: str) -> str:
+    return ("1 on every machine: the CPU interpreter decides nothing from the machine and calls no platform "
+            "math library, so level 1's same bits hold beyond this machine: any machine repeats these bits "
+            "for this file, selection, flags and this sexpgpu")
+
+
+LINES = {"own": _own, "strict": _strict, "pinned": _pinned, "rechosen": _rechosen, "interpreter": _interpreter}
+
+
+def determinism_line(how: How, device: str) -> str:
+    return LINES[how.mode](how, device)
+
+
+def choices_line(choices: Choices) -> str:
+    recompute = "no recomputation" if choices.recompute is None else f"recompute {choices.recompute:.2f} flops a byte"
+    products = choices.products or {}
+    others = sum(1 for name in products.values() if name != "ordinary")
+    text = (f"stacking {choices.stacking}, {recompute}, {len(choices.convolutions)} convolution engines, "
+            f"{len(products)} long products ({others} not ordinary), gradients between nodes "
+            f"{choices.node_gradients or 'unrecorded'}")
+    text += "; --deterministic" if choices.strict else ""
+    return f"{text}; on {choices.device}"

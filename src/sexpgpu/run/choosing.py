@@ -1,0 +1,216 @@
+"""The run's side of its choices: which way they are come by (its own, measured or from the
+cache; a pinned record; --deterministic's fixed rules), the report's lines, and the stacked
+training graph the loop runs. The decisions themselves are plan/choices.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+
+from sexpgpu.backends.select import probe_for
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.stacking import stack_training
+from sexpgpu.plan.cache import open_cache
+from sexpgpu.plan.choices import (
+    DEFAULT_NODE_GRADIENTS,
+    STRICT_RECOMPUTE,
+    Choices,
+    Situation,
+    choices_from_json,
+    decide,
+    decide_strictly,
+    take_pinned,
+)
+from sexpgpu.plan.levels import How, choices_line, determinism_line
+from sexpgpu.store import read_record
+
+FRESH = "fresh"
+
+
+@dataclass(frozen=True)
+class ChoiceSettings:
+    """--choices / SEXPGPU_CHOICES, --deterministic / SEXPGPU_DETERMINISTIC and
+    SEXPGPU_NODE_GRADIENTS. None of them is part of a resume's identity check: a resume's
+    choices are checked by the pin instead."""
+
+    choices: str | None = None  # None (a run's own, a resume's checkpoint's), "fresh", or a record
+    deterministic: bool = False
+    node_gradients: str = DEFAULT_NODE_GRADIENTS
+    node_gradients_set: bool = False  # SEXPGPU_NODE_GRADIENTS given explicitly
+
+    def to_json(self) -> dict:
+        return {"choices": self.choices, "deterministic": self.deterministic, "node_gradients": self.node_gradients}
+
+
+def choice_settings(flag_choices: str | None, flag_deterministic: bool, environ=os.environ) -> ChoiceSettings:
+    """The command line wins over the environment. The values themselves are validated with
+    the other settings; here only their meaning is read."""
+    gradients = environ.get("SEXPGPU_NODE_GRADIENTS")
+    return ChoiceSettings(
+        choices=flag_choices or environ.get("SEXPGPU_CHOICES") or None,
+        deterministic=flag_deterministic or environ.get("SEXPGPU_DETERMINISTIC") == "1",
+        node_gradients=gradients if gradients in ("bf16", "f32") else DEFAULT_NODE_GRADIENTS,
+        node_gradients_set=gradients is not None,
+    )
+
+
+@dataclass
+class Chosen:
+    choices: Choices
+    how: How
+    notes: list = field(default_factory=list)
+    described: str | None = None  # the backend's own choices line, for a backend with no probe yet
+
+    @property
+    def pinned(self) -> bool:
+        return self.how.mode == "pinned"
+
+    def report_lines(self) -> list:
+        """(label, text) pairs: how the choices were made, then the closing two lines."""
+        lines = [("choosing", note) for note in self.notes]
+        return lines + [("determinism", determinism_line(self.how, self.choices.device)),
+                        ("choices", self.described or choices_line(self.choices))]
+
+    def unstacked(self) -> None:
+        self.choices = replace(self.choices, stacking=1)
+
+
+def backend_probe(backend):
+    """The backend's DeviceProbe, or None for a backend that decides nothing (the CPU
+    interpreter). Tests replace this to run the whole path with a device they describe."""
+    return probe_for(backend)
+
+
+def hand_over(backend, choices: Choices) -> None:
+    """Give the backend what the plan decided for it to execute (the recompute budget, each
+    product's implementation); a backend that decides nothing takes nothing."""
+    take = getattr(backend, "take_choices", None)
+    if take is not None:
+        take(choices)
+
+
+def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs=dict) -> Chosen:
+    """The run's choices, or E-CHOICE-001/002/003 before its first step."""
+    _refuse_contradictions(settings)
+    program = built.program
+    probe = backend_probe(built.backend)
+    pinned = _pin(settings, resumed_record)
+    if probe is None:
+        return _interpreter_choices(built, settings, pinned)
+    situation = Situation(probe, program.training, program.stackable, program.training.microbatches,
+                          settings.node_gradients, first_step_inputs=first_step_inputs)
+    if settings.deterministic:
+        return Chosen(decide_strictly(situation), How("strict"), situation.notes)
+    if pinned is not None:
+        record, source = pinned
+        return Chosen(take_pinned(situation, record, source), How("pinned", source, record.device), situation.notes)
+    generators = [program.generator, *program.pass_generators.values()] if program.generator is not None else []
+    cache = open_cache(probe.device_facts(), program.training, generators)
+    choices = decide(situation, cache)
+    notes = situation.notes + cache.notes + _cache_notes(cache)
+    return Chosen(choices, _own_or_rechosen(settings, resumed_record), notes)
+
+
+def _refuse_contradictions(settings: ChoiceSettings) -> None:
+    if not settings.deterministic:
+        return
+    if settings.choices not in (None, FRESH):
+        raise SexpgpuError("E-CHOICE-002", f"--deterministic takes fixed rules for every choice, so it cannot also "
+                                           f"take the recorded choices of {settings.choices}.",
+                           hint="Leave out --choices (and SEXPGPU_CHOICES), or --deterministic "
+                                "(and SEXPGPU_DETERMINISTIC).")
+    if settings.node_gradients_set and settings.node_gradients == "bf16":
+        raise SexpgpuError("E-CHOICE-002", "--deterministic sends f32 gradients between nodes, and "
+                                           "SEXPGPU_NODE_GRADIENTS=bf16 asks for bf16.",
+                           hint="Unset SEXPGPU_NODE_GRADIENTS or set it to f32, or leave out --deterministic.")
+
+
+def _pin(settings: ChoiceSettings, resumed_record: dict | None):
+    """(record, source) the run is pinned to, or None when it chooses its own."""
+    if settings.choices == FRESH:
+        return None
+    if settings.choices is not None:
+        return read_pinned(settings.choices), settings.choices
+    if resumed_record is not None and resumed_record.get("choices") is not None:
+        return choices_from_json(resumed_record["choices"], "the checkpoint resumed from"), "the checkpoint resumed from"
+    return None
+
+
+def _own_or_rechosen(settings: ChoiceSettings, resumed_record: dict | None) -> How:
+    if resumed_record is None:
+        return How("own")
+    if settings.choices == FRESH:
+        return How("rechosen", "--choices fresh")
+    return How("rechosen", "its checkpoint records no choices")
+
+
+def _cache_notes(cache) -> list:
+    if cache.root is None:
+        return []
+    notes = []
+    if cache.taken:
+        notes.append(f"{', '.join(key.split('/')[0] for key in cache.taken)} taken from {cache.root}")
+    if cache.made:
+        notes.append(f"{', '.join(key.split('/')[0] for key in cache.made)} chosen now (not found in {cache.root})")
+    return notes
+
+
+def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
+    """A backend without a probe decides nothing: stacking 1, no fusion planner, no products
+    of its own to choose (the CPU interpreter). A pinned record must ask for nothing else."""
+    device = built.backend_facts["name"]
+    gradients = "f32" if settings.deterministic else settings.node_gradients
+    if pinned is not None:
+        record, source = pinned
+        reasons = [(key, reason) for key, wrong, reason in (
+            ("stacking", record.stacking != 1, f"stacking {record.stacking}: the CPU interpreter runs unstacked"),
+            ("node_gradients", record.node_gradients not in (None, gradients),
+             f"gradients between nodes were {record.node_gradients}, and SEXPGPU_NODE_GRADIENTS says {gradients}"),
+        ) if wrong]
+        if reasons:
+            key, reason = reasons[0]
+            raise SexpgpuError("E-CHOICE-001", f"this run is pinned to the choices of {source} and cannot take its "
+                                               f"{key}: {reason}.",
+                               hint="Run with --choices fresh to choose again here (level 3).")
+    choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
+    if built.backend_facts.get("kind") == "cpu":
+        return Chosen(choices, How("interpreter"))
+    # a backend with no probe yet measures nothing: it states its fixed choices itself
+    choices = replace(choices, recompute=STRICT_RECOMPUTE)
+    described = built.backend_facts["choices"]
+    if settings.deterministic:
+        return Chosen(choices, How("strict"), described=described)
+    if pinned is not None:
+        return Chosen(choices, How("pinned", pinned[1], pinned[0].device), described=described)
+    return Chosen(choices, How("own"), described=described)
+
+
+def read_pinned(source: str) -> Choices:
+    """The `choices` of a checkpoint (a step directory or s3://…/step-<n>), an experiment.json,
+    or a lowering annotation's metadata."""
+    if source.startswith("s3://") or os.path.isdir(source):
+        return choices_from_json(read_record(source).get("choices"), source)
+    try:
+        with open(source, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise SexpgpuError("E-CHOICE-003", f"--choices {source}: cannot be read as JSON ({error}).",
+                           hint="Give a checkpoint directory, an s3://…/step-<n> prefix, an experiment.json, "
+                                "a lowering annotation, or fresh.") from None
+    if not isinstance(content, dict):
+        content = {}
+    metadata = content.get("metadata") if isinstance(content.get("metadata"), dict) else {}
+    return choices_from_json(content.get("choices", metadata.get("choices")), source)
+
+
+def stacked_training(program, degree: int):
+    """The training graph the loop runs at this stacking degree."""
+    return program.training if degree == 1 else stack_training(program.training, degree)
+
+
+def lowering_annotation(report: str, chosen: Chosen) -> dict:
+    """The run's lowering annotation: the report, with the device and the choices in its metadata."""
+    return {"annotation": "lowering", "text": report,
+            "metadata": {"device": chosen.choices.device, "choices": chosen.choices.to_json(),
+                         "determinism": determinism_line(chosen.how, chosen.choices.device)}}

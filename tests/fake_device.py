@@ -1,0 +1,52 @@
+"""A device for tests: a `DeviceProbe` (plan/device.py) whose facts, free memory and timings
+the test sets. It stands in for the GPU, not for the code under test: the plan, the cache and
+the run loop are the real ones. `measured` lists every measurement asked of it, so a test can
+see that a pinned or --deterministic run measured nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
+
+GIB = 2**30
+
+A100 = DeviceFacts(gpu="NVIDIA A100-SXM4-80GB", compute="compute_80", multiprocessors=108, driver="13000",
+                   libraries={"cuBLAS": "130101", "cuDNN": "91300", "Triton": "3.6.0"}, patterns=True)
+H200 = DeviceFacts(gpu="NVIDIA H200", compute="compute_90", multiprocessors=132, driver="13000",
+                   libraries={"cuBLAS": "130100", "cuDNN": "91900", "Triton": "3.6.0"}, patterns=True)
+
+
+@dataclass
+class FakeDevice:
+    facts: DeviceFacts = A100
+    free_bytes: int = 80 * GIB
+    peak_bytes_per_degree: int = GIB  # the memory plan at degree k needs k times this
+    step_seconds: dict = field(default_factory=dict)  # degree -> seconds of a step (default 1 / degree)
+    product_seconds: dict = field(default_factory=dict)  # implementation -> seconds, offered for every product
+    throughput: Throughput = Throughput(19.5e12, 1.775e12)  # 10.99 flops a byte
+    measured: list = field(default_factory=list)
+
+    def device_facts(self) -> DeviceFacts:
+        return self.facts
+
+    def free_memory_bytes(self) -> int:
+        return self.free_bytes
+
+    def training_peak_bytes(self, training, degree: int) -> int:
+        return degree * self.peak_bytes_per_degree
+
+    def time_training_step(self, training, degree: int, inputs) -> float:
+        self.measured.append(("step", degree))
+        return self.step_seconds.get(degree, 1.0 / degree)
+
+    def product_implementations(self, shape: ProductShape) -> tuple:
+        return tuple(self.product_seconds) or ("ordinary",)
+
+    def time_product(self, shape: ProductShape, implementation: str) -> float:
+        self.measured.append(("product", shape.key(), implementation))
+        return self.product_seconds[implementation]
+
+    def measure_throughput(self) -> Throughput:
+        self.measured.append(("throughput",))
+        return self.throughput
