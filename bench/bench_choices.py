@@ -65,9 +65,11 @@ class Run:
         self.state = self.built.initial_state()
 
     def step_seconds(self, degree: int, steps: int, warmup: int) -> float:
-        from sexpgpu.run.loop import Trainer
+        from sexpgpu.run.choosing import stacked_training
+        from sexpgpu.run.loop import Stacking, Trainer
 
-        trainer = Trainer(self.experiment.run, self.built.program, self.backend, self.built.feeder, degree)
+        stacking = Stacking(stacked_training(self.built.program, degree), degree)
+        trainer = Trainer(self.experiment.run, self.built.program, self.backend, self.built.feeder, stacking)
         for _ in range(warmup):
             trainer.step(self.state)
         times = []

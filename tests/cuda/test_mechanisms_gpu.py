@@ -78,23 +78,28 @@ def test_each_product_implementation_is_close_to_float64_and_repeats_its_bits(pr
 def test_stacked_and_unstacked_tiny_adam_on_the_gpu():
     from sexpgpu.lang.forms import parse_experiment, select_run
     from sexpgpu.lang.reader import read_text
-    from sexpgpu.run.loop import Trainer
+    from sexpgpu.run.choosing import stacked_training
+    from sexpgpu.run.loop import Stacking, Trainer
     from sexpgpu.run.setup import build_run
 
     path = ROOT / "examples" / "tiny-adam.sexp"
     text = path.read_text().replace(":batch 64", ":batch 16 :microbatches 4")
     experiment = select_run(parse_experiment(read_text(text, str(path)), str(path), ""), None)
-    records = {}
+    records, evaluations = {}, {}
     for degree in (1, 4):
         built = build_run(experiment, "cuda")
         state = built.initial_state()
-        trainer = Trainer(experiment.run, built.program, built.backend, built.feeder, degree)
-        records[degree] = [trainer.step(state) for _ in range(40)]
+        stacking = Stacking(stacked_training(built.program, degree), degree)
+        trainer = Trainer(experiment.run, built.program, built.backend, built.feeder, stacking)
+        records[degree] = [trainer.step(state) for _ in range(120)]
+        pass_spec = experiment.run.passes[0]
+        evaluations[degree] = trainer.evaluate(state, pass_spec, built.pass_name(pass_spec))
     pairs = list(zip(records[1], records[4]))
     first = next((one["step"] for one, four in pairs if one["loss_bits"] != four["loss_bits"]), None)
     gap = max(abs(one["loss"] - four["loss"]) for one, four in pairs[:20])
     print(f"\ntiny-adam on the GPU, stacking 4 against 1: the loss first differs at step {first}; "
-          f"largest gap to step 20 {gap:.2e}")
+          f"largest gap to step 20 {gap:.2e}; eval after 120 steps: stacking 1 {evaluations[1]}, "
+          f"stacking 4 {evaluations[4]}")
     assert records[1][0]["loss"] == pytest.approx(records[4][0]["loss"], rel=1e-6)
     assert gap < 1e-3
 

@@ -3,10 +3,9 @@ lines a run prints."""
 
 from __future__ import annotations
 
-import inspect
-
 from docs_markdown import ROOT
 from sexpgpu.backends.select import cpu_facts
+from sexpgpu.plan.levels import How, determinism_line
 
 PAGE = (ROOT / "docs" / "determinism.md").read_text()
 
@@ -17,12 +16,9 @@ def test_the_page_quotes_the_cpu_interpreters_lines():
         assert f"{name:<20}{facts[name]}" in PAGE, name
 
 
-def test_the_page_quotes_the_cuda_backends_determinism_line():
-    # Read from the source: building the CUDA facts needs a GPU.
-    from sexpgpu.backends.cuda import device
-
-    source = inspect.getsource(device.facts)
-    line = "".join(part for part in source.split('"determinism": (')[1].split(")")[0].split('"')[1::2])
+def test_the_page_quotes_the_level_1_line_of_a_device_run():
+    # the line a CUDA run that chose for itself prints, and the CUDA backend's own report
+    line = determinism_line(How("own"), "compute_90 with 132 multiprocessors")
     assert line.startswith("1: ") and f"{'determinism':<20}{line}" in PAGE
 
 

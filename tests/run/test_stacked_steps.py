@@ -12,7 +12,8 @@ from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import parse_experiment, select_run
 from sexpgpu.lang.reader import read_text
-from sexpgpu.run.loop import Trainer
+from sexpgpu.run.choosing import stacked_training
+from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.setup import build_run
 
 TINY_ADAM = Path(__file__).resolve().parents[2] / "examples" / "tiny-adam.sexp"
@@ -25,12 +26,13 @@ def _tiny_adam():
     return select_run(parse_experiment(read_text(text, str(TINY_ADAM)), str(TINY_ADAM), ""), None)
 
 
-def _steps(degree: int, backend=None, on_allocation_failure=None, steps: int = STEPS) -> tuple:
+def _steps(degree: int, backend=None, on_unstacked=None, steps: int = STEPS, pinned: bool = False) -> tuple:
     experiment = _tiny_adam()
     built = build_run(experiment, "cpu")
     backend = backend or built.backend
     built.feeder.backend = backend
-    trainer = Trainer(experiment.run, built.program, backend, built.feeder, degree, on_allocation_failure)
+    stacking = Stacking(stacked_training(built.program, degree), degree, pinned)
+    trainer = Trainer(experiment.run, built.program, backend, built.feeder, stacking, on_unstacked)
     state = built.initial_state()
     return [trainer.step(state) for _ in range(steps)], trainer
 
@@ -72,14 +74,12 @@ def test_an_allocation_failure_in_a_stacked_call_continues_unstacked_with_the_un
     unstacked, _ = _steps(1, steps=3)
     told = []
     device = _NoRoomForStacked(16)
-    records, trainer = _steps(4, device, lambda error: told.append(error.code) or True, steps=3)
-    assert told == ["E-MEM-001"] and device.failures == 1 and trainer.degree == 1
+    records, trainer = _steps(4, device, told.append, steps=3)
+    assert told == [1] and device.failures == 1 and trainer.stacking.degree == 1
     assert [r["digest"] for r in records] == [r["digest"] for r in unstacked]
 
 
-def test_an_allocation_failure_stops_the_run_when_the_plan_says_so():
+def test_an_allocation_failure_stops_a_pinned_run():
     with pytest.raises(SexpgpuError) as raised:
-        _steps(2, _NoRoomForStacked(16), lambda error: False, steps=1)
+        _steps(2, _NoRoomForStacked(16), steps=1, pinned=True)
     assert raised.value.code == "E-MEM-001"
-    with pytest.raises(SexpgpuError):
-        _steps(2, _NoRoomForStacked(16), None, steps=1)

@@ -14,6 +14,7 @@ import ctypes
 import os
 
 from sexpgpu.backends.cuda.fusion import FusionPolicy
+from sexpgpu.plan.levels import How, determinism_line
 
 CUBLAS_LIBRARIES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
 
@@ -76,12 +77,7 @@ def facts(device, policy: FusionPolicy) -> dict:
     found = device_facts(device, policy)
     return {
         "name": f"cuda {found['gpu']} (torch {torch.__version__}, SEXPGPU_OPTIMIZE={policy.level})",
-        "determinism": (
-            "1: this machine repeats these bits with this binary: every kernel sums in a fixed order, "
-            "there are no floating-point atomics, and nothing is measured yet, so there are no choices "
-            "to remember in ~/.cache/sexpgpu; a machine with the device facts below lowers alike (2), "
-            "another is 3"
-        ),
+        "determinism": determinism_line(How("own"), found["device"]),
         "choices": (
             f"stacking 1, recompute {policy.budget:.2f} flops a byte, 0 convolution engines; "
             f"on {found['device']}, {found['versions']}, patterns off"
