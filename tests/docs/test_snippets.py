@@ -233,9 +233,10 @@ def test_the_readme_commands_and_flags_run(tmp_path, monkeypatch, capsys):
     example = Path("examples/tiny-adam.sexp")
     example.write_text(re.sub(r":checkpoint\s+\d+", ":checkpoint 1", example.read_text()))
     table = (ROOT / "README.md").read_text().split("## Commands", 1)[1].split("\n\n", 2)[1]
-    for synopsis in ("sexpgpu run FILE [SELECTION]", "sexpgpu check FILE [SELECTION]", "sexpgpu checkpoint PATH [--json]"):
+    for synopsis in ("sexpgpu run FILE [SELECTION]", "sexpgpu check FILE [SELECTION]", "sexpgpu checkpoint PATH [--json] [--verify]"):
         assert f"`{synopsis}`" in table
-    for flag in ("--run-dir", "--device auto/cpu/cuda", "--resume PATH/latest", "--checkpoint-to"):
+    for flag in ("--run-dir", "--device auto/cpu/cuda", "--resume PATH/latest", "--checkpoint-to", "--choices RECORD/fresh",
+                 "--deterministic"):
         assert f"`{flag}`" in table
     run_cli(capsys, ["check", str(example), "tiny-adam"])
     run_cli(capsys, ["run", str(example), "tiny-adam", "--device", "cpu", "--run-dir", "runs/a"])
@@ -245,3 +246,7 @@ def test_the_readme_commands_and_flags_run(tmp_path, monkeypatch, capsys):
     run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/a", "--resume", "latest"])
     run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/b", "--checkpoint-to", "elsewhere"])
     assert sorted(path.name for path in Path("elsewhere").glob("step-*")) == ["step-1", "step-2"]
+    assert "OK" in run_cli(capsys, ["checkpoint", "runs/a/step-2", "--verify"])
+    run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/c", "--choices", "runs/a/step-2"])
+    run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/d", "--choices", "fresh"])
+    run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/e", "--deterministic"])
