@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped by Ctrl-C.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (`| head`): stop as a Unix filter does
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except MemoryError:
         print("memory: allocation failed; the run stopped. Use a smaller :batch or more :microbatches.",
               file=sys.stderr)
@@ -120,6 +123,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"internal error in sexpgpu {__version__}: {type(error).__name__}: {redact(str(error))}. This is a bug; "
               "run again with SEXPGPU_DEBUG=1 for the traceback and report it.", file=sys.stderr)
         return 3
+
+
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a filter ended by SIGPIPE
+
+
+def _drop_stdout() -> None:
+    """Send what is still buffered for stdout nowhere, so that the interpreter's exit does not
+    fail a second time flushing it into the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture): nothing buffered there
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _dispatch(args) -> int:
