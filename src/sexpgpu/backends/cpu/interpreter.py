@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
 from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
 from sexpgpu.backends.cpu.fingerprint import fingerprint
 from sexpgpu.backends.cpu.kernels import compile_kernel
@@ -49,7 +50,7 @@ class Interpreter:
 
     def run(self, graph, inputs: dict) -> dict:
         steps, positions = self._prepare(graph)
-        self._check_names(graph, inputs)
+        check_input_names(graph, inputs)
         values = [None] * len(graph.nodes)
         for name, node in graph.inputs.items():
             values[positions[node]] = self._accept(name, node, inputs[name])
@@ -111,46 +112,19 @@ class Interpreter:
         self._prepared[graph] = (steps, positions)
         return steps, positions
 
-    @staticmethod
-    def _check_names(graph, inputs: dict) -> None:
-        missing = [name for name in graph.inputs if name not in inputs]
-        extra = [name for name in inputs if name not in graph.inputs]
-        if missing or extra:
-            raise ValueError(f"graph inputs: missing {missing}, not inputs of this graph {extra}")
-
     def _accept(self, name: str, node, value) -> np.ndarray:
         if (type(value) is np.ndarray and value.dtype == self._ready_dtypes.get(node.dtype)
                 and value.shape == node.shape):
             return value  # already what the graph expects: nothing to convert or check
-        array = self._convert(name, node, value)
-        if array.shape != node.shape:
-            raise ValueError(f"input {name}: shape {array.shape}, the graph expects {node.shape}")
+        float_types = (np.float32,) if self.math.float_dtype == np.float32 else (np.float32, np.float64)
+        array = host_input(name, node, value, float_types)
+        if node.dtype in ("f32", "bf16"):
+            array = array.astype(self.math.float_dtype, copy=False)
+        check_input_shape(name, node, array.shape)
         if node.dtype == "bf16" and self.math.rounds_bf16:
             rounded = round_bf16(array)
             if not np.array_equal(rounded.view(np.uint32), np.ascontiguousarray(array).view(np.uint32)):
                 raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
-        return array
-
-    def _convert(self, name: str, node, value) -> np.ndarray:
-        float_dtype = self.math.float_dtype
-        if node.dtype in ("f32", "bf16"):
-            if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
-                return np.asarray(value, dtype=float_dtype)
-            array = np.asarray(value)
-            allowed = (np.float32,) if float_dtype == np.float32 else (np.float32, np.float64)
-            if array.dtype.type not in allowed:
-                raise TypeError(f"input {name}: {array.dtype} array for a {node.dtype} input; pass float32")
-            return array.astype(float_dtype, copy=False)
-        if node.dtype == "i32":
-            array = np.asarray(value)
-            if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
-                raise TypeError(f"input {name}: {array.dtype} for an i32 input; pass integers")
-            if array.size and (array.min() < -(2**31) or array.max() >= 2**31):
-                raise ValueError(f"input {name}: values outside the int32 range")
-            return array.astype(np.int32, copy=False)
-        array = np.asarray(value)
-        if array.dtype != np.bool_:
-            raise TypeError(f"input {name}: {array.dtype} for a bool input")
         return array
 
     @staticmethod

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
 from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import Lowerer
@@ -54,7 +55,7 @@ class CudaBackend:
         """The graph's outputs. A device allocation that fails, the arena's or any step's,
         raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
         caller may go on with a smaller graph (the run loop's unstacked steps)."""
-        self._check_names(graph, inputs)
+        check_input_names(graph, inputs)
         try:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
             # a step that needs an input on the host (a draw's salt) reads it here, not back
@@ -126,7 +127,7 @@ class CudaBackend:
     def step_seconds(self, graph, inputs: dict) -> list:
         """[(step, seconds)] of one eager run of `graph`, each step timed with CUDA events."""
         torch = self.torch
-        self._check_names(graph, inputs)
+        check_input_names(graph, inputs)
         executable = self._entry(graph)[1]
         env = dict(executable.fixed)
         env.update({key: self._accept(name, graph.inputs[name], inputs[name])
@@ -157,13 +158,6 @@ class CudaBackend:
             self._runners[id(graph)] = entry
         return entry
 
-    @staticmethod
-    def _check_names(graph, inputs: dict) -> None:
-        missing = [name for name in graph.inputs if name not in inputs]
-        extra = [name for name in inputs if name not in graph.inputs]
-        if missing or extra:
-            raise ValueError(f"graph inputs: missing {missing}, not inputs of this graph {extra}")
-
     def _accept(self, name: str, node, value):
         """The input as a device tensor of the node's storage dtype, checked like the
         interpreter checks it."""
@@ -175,12 +169,11 @@ class CudaBackend:
                 raise TypeError(f"input {name}: {tensor.dtype} tensor for a {node.dtype} input")
             checked = False
         else:
-            array = _c_order(_host_value(name, node, value))
+            array = _c_order(host_input(name, node, value))
             if node.dtype == "bf16":
                 _check_bf16(name, array)
             tensor, checked = torch.from_numpy(array), True
-        if tuple(tensor.shape) != tuple(node.shape):
-            raise ValueError(f"input {name}: shape {tuple(tensor.shape)}, the graph expects {node.shape}")
+        check_input_shape(name, node, tensor.shape)
         # a host array is staged as the call returns, so the copy need not wait for the
         # kernels already queued: the host prepares the next graph while the GPU runs this one
         tensor = tensor.to(self.device, non_blocking=True)
@@ -202,23 +195,3 @@ def _check_bf16(name: str, array: np.ndarray) -> None:
     the host, since a check on the device would wait for the GPU."""
     if np.any((array.view(np.uint32) & 0xFFFF) != 0) or np.any(np.isnan(array)):
         raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
-
-
-def _host_value(name: str, node, value) -> np.ndarray:
-    if node.dtype in ("f32", "bf16"):
-        if isinstance(value, (float, int)) and not isinstance(value, bool):
-            return np.asarray(value, dtype=np.float32)
-        array = np.asarray(value)
-        if array.dtype != np.float32:
-            raise TypeError(f"input {name}: {array.dtype} array for a {node.dtype} input; pass float32")
-        return array
-    array = np.asarray(value)
-    if node.dtype == "i32":
-        if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
-            raise TypeError(f"input {name}: {array.dtype} for an i32 input; pass integers")
-        if array.size and (array.min() < -(2**31) or array.max() >= 2**31):
-            raise ValueError(f"input {name}: values outside the int32 range")
-        return array.astype(np.int32, copy=False)
-    if array.dtype != np.bool_:
-        raise TypeError(f"input {name}: {array.dtype} for a bool input")
-    return array
