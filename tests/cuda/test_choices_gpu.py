@@ -68,7 +68,9 @@ def test_a_run_pinned_to_another_runs_record_repeats_its_bits_with_the_cache_emp
     shutil.rmtree(tmp_path / "home")
     report = run(tiny, tmp_path / "mine", tmp_path / "home", "--choices", tmp_path / "theirs/experiment.json")
     assert level(report).startswith("2: pinned to the choices of")
-    assert not (tmp_path / "home/.cache/sexpgpu").exists()  # a pinned run remembers nothing
+    # a pinned run remembers no choice (the generated kernels' source cache is not one)
+    assert not (tmp_path / "home/.cache/sexpgpu/choices.json").exists()
+    assert not (tmp_path / "home/.cache/sexpgpu/cost").exists()
     assert bits(tmp_path / "mine") == bits(tmp_path / "theirs")
 
 
