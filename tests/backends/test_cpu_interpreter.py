@@ -53,6 +53,14 @@ def test_bf16_nodes_hold_bfloat16_values():
     assert np.array_equal(summed, round_bf16(y + y))
 
 
+def test_a_bf16_scalar_stays_a_scalar():
+    """A bf16 sum over every axis is 0-d, and rounding it to bf16 keeps it 0-d (numpy's
+    ascontiguousarray once made it 1-d)."""
+    total = _run_one("sum", [np.array([1.5, 2.25, 3.0], np.float32)], dtypes=["bf16"], axes=None)
+    assert total.shape == () and float(total) == 6.75
+    assert round_bf16(np.float32(1.00390625)).shape == ()
+
+
 def test_cast_to_i32_truncates_and_saturates():
     x = np.array([2.7, -2.7, np.nan, 1e20, -1e20, 0.5], np.float32)
     assert list(_run_one("cast", [x], dtype="i32")) == [2, -2, 0, 2**31 - 128, -(2**31), 0]

@@ -17,7 +17,7 @@ if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cud
     pytest.skip("a GPU is present: the GPU tests check these kernels there", allow_module_level=True)
 pytest.importorskip("triton")
 
-from cuda_cases import CASES, FORWARD_CASES, assert_matches, case_graph, case_id, random_array  # noqa: E402
+from op_cases import CASES, FORWARD_CASES, assert_matches, case_elements, case_graph, case_id, random_array  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda import views  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
@@ -33,7 +33,7 @@ def interpreted(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 CPU = Interpreter()
-SMALL_CASES = [case for case in CASES if max(np.prod(shape) for _, shape, _ in case[1]) <= 200]
+SMALL_CASES = [case for case in CASES if case_elements(case) <= 200]
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from sexpgpu.backends.cpu.parallel import elementwise
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest bfloat16 (ties to even), as a float32 array. NaN stays NaN (quiet)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    bits = x.view(np.uint32)
+    x = np.asarray(x, dtype=np.float32)
+    bits = np.ascontiguousarray(x).view(np.uint32)  # 1-d for a 0-d x: reshaped back below
     with np.errstate(over="ignore"):
         rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) & np.uint32(0xFFFF0000)
     nan = np.isnan(x)

@@ -25,6 +25,8 @@ from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcasta
 from sexpgpu.backends.cuda.kernels.expr import Expr, cast, flops, load, nodes_in_order, scalar
 from sexpgpu.backends.cuda.kernels.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
+from sexpgpu.backends.cuda.reductions import REDUCTIONS
+from sexpgpu.backends.cuda.special import SPECIAL
 from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, same_memory, strided
 
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
@@ -184,9 +186,6 @@ class Lowerer:
     # --- the walk -----------------------------------------------------------------------------
 
     def lower(self) -> Lowered:
-        from sexpgpu.backends.cuda.reductions import REDUCTIONS
-        from sexpgpu.backends.cuda.special import SPECIAL
-
         self._output_nodes = set(self.graph.outputs.values())
         inputs = {}
         for name, node in self.graph.inputs.items():
@@ -310,6 +309,12 @@ def _copier(key: str, source: str, view: View):
 
 def views_ops() -> tuple:
     return ("reshape", "transpose", "slice", "broadcast")
+
+
+def lowered_ops() -> frozenset:
+    """Every op the lowering handles: inputs, views, expressions, row and column kernels, and
+    the special steps (products, gathers, copies, draws, windows)."""
+    return frozenset(("input",) + views_ops()).union(EXPRESSIONS, REDUCTIONS, SPECIAL)
 
 
 def view_change(node, source):
