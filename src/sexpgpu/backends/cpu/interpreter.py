@@ -127,7 +127,8 @@ class Interpreter:
             raise ValueError(f"input {name}: shape {array.shape}, the graph expects {node.shape}")
         if node.dtype == "bf16" and self.math.rounds_bf16:
             rounded = round_bf16(array)
-            if not np.array_equal(rounded.view(np.uint32), np.ascontiguousarray(array).view(np.uint32)):
+            bits = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape)  # 0-d stays 0-d
+            if not np.array_equal(rounded.view(np.uint32), bits):
                 raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
         return array
 
