@@ -604,22 +604,31 @@ def compare(backend, reference, sample: RandomGraph) -> Outcome:
     return Outcome(sample.seed, sample.ops, "bf16" if sample.loose else "f32", tuple(failures))
 
 
-def run_seeds(seeds, profile: str, device: str = "cuda") -> list:
+def run_seeds(seeds, profile: str, device: str = "cuda", deadline: float | None = None) -> list:
     """Outcomes of the graphs of `seeds` on a fresh CUDA backend (a process of its own on the
-    GPU; device "cpu" runs it under Triton's interpreter, which the caller must have set)."""
+    GPU; device "cpu" runs it under Triton's interpreter, which the caller must have set),
+    stopping before a graph begins after the wall-clock time `deadline` (time.time())."""
+    import time
+
     from sexpgpu.backends.cpu import Interpreter
     from sexpgpu.backends.cuda.backend import CudaBackend
 
     backend, reference = CudaBackend(device=device), Interpreter()
-    return [compare(backend, reference, graph_from_seed(seed, profile)) for seed in seeds]
+    outcomes = []
+    for seed in seeds:
+        if deadline is not None and time.time() > deadline:
+            break
+        outcomes.append(compare(backend, reference, graph_from_seed(seed, profile)))
+    return outcomes
 
 
-def summary(outcomes, profile: str, seconds: float) -> str:
+def summary(outcomes, profile: str, seconds: float, asked: int | None = None) -> str:
     """The line to quote: graphs run, ops covered, mismatches."""
     covered = frozenset().union(*(outcome.ops for outcome in outcomes)) & frozenset(OPS)
     failed = [outcome for outcome in outcomes if outcome.failures]
     bf16 = sum(outcome.dtype == "bf16" for outcome in outcomes)
-    lines = [f"random graphs ({profile}): {len(outcomes)} graphs run ({bf16} with bf16), "
+    of = f" of {asked}" if asked is not None and asked != len(outcomes) else ""
+    lines = [f"random graphs ({profile}): {len(outcomes)}{of} graphs run ({bf16} with bf16), "
              f"{len(covered)} of {len(OPS)} ops covered, {len(failed)} mismatches, {seconds:.0f} s"]
     missing = sorted(frozenset(OPS) - covered)
     if missing:

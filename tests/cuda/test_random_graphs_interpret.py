@@ -43,3 +43,31 @@ def test_a_seed_gives_the_same_graph_and_values():
     assert first.graph.dump() == again.graph.dump()
     assert all((first.values[name] == again.values[name]).all() for name in first.values)
     assert graph_from_seed(18, "gpu").graph.dump() != first.graph.dump()
+
+
+class _Drifting:
+    """A backend whose float results are off by 1e-4 relative: five times the float32
+    tolerance, so the comparison must report every graph with a float output."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def run(self, graph, values):
+        return self.backend.run(graph, values)
+
+    def to_host(self, value):
+        array = self.backend.to_host(value)
+        return array * (1 + 1e-4) + 1e-4 if array.dtype.kind == "f" else array
+
+
+def test_the_comparison_reports_a_drift_and_an_error():
+    from random_graphs import compare
+    from sexpgpu.backends.cpu import Interpreter
+
+    sample = graph_from_seed(OP_NAMES.index("softmax"), "tiny")
+    reference = Interpreter()
+    drifted = compare(_Drifting(reference), reference, sample)
+    assert drifted.failures and all("Not equal to tolerance" in failure for failure in drifted.failures)
+    assert compare(reference, reference, sample).failures == ()
+    broken = compare(reference, reference, sample._replace(values={}))
+    assert len(broken.failures) == 1 and broken.failures[0].startswith("error: ")
