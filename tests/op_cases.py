@@ -122,6 +122,7 @@ _DRAW = {"shape": (3, 5), "seed": 11, "stream": "test/draw", "salts": ("step",)}
 # Ops without a gradient, and integer forms of ops with one, checked forward only.
 FORWARD_CASES = [
     ("argmax", [(F, (3, 5), "spread")], {"axis": 1}),
+    ("argmax", [(F, (4, 1, 3), "spread")], {"axis": 0}),  # not the last axis: the space has the input's rank
     ("one_hot", [("i32", (2, 3), "labels:4")], {"depth": 4, "dtype": "f32"}),
     ("eq", [(F, (3, 4), "small"), (F, (4,), "small")], {}),
     ("ne", [(F, (3, 4), "small"), (F, (3, 1), "small")], {}),

@@ -100,6 +100,12 @@ class _Builder:
     # --- values -----------------------------------------------------------------------------
 
     def fresh(self, dtype: str, shape: tuple, kind: str = "normal"):
+        """A new input, of at most the profile's element count, to apply ops to."""
+        if math.prod(shape) > self.profile.max_elements:
+            raise Skip()
+        return self.new_input(dtype, shape, kind)
+
+    def new_input(self, dtype: str, shape: tuple, kind: str = "normal"):
         name = f"x{len(self.inputs)}"
         node = self.e.input(name, dtype, shape)
         self.inputs[name] = node
@@ -129,12 +135,6 @@ class _Builder:
         self.pool.append(_Value(node, exact))
         return node
 
-    def positive(self, x):
-        return self.e("add", self.e("mul", x, x), self.e.const(0.25, like=x))
-
-    def const(self, value, like):
-        return self.e.const(value, like=like)
-
 
 # --- one generator per op ---------------------------------------------------------------------
 # Each takes the builder, appends the op's node (and the nodes that feed it) and returns it.
@@ -160,10 +160,14 @@ def _bounded(op: str):
     return make
 
 
+def _positive(b: _Builder, x):
+    """x * x + 0.25: inside the domain of log, sqrt and rsqrt, and far from a zero divisor."""
+    return _elementwise(b, "add", _elementwise(b, "mul", x, x), b.e.const(0.25, like=x))
+
+
 def _positive_unary(op: str):
     def make(b: _Builder):
-        x = b.float_operand()
-        return _elementwise(b, op, _elementwise(b, "add", _elementwise(b, "mul", x, x), b.const(0.25, x)))
+        return _elementwise(b, op, _positive(b, b.float_operand()))
 
     return make
 
@@ -188,13 +192,12 @@ def _binary(op: str, integer: bool = True):
 
 def _div(b: _Builder):
     x, y = _pair(b, (b.dtype,))
-    return _elementwise(b, "div", x, _elementwise(b, "add", _elementwise(b, "mul", y, y), b.const(0.25, y)))
+    return _elementwise(b, "div", x, _positive(b, y))
 
 
 def _pow(b: _Builder):
     x, y = _pair(b, (b.dtype,))
-    base = _elementwise(b, "add", _elementwise(b, "mul", x, x), b.const(0.25, x))
-    return _elementwise(b, "pow", base, _elementwise(b, "tanh", y))
+    return _elementwise(b, "pow", _positive(b, x), _elementwise(b, "tanh", y))
 
 
 def _compare(op: str):
@@ -276,7 +279,10 @@ def _cross_entropy(b: _Builder):
 
 def _gather(b: _Builder):
     table = b.float_operand(1)
-    ids = b.fresh("i32", b.shape(0, 2), f"labels:{table.shape[0]}")
+    ids_shape = b.shape(0, 2)
+    if math.prod(ids_shape) * (table.size // table.shape[0]) > b.profile.max_elements:
+        raise Skip()
+    ids = b.fresh("i32", ids_shape, f"labels:{table.shape[0]}")
     return b.add(b.e("gather", table, ids), b.is_exact(table))
 
 
@@ -466,7 +472,7 @@ def _draw(op: str):
         b.add(drawn, True)
         if drawn.dtype == "bool":
             x = b.fresh(b.dtype, shape)
-            return _elementwise(b, "where", drawn, x, b.const(0.0, x))
+            return _elementwise(b, "where", drawn, x, b.e.const(0.0, like=x))
         if drawn.dtype == "i32":
             return drawn
         return _elementwise(b, "cast", drawn, dtype=b.dtype) if b.dtype != "f32" else drawn
@@ -521,17 +527,16 @@ WINDOW_OPS = frozenset(name for name, definition in OPS.items() if definition.ki
 
 def _apply(b: _Builder, op: str):
     """Apply `op`, retrying with other random choices when the values at hand do not fit,
-    and at last on fresh inputs alone."""
-    for _ in range(ATTEMPTS):
-        try:
-            return GENERATORS[op](b)
-        except Skip:
-            continue
-    b.fresh_only = True
-    try:
-        return GENERATORS[op](b)
-    finally:
-        b.fresh_only = False
+    then on fresh inputs alone; an op that fits nothing gives a fresh input."""
+    for fresh_only in (False, True):
+        b.fresh_only = fresh_only
+        for _ in range(ATTEMPTS):
+            try:
+                return GENERATORS[op](b)
+            except Skip:
+                continue
+    b.fresh_only = False
+    return GENERATORS["input"](b)
 
 
 def _dtype(rng, profile: Profile, ops) -> str:
@@ -564,7 +569,7 @@ def _differentiate(b: _Builder, outputs: dict) -> None:
         return
     loss = None
     for node in floats:
-        weight = b.fresh(node.dtype, node.shape)
+        weight = b.new_input(node.dtype, node.shape)
         term = b.e("sum", b.e("mul", node, weight), axes=None)
         term = term if term.dtype == "f32" else b.e("cast", term, dtype="f32")
         loss = term if loss is None else b.e("add", loss, term)

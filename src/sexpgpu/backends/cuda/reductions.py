@@ -94,9 +94,11 @@ def _integer_reduction(lowerer, node) -> None:
 
 
 def _over_axis(node, axis: int):
-    """(perm putting `axis` last, the space)."""
-    perm = tuple(other for other in range(node.rank) if other != axis) + (axis,)
-    return perm, tuple(node.inputs[0].shape[other] for other in perm)
+    """(perm putting `axis` of the node's input last, the space). The input's rank, not the
+    node's: argmax drops the axis."""
+    source = node.inputs[0]
+    perm = tuple(other for other in range(source.rank) if other != axis) + (axis,)
+    return perm, tuple(source.shape[other] for other in perm)
 
 
 def normalize(lowerer, node) -> None:
