@@ -5,7 +5,7 @@ Adding an op without one of them fails here, naming the op and what it lacks."""
 from __future__ import annotations
 
 from op_cases import CASES, FORWARD_CASES
-from sexpgpu.backends.cpu.kernels import KERNELS
+from sexpgpu.backends.cpu.op_kernels import KERNELS
 from sexpgpu.backends.cuda.lowering import lowered_ops
 from sexpgpu.graph.ops import OPS, OpDef
 
@@ -20,7 +20,7 @@ def gaps(ops: dict) -> dict:
     for name, definition in ops.items():
         lacks = []
         if name not in KERNELS and name not in GIVEN:
-            lacks.append("a CPU kernel (backends/cpu/kernels.py KERNELS)")
+            lacks.append("a CPU kernel (backends/cpu/op_kernels.py KERNELS)")
         if name not in lowered_ops():
             lacks.append("a CUDA lowering (backends/cuda/lowering.py lowered_ops)")
         if definition.vjp is not None and name not in GRADIENT_CASE_OPS:

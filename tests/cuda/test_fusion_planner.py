@@ -21,8 +21,8 @@ pytest.importorskip("triton")
 from op_cases import random_array  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, loaded_bytes, recompute  # noqa: E402
-from sexpgpu.backends.cuda.kernels.expr import load  # noqa: E402
-from sexpgpu.backends.cuda.kernels.space import broadcast_view, contiguous  # noqa: E402
+from sexpgpu.backends.cuda.codegen.expr import load  # noqa: E402
+from sexpgpu.backends.cuda.codegen.space import broadcast_view, contiguous  # noqa: E402
 from sexpgpu.graph.autodiff import gradients  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.expr import flops, nodes_in_order
+from sexpgpu.backends.cuda.codegen.expr import flops, nodes_in_order
 from sexpgpu.errors import SexpgpuError
 
 BUDGET_FLOPS_PER_BYTE = 9.0

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from sexpgpu.backends.cuda import rowmerge, views
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcastable, loaded_bytes, recompute
-from sexpgpu.backends.cuda.kernels.expr import Expr, cast, flops, load, nodes_in_order, scalar
-from sexpgpu.backends.cuda.kernels.space import View, contiguous
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, nodes_in_order, scalar
+from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.special import SPECIAL
@@ -172,7 +172,7 @@ class Lowerer:
     @staticmethod
     def _substituted(step: FlatStep, value: Expr) -> Expr:
         """`value` with reads of the step's own outputs replaced by their expressions."""
-        from sexpgpu.backends.cuda.kernels.expr import map_leaves
+        from sexpgpu.backends.cuda.codegen.expr import map_leaves
 
         produced = {key: expression for key, _, _, expression in step.outputs}
 

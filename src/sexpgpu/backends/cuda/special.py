@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides
+from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
 from sexpgpu.backends.cuda.steps import HOST_INPUTS, TorchStep, same_memory, strided
 
 
@@ -88,7 +88,7 @@ def gather(lowerer, node) -> None:
 
 
 def scatter_add(lowerer, node) -> None:
-    from sexpgpu.backends.cuda.kernels.scatter import scatter_add as scatter
+    from sexpgpu.backends.cuda.codegen.scatter import scatter_add as scatter
 
     ids, values = node.inputs
     index, index_view = lowerer.addressable(ids)

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
-from sexpgpu.backends.cuda.kernels.expr import Expr, load, nodes_in_order, operand_views, shift_operands
-from sexpgpu.backends.cuda.kernels.flat import iota_source, lane_offset, load_source, store_source
-from sexpgpu.backends.cuda.kernels.render import Renderer
-from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
+from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.expr import Expr, load, nodes_in_order, operand_views, shift_operands
+from sexpgpu.backends.cuda.codegen.flat import iota_source, lane_offset, load_source, store_source
+from sexpgpu.backends.cuda.codegen.render import Renderer
+from sexpgpu.backends.cuda.codegen.space import View, contiguous, needs_wide_index, numel, offset_expression
 
 COMBINE = {"sum": "add", "max": "max_nan", "min": "min_nan"}
 INITIAL = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
-from sexpgpu.backends.cuda.kernels.expr import Expr, operand_views
-from sexpgpu.backends.cuda.kernels.render import Renderer
-from sexpgpu.backends.cuda.kernels.space import STORAGE_TYPES, View, needs_wide_index, numel, view_offset
+from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.expr import Expr, operand_views
+from sexpgpu.backends.cuda.codegen.render import Renderer
+from sexpgpu.backends.cuda.codegen.space import STORAGE_TYPES, View, needs_wide_index, numel, view_offset
 
 BLOCK = 1024
 NUM_WARPS = 4
