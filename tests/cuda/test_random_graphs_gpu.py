@@ -34,7 +34,8 @@ SECONDS = float(os.environ.get("SEXPGPU_DIFF_SECONDS", "480"))
 ENOUGH = min(COUNT, 1000)
 
 
-def test_thousands_of_random_graphs_match_the_interpreter(capsys):
+def test_thousands_of_random_graphs_match_the_interpreter(capsys, monkeypatch):
+    monkeypatch.setenv("SEXPGPU_CPU_THREADS", "1")  # the workers' interpreters: one thread each, one worker a core
     start = time.time()
     shares = [range(worker, COUNT, WORKERS) for worker in range(WORKERS)]  # each a mix of ops and sizes
     spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked
