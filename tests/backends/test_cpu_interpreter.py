@@ -53,6 +53,27 @@ def test_bf16_nodes_hold_bfloat16_values():
     assert np.array_equal(summed, round_bf16(y + y))
 
 
+def test_a_bf16_scalar_stays_a_scalar():
+    """A bf16 sum over every axis is 0-d, rounding it to bf16 keeps it 0-d, and a 0-d bf16
+    input is accepted (numpy's ascontiguousarray once made each of them 1-d)."""
+    total = _run_one("sum", [np.array([1.5, 2.25, 3.0], np.float32)], dtypes=["bf16"], axes=None)
+    assert total.shape == () and float(total) == 6.75
+    assert round_bf16(np.float32(1.00390625)).shape == ()
+    doubled = _run_one("add", [np.array(1.5, np.float32)] * 2, dtypes=["bf16", "bf16"])  # a 0-d bf16 input
+    assert doubled.shape == () and float(doubled) == 3.0
+
+
+@pytest.mark.parametrize("op", ["exp", "log", "tanh", "erf", "sigmoid", "rsqrt"])
+def test_a_function_of_a_scalar_is_a_scalar(op):
+    """The portable functions once returned a 0-d value 1-d, which a transpose then refused."""
+    e = Emitter()
+    x = e.input("x", "bf16", ())
+    y = e("transpose", e(op, x), perm=())
+    graph = e.graph({"x": x}, {"y": y, "z": e(op, x)})
+    out = Interpreter().run(graph, {"x": np.array(1.0, np.float32)})
+    assert out["y"].shape == () and out["z"].shape == ()
+
+
 def test_cast_to_i32_truncates_and_saturates():
     x = np.array([2.7, -2.7, np.nan, 1e20, -1e20, 0.5], np.float32)
     assert list(_run_one("cast", [x], dtype="i32")) == [2, -2, 0, 2**31 - 128, -(2**31), 0]

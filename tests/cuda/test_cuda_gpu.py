@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-from cuda_cases import CASES, FORWARD_CASES, GPU_CASES, assert_matches, case_graph, case_id  # noqa: E402
+from op_cases import CASES, FORWARD_CASES, GPU_CASES, assert_matches, case_graph, case_id  # noqa: E402
 from gpu_driver import train  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402

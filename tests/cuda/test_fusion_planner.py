@@ -18,11 +18,11 @@ if torch.cuda.is_available():  # pragma: no cover - the GPU tests cover the kern
     pytest.skip("a GPU is present: these run under Triton's interpreter only", allow_module_level=True)
 pytest.importorskip("triton")
 
-from cuda_cases import random_array  # noqa: E402
+from op_cases import random_array  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, loaded_bytes, recompute  # noqa: E402
-from sexpgpu.backends.cuda.kernels.expr import load  # noqa: E402
-from sexpgpu.backends.cuda.kernels.space import broadcast_view, contiguous  # noqa: E402
+from sexpgpu.backends.cuda.codegen.expr import load  # noqa: E402
+from sexpgpu.backends.cuda.codegen.space import broadcast_view, contiguous  # noqa: E402
 from sexpgpu.graph.autodiff import gradients  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
 

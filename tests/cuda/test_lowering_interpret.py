@@ -17,7 +17,7 @@ if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cud
     pytest.skip("a GPU is present: the GPU tests check these kernels there", allow_module_level=True)
 pytest.importorskip("triton")
 
-from cuda_cases import CASES, FORWARD_CASES, assert_matches, case_graph, case_id, random_array  # noqa: E402
+from op_cases import CASES, FORWARD_CASES, assert_matches, case_elements, case_graph, case_id, random_array  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda import views  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
@@ -33,7 +33,7 @@ def interpreted(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 CPU = Interpreter()
-SMALL_CASES = [case for case in CASES if max(np.prod(shape) for _, shape, _ in case[1]) <= 200]
+SMALL_CASES = [case for case in CASES if case_elements(case) <= 200]
 
 
 @pytest.fixture(scope="module")
@@ -173,16 +173,30 @@ SMALL_RUN = """
   :optimizer (adam :lr 0.01 :clip 1.0) :batch 4 :microbatches 2 :steps 3)
 """
 
+# The head `linear :out 1` has a bias gradient summed over the batch into one column: a
+# column kernel whose kept extent is 1, which once stored a block through a scalar pointer.
+CNN_ONE_OUTPUT = """
+(defgenerator spots :size 6
+  (let x (normal (batch 1 size size) :salt (:step)))
+  (record :x x :y (mean (reshape x (batch -1)) :axis 1 :keep true)))
+(defgraph cnn (x) :width 3
+  (let h (max-pool (relu (conv2d x :out width :kernel 3 :padding 1 :as conv)) :kernel 2))
+  (linear (reshape h (batch -1)) :out 1 :as head))
+(defrun cnn :seed 7 :data (generator spots) :model (cnn x) :loss (mse y)
+  :optimizer (adam :lr 0.01) :batch 4 :steps 2)
+"""
 
-def test_a_small_training_run_follows_the_interpreter(tmp_path):
-    """A generator, two microbatches, Adam with clipping, through the run loop on each
-    backend: the losses agree to float32 rounding of differently ordered sums."""
+
+@pytest.mark.parametrize("text, steps", [(SMALL_RUN, 3), (CNN_ONE_OUTPUT, 2)], ids=["mlp", "cnn-one-output"])
+def test_a_small_training_run_follows_the_interpreter(tmp_path, text, steps):
+    """A generator, microbatches, Adam (with clipping), through the run loop on each backend:
+    the losses agree to float32 rounding of differently ordered sums."""
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.loop import Trainer
     from sexpgpu.run.setup import build_run
 
     path = tmp_path / "small.sexp"
-    path.write_text(SMALL_RUN)
+    path.write_text(text)
     experiment = load_experiment(str(path))
     losses = {}
     for device in ("cpu", "cuda"):
@@ -192,7 +206,7 @@ def test_a_small_training_run_follows_the_interpreter(tmp_path):
             built.feeder.backend = built.backend
         state = built.initial_state()
         trainer = Trainer(experiment.run, built.program, built.backend, built.feeder)
-        losses[device] = [trainer.step(state)["loss"] for _ in range(3)]
+        losses[device] = [trainer.step(state)["loss"] for _ in range(steps)]
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-5)
 
 

@@ -1,6 +1,6 @@
 """Compile the portable algorithms for Triton: the same code objects under other globals.
 
-Every function in the portable modules (and in kernels.py) is rebuilt with
+Every function in the portable modules (and in triton_wrappers.py) is rebuilt with
 types.FunctionType(code, namespace) over one shared namespace, in which ``K`` is the
 Triton primitive set of triton_ops.py, the modules' numeric constants are tl.constexpr,
 and every function name is its jitted twin; then triton.jit compiles it. So the numpy path
@@ -18,7 +18,7 @@ import inspect
 import numbers
 import types
 
-from . import kernels, triton_exact, triton_ops
+from . import triton_exact, triton_ops, triton_wrappers
 from .portable import draws, erf, exp, ieee, log, philox, pow, roots, tables, trig
 
 PORTABLE_MODULES = (ieee, philox, tables, exp, log, erf, trig, roots, pow, draws)
@@ -70,7 +70,7 @@ def namespace(interpret, hardware=True):
         ops.gather_pair_if = ops.gather_pair_every
     shared = {"K": ops, "tl": tl, "triton": triton, "__name__": "sexpgpu.numerics.compiled"}
     functions = {}
-    for module in PORTABLE_MODULES + (kernels,) + ((triton_exact,) if hardware else ()):
+    for module in PORTABLE_MODULES + (triton_wrappers,) + ((triton_exact,) if hardware else ()):
         for name, value in vars(module).items():
             if _is_constant(value) and not name.startswith("_"):
                 assert shared.get(name, value) == value, f"two constants named {name}"

@@ -9,7 +9,7 @@ are exact. The integer versions exist because the portable code cannot rely on e
 device's conversions; on the GPU they cost tens of 64-bit integer operations an element.
 Each is checked bit for bit against the portable function in Triton's interpreter
 (test_triton_exact.py) and, compiled, on all 2^32 inputs of every function
-(bench/verify_numerics_speed.py). Like kernels.py, the code uses the shared namespace of
+(bench/verify_numerics_speed.py). Like triton_wrappers.py, the code uses the shared namespace of
 retarget.py: K, the portable functions and constants.
 """
 

@@ -25,7 +25,7 @@ from sexpgpu.backends.cpu.parallel import elementwise
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest bfloat16 (ties to even), as a float32 array. NaN stays NaN (quiet)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = np.asarray(x, dtype=np.float32, order="C")  # not ascontiguousarray, which makes a 0-d x 1-d
     bits = x.view(np.uint32)
     with np.errstate(over="ignore"):
         rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) & np.uint32(0xFFFF0000)
@@ -105,7 +105,7 @@ class PortableF32:
 
     def pow(self, x, y):
         x, y = np.broadcast_arrays(np.asarray(x, np.float32), np.asarray(y, np.float32))
-        x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+        x, y = np.asarray(x, order="C"), np.asarray(y, order="C")
         for memo in (self.ahead, self.memo):
             found = memo.get("pow", (x, y))
             if found is not None:
@@ -129,7 +129,7 @@ class PortableF32:
         return results[0].copy()
 
     def _unary(self, name: str, x) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        x = np.asarray(x, dtype=np.float32, order="C")
         found = self.memo.get(name, (x,))
         if found is not None:
             return found

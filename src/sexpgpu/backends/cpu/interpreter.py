@@ -1,7 +1,7 @@
 """The CPU interpreter: the executable reference for every backend.
 
 `Interpreter().run(graph, inputs)` evaluates the graph's nodes in the graph's order with
-one numpy kernel per op (kernels.py) and returns its outputs. It decides nothing from the
+one numpy kernel per op (op_kernels.py) and returns its outputs. It decides nothing from the
 machine: sums fold in the orders folds.py documents, transcendental functions come from
 sexpgpu.numerics, there is no BLAS, threads split large kernels only where the split
 changes no bits (parallel.py), and every node of dtype bf16 is rounded to bfloat16 when it
@@ -31,7 +31,7 @@ import numpy as np
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
 from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
 from sexpgpu.backends.cpu.fingerprint import fingerprint
-from sexpgpu.backends.cpu.kernels import compile_kernel
+from sexpgpu.backends.cpu.op_kernels import compile_kernel
 
 
 class Interpreter:
@@ -123,7 +123,8 @@ class Interpreter:
         check_input_shape(name, node, array.shape)
         if node.dtype == "bf16" and self.math.rounds_bf16:
             rounded = round_bf16(array)
-            if not np.array_equal(rounded.view(np.uint32), np.ascontiguousarray(array).view(np.uint32)):
+            bits = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape)  # 0-d stays 0-d
+            if not np.array_equal(rounded.view(np.uint32), bits):
                 raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
         return array
 

@@ -56,13 +56,13 @@ def run_ranges(work, count: int, elements: int) -> None:
 
 def elementwise(function, *arrays) -> np.ndarray:
     """function(*arrays) for an elementwise function, computed in slices across threads."""
-    if len(arrays) == 1 and arrays[0].size < MIN_ELEMENTS:
-        return np.asarray(function(np.ascontiguousarray(arrays[0])))
+    if len(arrays) == 1 and arrays[0].size < MIN_ELEMENTS:  # order="C" keeps a 0-d array 0-d
+        return np.asarray(function(np.asarray(arrays[0], order="C")))
     shaped = np.broadcast_arrays(*arrays)
     shape = shaped[0].shape
     size = shaped[0].size
     if size < MIN_ELEMENTS or thread_count() == 1:
-        return np.asarray(function(*(np.ascontiguousarray(a) for a in shaped)))
+        return np.asarray(function(*(np.asarray(a, order="C") for a in shaped)))
     flat = [np.ascontiguousarray(a).reshape(-1) for a in shaped]
     futures = [_executor().submit(function, *(a[low:high] for a in flat)) for low, high in ranges(size, thread_count())]
     return np.concatenate([np.asarray(future.result()) for future in futures]).reshape(shape)

@@ -1,5 +1,5 @@
 """The IR's elementwise ops as kernel expressions, rounding where the CPU interpreter rounds
-(backends/cpu/kernels.py): float arithmetic in float32, each node of dtype bf16 rounded to
+(backends/cpu/op_kernels.py): float arithmetic in float32, each node of dtype bf16 rounded to
 bfloat16 after it, constants rounded once to their node's dtype.
 
 `EXPRESSIONS[op](node, args)` takes the input expressions, already broadcast to the node's
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sexpgpu.backends.cuda.kernels.expr import Expr, binary, cast, const, iota, unary, where
-from sexpgpu.backends.cuda.kernels.space import unit_view
+from sexpgpu.backends.cuda.codegen.expr import Expr, binary, cast, const, iota, unary, where
+from sexpgpu.backends.cuda.codegen.space import unit_view
 
 _INT32_LOW = float(-(2**31))
 _INT32_HIGH = float(2**31 - 128)  # the largest float32 below 2^31

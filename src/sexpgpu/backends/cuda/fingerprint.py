@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cpu.fingerprint import MIX_1, MIX_2
-from sexpgpu.backends.cuda.kernels.compile import HEADER, Launch
+from sexpgpu.backends.cuda.codegen.compile import HEADER, Launch
 
 BLOCK = 4096
 NUM_WARPS = 8
@@ -22,7 +22,7 @@ def _constant(value: int) -> str:
     return f"((tl.full([], {value >> 32}, tl.uint64) << 32) | tl.full([], {value & 0xFFFFFFFF}, tl.uint64))"
 
 
-SOURCE = HEADER + f"""from sexpgpu.backends.cuda.kernels.bits import add
+SOURCE = HEADER + f"""from sexpgpu.backends.cuda.codegen.bits import add
 
 
 @triton.jit

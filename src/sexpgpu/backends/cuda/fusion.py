@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sexpgpu import settings
-from sexpgpu.backends.cuda.kernels.expr import flops, nodes_in_order
+from sexpgpu.backends.cuda.codegen.expr import flops, nodes_in_order
 
 BUDGET_FLOPS_PER_BYTE = 9.0
 MAX_INLINE_NODES = 160  # a longer expression is written out, to bound compile time

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from sexpgpu.backends.cuda import rowmerge, views
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcastable, loaded_bytes, recompute
-from sexpgpu.backends.cuda.kernels.expr import Expr, cast, flops, load, nodes_in_order, scalar
-from sexpgpu.backends.cuda.kernels.space import View, contiguous
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, nodes_in_order, scalar
+from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
+from sexpgpu.backends.cuda.reductions import REDUCTIONS
+from sexpgpu.backends.cuda.special import SPECIAL
 from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, same_memory, strided
 
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
@@ -170,7 +172,7 @@ class Lowerer:
     @staticmethod
     def _substituted(step: FlatStep, value: Expr) -> Expr:
         """`value` with reads of the step's own outputs replaced by their expressions."""
-        from sexpgpu.backends.cuda.kernels.expr import map_leaves
+        from sexpgpu.backends.cuda.codegen.expr import map_leaves
 
         produced = {key: expression for key, _, _, expression in step.outputs}
 
@@ -184,9 +186,6 @@ class Lowerer:
     # --- the walk -----------------------------------------------------------------------------
 
     def lower(self) -> Lowered:
-        from sexpgpu.backends.cuda.reductions import REDUCTIONS
-        from sexpgpu.backends.cuda.special import SPECIAL
-
         self._output_nodes = set(self.graph.outputs.values())
         inputs = {}
         for name, node in self.graph.inputs.items():
@@ -310,6 +309,12 @@ def _copier(key: str, source: str, view: View):
 
 def views_ops() -> tuple:
     return ("reshape", "transpose", "slice", "broadcast")
+
+
+def lowered_ops() -> frozenset:
+    """Every op the lowering handles: inputs, views, expressions, row and column kernels, and
+    the special steps (products, gathers, copies, draws, windows)."""
+    return frozenset(("input",) + views_ops()).union(EXPRESSIONS, REDUCTIONS, SPECIAL)
 
 
 def view_change(node, source):

@@ -10,13 +10,13 @@ so the elementwise chain that made it is fused with the reduction.
 from __future__ import annotations
 
 from sexpgpu.backends.cuda import views
-from sexpgpu.backends.cuda.kernels import recipes
-from sexpgpu.backends.cuda.kernels.columns import ColumnKernel, ColumnSpec, roots_of
-from sexpgpu.backends.cuda.kernels.columns import with_roots as column_roots
-from sexpgpu.backends.cuda.kernels.expr import Expr, iota, load, row
-from sexpgpu.backends.cuda.kernels.rows import Phase, Reduction, RowKernel, RowSpec
-from sexpgpu.backends.cuda.kernels.rows import with_roots as row_roots
-from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides, unit_view
+from sexpgpu.backends.cuda.codegen import recipes
+from sexpgpu.backends.cuda.codegen.columns import ColumnKernel, ColumnSpec, roots_of
+from sexpgpu.backends.cuda.codegen.columns import with_roots as column_roots
+from sexpgpu.backends.cuda.codegen.expr import Expr, iota, load, row
+from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction, RowKernel, RowSpec
+from sexpgpu.backends.cuda.codegen.rows import with_roots as row_roots
+from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides, unit_view
 from sexpgpu.backends.cuda.steps import TorchStep, kernel_step, strided, torch_dtype
 
 
@@ -94,9 +94,11 @@ def _integer_reduction(lowerer, node) -> None:
 
 
 def _over_axis(node, axis: int):
-    """(perm putting `axis` last, the space)."""
-    perm = tuple(other for other in range(node.rank) if other != axis) + (axis,)
-    return perm, tuple(node.inputs[0].shape[other] for other in perm)
+    """(perm putting `axis` of the node's input last, the space). The input's rank, not the
+    node's: argmax drops the axis."""
+    source = node.inputs[0]
+    perm = tuple(other for other in range(source.rank) if other != axis) + (axis,)
+    return perm, tuple(source.shape[other] for other in perm)
 
 
 def normalize(lowerer, node) -> None:

@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sexpgpu.backends.cuda import views
-from sexpgpu.backends.cuda.kernels.expr import Expr, cast, map_leaves, nodes_in_order, row
-from sexpgpu.backends.cuda.kernels.rows import MAX_BLOCK, Phase, Reduction, RowKernel, RowSpec, split_count
-from sexpgpu.backends.cuda.kernels.rows import with_roots
-from sexpgpu.backends.cuda.kernels.space import View, contiguous_strides, numel
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, map_leaves, nodes_in_order, row
+from sexpgpu.backends.cuda.codegen.rows import MAX_BLOCK, Phase, Reduction, RowKernel, RowSpec, split_count
+from sexpgpu.backends.cuda.codegen.rows import with_roots
+from sexpgpu.backends.cuda.codegen.space import View, contiguous_strides, numel
 from sexpgpu.backends.cuda.steps import KernelStep, kernel_step, loads_of
 
 MAX_ELEMENT_OUTPUTS = 8  # stores over the whole space a merged kernel takes

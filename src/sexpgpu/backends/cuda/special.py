@@ -14,7 +14,7 @@ import numpy as np
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.space import View, contiguous, contiguous_strides
+from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
 from sexpgpu.backends.cuda.products import ORDINARY, check_implementation, product_shape, run_product, scratch_shape
 from sexpgpu.plan.device import ProductShape
 from sexpgpu.backends.cuda.steps import HOST_INPUTS, TorchStep, same_memory, strided
@@ -123,7 +123,7 @@ def gather(lowerer, node) -> None:
 
 
 def scatter_add(lowerer, node) -> None:
-    from sexpgpu.backends.cuda.kernels.scatter import scatter_add as scatter
+    from sexpgpu.backends.cuda.codegen.scatter import scatter_add as scatter
 
     ids, values = node.inputs
     index, index_view = lowerer.addressable(ids)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sexpgpu.backends.cuda.kernels.expr import Expr, nodes_in_order, number_operands
-from sexpgpu.backends.cuda.kernels.flat import FlatSpec, flat_kernel
-from sexpgpu.backends.cuda.kernels.space import View
+from sexpgpu.backends.cuda.codegen.expr import Expr, nodes_in_order, number_operands
+from sexpgpu.backends.cuda.codegen.flat import FlatSpec, flat_kernel
+from sexpgpu.backends.cuda.codegen.space import View
 
 HOST_INPUTS = "host inputs"  # env entry: {buffer key: the input as the caller gave it on the host}
 TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "bool": "bool"}

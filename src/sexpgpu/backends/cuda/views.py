@@ -8,8 +8,8 @@ contiguously first (a copy), which every movement can view.
 
 from __future__ import annotations
 
-from sexpgpu.backends.cuda.kernels.expr import Expr, map_leaves
-from sexpgpu.backends.cuda.kernels.space import View, contiguous_strides, numel
+from sexpgpu.backends.cuda.codegen.expr import Expr, map_leaves
+from sexpgpu.backends.cuda.codegen.space import View, contiguous_strides, numel
 
 
 def broadcast(view: View, source_shape, target_shape) -> View | None:

@@ -118,7 +118,7 @@ class Launch:
 
     def __call__(self, *operands) -> None:
         if self.uses_table:
-            from sexpgpu.backends.cuda.kernels.portable_math import table
+            from sexpgpu.backends.cuda.codegen.portable_math import table
 
             operands = operands + (table(operands[0].device),)
         self.function[self.grid](*operands, num_warps=self.num_warps, enable_fp_fusion=False)

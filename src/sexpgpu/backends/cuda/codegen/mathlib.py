@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-MODULE = "sexpgpu.backends.cuda.kernels.portable_math"
+MODULE = "sexpgpu.backends.cuda.codegen.portable_math"
 FUNCTIONS = ("exp", "log", "tanh", "erf", "sigmoid", "rsqrt", "pow")
 
 

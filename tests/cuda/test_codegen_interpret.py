@@ -19,12 +19,12 @@ if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cud
 pytest.importorskip("triton")
 
 
-from sexpgpu.backends.cuda.kernels import expr as E  # noqa: E402
-from sexpgpu.backends.cuda.kernels import recipes  # noqa: E402
-from sexpgpu.backends.cuda.kernels.columns import ColumnKernel, ColumnSpec  # noqa: E402
-from sexpgpu.backends.cuda.kernels.flat import FlatSpec, flat_kernel  # noqa: E402
-from sexpgpu.backends.cuda.kernels.rows import Phase, Reduction, RowKernel, RowSpec  # noqa: E402
-from sexpgpu.backends.cuda.kernels.space import View, broadcast_view, contiguous, unit_view  # noqa: E402
+from sexpgpu.backends.cuda.codegen import expr as E  # noqa: E402
+from sexpgpu.backends.cuda.codegen import recipes  # noqa: E402
+from sexpgpu.backends.cuda.codegen.columns import ColumnKernel, ColumnSpec  # noqa: E402
+from sexpgpu.backends.cuda.codegen.flat import FlatSpec, flat_kernel  # noqa: E402
+from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction, RowKernel, RowSpec  # noqa: E402
+from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous, unit_view  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +131,7 @@ def _row_kernel(shape, phases, outputs, row_stores=(), inputs=("f32",), reduced_
 def small_blocks(monkeypatch):
     """Chunks and splits at small sizes, so that the interpreter walks several of them
     quickly: the generated loops depend on these sizes only through their values."""
-    from sexpgpu.backends.cuda.kernels import columns, rows
+    from sexpgpu.backends.cuda.codegen import columns, rows
 
     monkeypatch.setattr(rows, "MAX_BLOCK", 32)
     monkeypatch.setattr(rows, "SPLIT_CHUNK", 64)

@@ -1,5 +1,5 @@
 """The row ops of the IR as phases of a row kernel, written to round where the CPU
-interpreter rounds (backends/cpu/kernels.py), so that the two differ only by the order of
+interpreter rounds (backends/cpu/op_kernels.py), so that the two differ only by the order of
 their sums and by math functions that are not yet the portable ones.
 
 Each recipe takes the input's expression `x` over the row kernel's space and the number of
@@ -9,8 +9,8 @@ element stores). Row values are numbered in the order the phases define them.
 
 from __future__ import annotations
 
-from sexpgpu.backends.cuda.kernels.expr import Expr, binary, cast, const, row, unary, where
-from sexpgpu.backends.cuda.kernels.rows import Phase, Reduction
+from sexpgpu.backends.cuda.codegen.expr import Expr, binary, cast, const, row, unary, where
+from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction
 
 
 def softmax(x: Expr, output: int, first: int = 0) -> tuple[Phase, ...]:

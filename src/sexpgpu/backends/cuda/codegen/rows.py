@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
-from sexpgpu.backends.cuda.kernels.expr import Expr, load, nodes_in_order, operand_views, shift_operands
-from sexpgpu.backends.cuda.kernels.flat import iota_source, load_source, store_source
-from sexpgpu.backends.cuda.kernels.render import Renderer
-from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
+from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.expr import Expr, load, nodes_in_order, operand_views, shift_operands
+from sexpgpu.backends.cuda.codegen.flat import iota_source, lane_offset, load_source, store_source
+from sexpgpu.backends.cuda.codegen.render import Renderer
+from sexpgpu.backends.cuda.codegen.space import View, contiguous, needs_wide_index, numel, offset_expression
 
 COMBINE = {"sum": "add", "max": "max_nan", "min": "min_nan"}
 INITIAL = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
@@ -241,7 +241,8 @@ class _RowSource:
             name = body.value(value)
             view, dtype = self.spec.outputs[output]
             pointer = self.pointers[len(self.spec.inputs) + output]
-            updates.append(body.indent + store_source(pointer, dtype, self._offset(view), name, "cmask"))
+            offset = lane_offset("c", self._offset(view), self._split_view(view)[1] is not None)
+            updates.append(body.indent + store_source(pointer, dtype, offset, name, "cmask"))
         lines = body.lines + updates
         body.lines = []
         return lines

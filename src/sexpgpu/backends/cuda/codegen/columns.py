@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
-from sexpgpu.backends.cuda.kernels.expr import Expr, load, operand_views, shift_operands
-from sexpgpu.backends.cuda.kernels.flat import indexed_load, iota_source, load_source, store_source
-from sexpgpu.backends.cuda.kernels.render import Renderer
-from sexpgpu.backends.cuda.kernels.rows import COMBINE, INITIAL, Reduction, combine_lanes
-from sexpgpu.backends.cuda.kernels.space import View, contiguous, needs_wide_index, numel, offset_expression
+from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.expr import Expr, load, operand_views, shift_operands
+from sexpgpu.backends.cuda.codegen.flat import indexed_load, iota_source, lane_offset, load_source, store_source
+from sexpgpu.backends.cuda.codegen.render import Renderer
+from sexpgpu.backends.cuda.codegen.rows import COMBINE, INITIAL, Reduction, combine_lanes
+from sexpgpu.backends.cuda.codegen.space import View, contiguous, needs_wide_index, numel, offset_expression
 
 NUM_WARPS = 4
 TILE = 4096
@@ -147,6 +147,7 @@ class _ColumnSource:
             self._epilogue_table = self._epilogue_table or epilogue.uses_table
             view, dtype = self.spec.outputs[output]
             offset = offset_expression("k", view.dims, view.strides, view.offset)
+            offset = lane_offset("k", offset, not offset.isdigit())
             lines.append("    " + store_source(self.pointers[base + output], dtype, offset, name, "kmask"))
         return epilogue.lines + lines
 

@@ -1,4 +1,4 @@
-"""Triton kernels: load, call a portable function, store.
+"""The Triton kernels' wrappers: load, call a portable function, store.
 
 Plain functions that retarget.py compiles in the namespace of the portable algorithms.
 Float32 data is loaded and stored as bits; every computation happens in the portable code.

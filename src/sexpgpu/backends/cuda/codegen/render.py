@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 
-from sexpgpu.backends.cuda.kernels import mathlib
-from sexpgpu.backends.cuda.kernels.expr import Expr, nodes_in_order
+from sexpgpu.backends.cuda.codegen import mathlib
+from sexpgpu.backends.cuda.codegen.expr import Expr, nodes_in_order
 
 TRITON_TYPES = {"f32": "tl.float32", "i32": "tl.int32", "bool": "tl.int1", "bf16": "tl.bfloat16"}
 INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
          "eq": "==", "ne": "!=", "and": "&", "or": "|"}
 LEAVES = ("load", "scalar", "row", "iota")
-BITS_IMPORT = "from sexpgpu.backends.cuda.kernels.bits import add, load_bf16, max_nan, min_nan, round_bf16, store_bf16"
+BITS_IMPORT = "from sexpgpu.backends.cuda.codegen.bits import add, load_bf16, max_nan, min_nan, round_bf16, store_bf16"
 
 
 def float_literal(value: float) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.kernels.compile import Launch, module_source, signature
-from sexpgpu.backends.cuda.kernels.expr import Expr, operand_views
-from sexpgpu.backends.cuda.kernels.render import Renderer
-from sexpgpu.backends.cuda.kernels.space import STORAGE_TYPES, View, needs_wide_index, numel, view_offset
+from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.expr import Expr, operand_views
+from sexpgpu.backends.cuda.codegen.render import Renderer
+from sexpgpu.backends.cuda.codegen.space import STORAGE_TYPES, View, needs_wide_index, numel, view_offset
 
 BLOCK = 1024
 NUM_WARPS = 4
@@ -38,6 +38,14 @@ def store_source(pointer: str, dtype: str, offset: str, value: str, mask: str | 
     masked = f", mask={mask}" if mask else ""
     converted = f"store_bf16({value})" if dtype == "bf16" else f"{value}.to({STORAGE_TYPES[dtype]})"
     return f"tl.store({pointer} + {offset}, {converted}{masked})"
+
+
+def lane_offset(lanes: str, offset: str, varies: bool) -> str:
+    """A masked store's offset as a block over `lanes`. An offset that does not vary along
+    them (the stored value is one element: an axis of size 1, a 0-d value) is broadcast over
+    the lanes, since Triton stores a block only through a block of pointers; the mask keeps
+    the one lane that writes it."""
+    return offset if varies else f"{lanes} * 0 + {offset}"
 
 
 def indexed_load(pointer: str, dtype: str, offset: str, mask: str) -> str:
@@ -78,7 +86,7 @@ def flat_source(spec: FlatSpec) -> str:
         name = renderer.value(value)
         pointer = pointers[len(spec.inputs) + number]
         offset = view_offset("i", view)
-        offset = f"i * 0 + {offset}" if offset.isdigit() else offset  # one element: lane 0 writes it
+        offset = lane_offset("i", offset, not offset.isdigit())
         stores.append("    " + store_source(pointer, dtype, offset, name, "mask"))
     lines[1] = signature(pointers, renderer.uses_table)
     return module_source(renderer.imports, lines + renderer.lines + stores)

@@ -9,7 +9,7 @@ that order, exactly the CPU interpreter's `np.add.at` order. Rows no id names ge
 import triton
 import triton.language as tl
 
-from sexpgpu.backends.cuda.kernels.bits import load_bf16, store_bf16
+from sexpgpu.backends.cuda.codegen.bits import load_bf16, store_bf16
 
 BLOCK = 128
 

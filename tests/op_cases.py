@@ -1,20 +1,36 @@
-"""Graphs for checking the CUDA lowering against the CPU interpreter: every op with its
-gradient, and the tolerances the comparison allows.
+"""The op cases every op test shares: each op of graph/ops.py with inputs of chosen dtypes,
+shapes and value kinds, the graph that runs it, and the tolerances between two backends.
 
-Each case builds `loss = sum(op(inputs) * w)` and its gradients with the graph stage's own
-autodiff, so one graph holds the op's forward lowering and the lowering of its gradient rule.
+A case with a gradient builds `loss = sum(op(inputs) * w)` and its gradients with the graph
+stage's own autodiff, so one graph holds the op's forward computation and its gradient rule.
+tests/graph/test_op_gradients.py checks the rules against float64 finite differences, the
+CUDA tests (tests/cuda/) check the CUDA backend against the CPU interpreter, and
+tests/backends/test_op_coverage.py fails when an op of the table has no case here.
+
+Value kinds: "normal", "positive", "spread" (distinct, well separated values: no ties, no
+kinks), "small" (integers in [-2, 2], for ties), "wide" (normal times 1000), "labels:N"
+(integers in [0, N)), "bool".
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from sexpgpu.backends.cpu.arith import round_bf16
 from sexpgpu.graph.autodiff import gradients
 from sexpgpu.graph.emit import Emitter
 from sexpgpu.graph.ir import FLOAT_DTYPES
 
 F = "f32"
 B = "bf16"
+
+
+class OpCase(NamedTuple):
+    op: str
+    specs: list  # one (dtype, shape, value kind) per input
+    attrs: dict
 
 # Tolerances, relative and absolute, of a CUDA output against the interpreter's. Sums run in
 # another order (a fixed tree rather than a sequential fold) and, until the numerics library
@@ -80,25 +96,58 @@ CASES = [
     ("max_pool2d_pick", [(F, (1, 3, 6, 4), "spread"), (F, (1, 3, 6, 4), "normal")], {"kernel": (2, 2), "stride": (1, 2)}),
     ("avg_pool2d", [(F, (1, 3, 6, 5), "normal")], {"kernel": (3, 2), "stride": (3, 1)}),
     ("avg_pool2d_grad", [(F, (1, 3, 2, 4), "normal")], {"kernel": (3, 2), "stride": (3, 1), "input_shape": (1, 3, 6, 5)}),
+    # H 6 leaves a row no window reaches
+    ("conv2d", [(F, (2, 3, 6, 4), "normal"), (F, (2, 3, 3, 2), "normal")], {"stride": (2, 1), "padding": (1, 0)}),
+    ("conv2d_input_grad", [(F, (2, 2, 3, 3), "normal"), (F, (2, 3, 3, 2), "normal")],
+     {"stride": (2, 1), "padding": (1, 0), "input_shape": (2, 3, 6, 4)}),
+    ("conv2d_weight_grad", [(F, (2, 3, 6, 4), "normal"), (F, (2, 2, 3, 3), "normal")],
+     {"stride": (2, 1), "padding": (1, 0), "weight_shape": (2, 3, 3, 2)}),
+    ("max_pool2d", [(F, (2, 2, 5, 5), "spread")], {"kernel": (3, 3), "stride": (2, 2)}),
+    ("max_pool2d_grad", [(F, (2, 2, 5, 5), "spread"), (F, (2, 2, 2, 2), "normal")], {"kernel": (3, 3), "stride": (2, 2)}),
+    ("max_pool2d_pick", [(F, (2, 2, 5, 5), "spread"), (F, (2, 2, 5, 5), "normal")], {"kernel": (3, 3), "stride": (2, 2)}),
+    ("avg_pool2d", [(F, (2, 2, 5, 6), "normal")], {"kernel": (2, 3), "stride": (1, 2)}),
+    ("avg_pool2d_grad", [(F, (2, 2, 4, 2), "normal")], {"kernel": (2, 3), "stride": (1, 2), "input_shape": (2, 2, 5, 6)}),
 ]
+CASES = [OpCase(*case) for case in CASES]
 
 # Cases for the GPU alone: PyTorch's CPU bf16 convolution, which the interpreter tests would
 # run, does not accumulate in float32 as cuDNN does.
 GPU_CASES = [
-    ("conv2d", [(B, (2, 4, 6, 6), "normal"), (B, (4, 4, 3, 3), "normal")], {"stride": (1, 1), "padding": (1, 1)}),
+    OpCase("conv2d", [(B, (2, 4, 6, 6), "normal"), (B, (4, 4, 3, 3), "normal")], {"stride": (1, 1), "padding": (1, 1)}),
 ]
 
-# Ops without a gradient, checked forward only.
+_SALT = ("i32", (), "labels:1000")
+_DRAW = {"shape": (3, 5), "seed": 11, "stream": "test/draw", "salts": ("step",)}
+
+# Ops without a gradient, and integer forms of ops with one, checked forward only.
 FORWARD_CASES = [
     ("argmax", [(F, (3, 5), "spread")], {"axis": 1}),
+    ("argmax", [(F, (4, 1, 3), "spread")], {"axis": 0}),  # not the last axis: the space has the input's rank
     ("one_hot", [("i32", (2, 3), "labels:4")], {"depth": 4, "dtype": "f32"}),
     ("eq", [(F, (3, 4), "small"), (F, (4,), "small")], {}),
+    ("ne", [(F, (3, 4), "small"), (F, (3, 1), "small")], {}),
     ("lt", [(F, (3, 4), "normal"), (F, (3, 4), "normal")], {}),
+    ("le", [("i32", (3, 4), "labels:3"), ("i32", (), "labels:3")], {}),
+    ("gt", [(F, (2, 3), "small"), (F, (2, 3), "small")], {}),
+    ("ge", [(B, (4,), "small"), (B, (2, 4), "small")], {}),
+    ("const", [], {"value": 2.5, "dtype": "f32", "shape": (2, 3)}),
+    ("causal_mask", [], {"size": 5}),
+    ("normal", [_SALT], dict(_DRAW, mean=0.5, std=2.0)),
+    ("uniform", [_SALT], dict(_DRAW, low=-1.0, high=3.0)),
+    ("truncated_normal", [_SALT], dict(_DRAW, mean=0.0, std=1.0, bound=2.0)),
+    ("bernoulli", [_SALT], dict(_DRAW, p=0.3)),
+    ("randint", [_SALT], dict(_DRAW, low=0, high=7)),
     ("cast", [(F, (3, 4), "wide")], {"dtype": "i32"}),
     ("cast", [("i32", (3, 4), "labels:9")], {"dtype": "f32"}),
     ("sum", [("i32", (3, 4), "labels:9")], {"axes": (1,), "keep": False}),
     ("add", [("i32", (3, 4), "labels:9"), ("i32", (4,), "labels:9")], {}),
 ]
+FORWARD_CASES = [OpCase(*case) for case in FORWARD_CASES]
+
+
+def case_elements(case) -> int:
+    """The element count of the case's largest input (0 for a case without inputs)."""
+    return max((int(np.prod(shape, dtype=np.int64)) for _, shape, _ in case.specs), default=0)
 
 
 def case_id(case) -> str:
@@ -125,8 +174,6 @@ def random_array(rng, dtype: str, shape: tuple, kind: str) -> np.ndarray:
         values = rng.standard_normal(count)
     values = values.reshape(shape).astype(np.float32)
     if dtype == "bf16":
-        from sexpgpu.backends.cpu.arith import round_bf16
-
         values = round_bf16(values)
     return values
 
