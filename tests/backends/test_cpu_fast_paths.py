@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sexpgpu import numerics as nx
-from sexpgpu.backends.cpu import Interpreter, folds, kernels
+from sexpgpu.backends.cpu import Interpreter, folds, op_kernels
 from sexpgpu.backends.cpu.arith import PortableF32
 from sexpgpu.graph.emit import Emitter
 
@@ -201,9 +201,9 @@ def test_exp_of_masked_scores_is_exp_of_every_entry():
     math = PortableF32()
     scores = _ill_conditioned((4, 16, 16), 10) * np.float32(1e-9)
     scores = np.where(np.tril(np.ones((16, 16), bool)), scores, -np.inf).astype(np.float32)
-    got = kernels._exp_of_shifted(scores, math)
+    got = op_kernels._exp_of_shifted(scores, math)
     assert _same_bits(got, nx.exp(scores))
-    assert _same_bits(kernels._exp_of_shifted(scores[..., :1], math), nx.exp(scores[..., :1]))
+    assert _same_bits(op_kernels._exp_of_shifted(scores[..., :1], math), nx.exp(scores[..., :1]))
 
 
 # --- compiled kernels and the interpreter's arrays --------------------------------------------------------

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from sexpgpu.backends.cuda.kernels import compile as kernels
+from sexpgpu.backends.cuda.codegen import compile as kernels
 
 
 @pytest.fixture

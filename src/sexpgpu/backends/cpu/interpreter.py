@@ -116,7 +116,8 @@ class Interpreter:
         if (type(value) is np.ndarray and value.dtype == self._ready_dtypes.get(node.dtype)
                 and value.shape == node.shape):
             return value  # already what the graph expects: nothing to convert or check
-        float_types = (np.float32,) if self.math.float_dtype == np.float32 else (np.float32, np.float64)
+        # a Python number becomes the arithmetic's own float; arrays must be float32 (or float64 for the f64 oracle)
+        float_types = (np.float32,) if self.math.float_dtype == np.float32 else (np.float64, np.float32)
         array = host_input(name, node, value, float_types)
         if node.dtype in ("f32", "bf16"):
             array = array.astype(self.math.float_dtype, copy=False)
