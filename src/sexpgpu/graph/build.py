@@ -91,7 +91,7 @@ class Builder:
         self.salts_read: list = []  # every salt part read, in order ("microbatch", "field/x", ...)
         self._draws_in_scope: dict = {}
         self._draws_in_graph = 0
-        self._calls: list = []
+        self._calls: dict = {}  # the definitions being called, outermost first (a dict: a deep chain checks in O(1))
 
     # --- errors and emitting --------------------------------------------------------------
 
@@ -204,35 +204,48 @@ class Builder:
 
     # --- evaluation -------------------------------------------------------------------------------
 
-    def run_body(self, graph, frame: Frame):
-        """The value of a definition's body: its lets in order, then its result."""
-        for binding in graph.body[:-1]:
-            name, expression = binding.items[1], binding.items[2]
-            frame.env[name.name] = self.evaluate(expression, frame)
-        return self.evaluate(graph.body[-1], frame)
+    # Evaluation nests as deep as the text and the calls do: thousands of levels in a legal
+    # file. So it never recurses in Python. Each level is a generator of steps that yields a
+    # generator for every value it needs from a level below, and `_drive` runs them from an
+    # explicit stack, in exactly the order a recursive evaluator would.
+
+    def evaluate(self, expression, frame: Frame):
+        """The value of one expression: a Node or a static value."""
+        return _drive(self.evaluation(expression, frame))
 
     def run_generator_body(self, graph, frame: Frame) -> dict:
         """A generator's fields: its lets in order, then its `(record :FIELD EXPR ...)`, as written."""
-        for binding in graph.body[:-1]:
-            frame.env[binding.items[1].name] = self.evaluate(binding.items[2], frame)
-        record = graph.body[-1]
-        fields = {}
-        for name, (key, expression) in split_pairs(record.items[1:], "(record ...)").items():
-            value = self.evaluate(expression, frame)
-            if not isinstance(value, Node):
-                raise self.error("E-GRAPH-003", f"record field :{name} must be a tensor, found {_static_text(value)}.", expression.loc)
-            fields[name] = value
-        return fields
+        return _drive(self._generator_body(graph, frame))
 
-    def evaluate(self, expression, frame: Frame):
+    def evaluation(self, expression, frame: Frame):
+        """The steps of evaluating `expression` (a generator for `_drive`)."""
         if isinstance(expression, (Integer, Float, String)):
             return expression.value
         if isinstance(expression, Symbol):
             return self.lookup(expression, frame)
         if isinstance(expression, SList):
             with self.e.at(loc=expression.loc):
-                return self.evaluate_form(expression, frame)
+                return (yield from self._form(expression, frame))
         raise self.error("E-GRAPH-003", f"expected an expression, found {describe(expression)}.", expression.loc)
+
+    def _body(self, graph, frame: Frame):
+        """The value of a definition's body: its lets in order, then its result."""
+        for binding in graph.body[:-1]:
+            name, expression = binding.items[1], binding.items[2]
+            frame.env[name.name] = yield self.evaluation(expression, frame)
+        return (yield self.evaluation(graph.body[-1], frame))
+
+    def _generator_body(self, graph, frame: Frame):
+        for binding in graph.body[:-1]:
+            frame.env[binding.items[1].name] = yield self.evaluation(binding.items[2], frame)
+        record = graph.body[-1]
+        fields = {}
+        for name, (key, expression) in split_pairs(record.items[1:], "(record ...)").items():
+            value = yield self.evaluation(expression, frame)
+            if not isinstance(value, Node):
+                raise self.error("E-GRAPH-003", f"record field :{name} must be a tensor, found {_static_text(value)}.", expression.loc)
+            fields[name] = value
+        return fields
 
     def lookup(self, symbol: Symbol, frame: Frame):
         if symbol.name in frame.env:
@@ -248,7 +261,7 @@ class Builder:
             symbol.loc, did_you_mean(symbol.name, known),
         )
 
-    def evaluate_form(self, form: SList, frame: Frame):
+    def _form(self, form: SList, frame: Frame):
         from sexpgpu.graph.layers import BUILTINS
 
         if not form.items or not isinstance(form.items[0], Symbol):
@@ -258,13 +271,13 @@ class Builder:
         if head == "param":
             return self.param_form(form, frame)
         if head == "repeat":
-            return self.repeat_form(form, frame)
+            return (yield from self._repeat(form, frame))
         if head in ("step", "trip"):
             return self.scalar_form(form, head)
         if head in BUILTINS:
-            return BUILTINS[head].apply(self, form, frame)
+            return (yield from BUILTINS[head].application(self, form, frame))
         if head in self.graphs:
-            return self.graph_form(form, frame)
+            return (yield from self._graph_call(form, frame))
         known = list(BUILTINS) + list(SPECIAL_FORMS) + [name for name, g in self.graphs.items() if not g.is_generator]
         raise self.error(
             "E-GRAPH-002", f"unknown op '{head}': expected a built-in op, a layer or a defgraph.",
@@ -326,12 +339,14 @@ class Builder:
         dtype = keys["dtype"].name if "dtype" in keys else "f32"
         return self.declare_param(frame, name.name, shape, dtype, init, load, form.loc)
 
-    def graph_form(self, form: SList, frame: Frame):
+    def _graph_call(self, form: SList, frame: Frame):
         definition = self.graphs[form.items[0].name]
         if definition.is_generator:
             raise self.error("E-GRAPH-003", f"'{definition.name}' is a defgenerator; only a defgraph can be called here.", form.items[0].loc)
         end = 1 + first_keyword(form.items[1:])
-        args = [self.evaluate(item, frame) for item in form.items[1:end]]
+        args = []
+        for item in form.items[1:end]:
+            args.append((yield self.evaluation(item, frame)))
         scope, options = self.call_keywords(form, end, frame, definition)
         if len(args) != len(definition.inputs):
             raise self.error(
@@ -339,7 +354,7 @@ class Builder:
                 f"'{definition.name}' takes {len(definition.inputs)} input(s) ({' '.join(definition.inputs)}), found {len(args)}.",
                 form.loc,
             )
-        return self.call(definition, args, options, join_path(frame.scope, scope) if scope else frame.scope, form.loc)
+        return (yield from self._call(definition, args, options, join_path(frame.scope, scope) if scope else frame.scope, form.loc))
 
     def call_keywords(self, form: SList, end: int, frame: Frame, definition) -> tuple:
         """(the :as scope or None, the callee's options with the call's values)."""
@@ -365,19 +380,23 @@ class Builder:
         return value.name
 
     def call(self, definition, args: list, options: dict, scope: str, loc):
+        """The value of `definition` applied to `args` under `scope`."""
+        return _drive(self._call(definition, args, options, scope, loc))
+
+    def _call(self, definition, args: list, options: dict, scope: str, loc):
         if definition.name in self._calls:
-            chain = " -> ".join(self._calls + [definition.name])
+            chain = " -> ".join(list(self._calls) + [definition.name])
             raise self.error("E-GRAPH-005", f"graph '{definition.name}' calls itself ({chain}).", loc)
         env = dict(options)
         env.update(zip(definition.inputs, args))
-        self._calls.append(definition.name)
+        self._calls[definition.name] = None
         try:
             with self.e.at(scope=scope):
-                return self.run_body(definition, Frame(env, scope, definition.name))
+                return (yield from self._body(definition, Frame(env, scope, definition.name)))
         finally:
-            self._calls.pop()
+            del self._calls[definition.name]
 
-    def repeat_form(self, form: SList, frame: Frame):
+    def _repeat(self, form: SList, frame: Frame):
         end = 1 + first_keyword(form.items[1:])
         given = form.items[1:end]
         if len(given) != 3:
@@ -397,10 +416,33 @@ class Builder:
         prefix, options = self.call_keywords(form, end, frame, definition)
         if prefix is None:
             raise self.error("E-GRAPH-003", "repeat needs :as PREFIX: its calls live in scopes PREFIX0, PREFIX1, ...", form.loc)
-        value = self.evaluate(input_syntax, frame)
+        value = yield self.evaluation(input_syntax, frame)
         for index in range(count):
-            value = self.call(definition, [value], options, join_path(frame.scope, f"{prefix}{index}"), form.loc)
+            value = yield self._call(definition, [value], options, join_path(frame.scope, f"{prefix}{index}"), form.loc)
         return value
+
+
+def _drive(steps):
+    """Run a generator of evaluation steps to its value. A step yields a generator whose value
+    it needs; that generator runs on top of the stack and its value is sent back. No Python
+    recursion, so depth is bounded by memory, not by the interpreter's stack."""
+    stack = [steps]
+    value = None
+    try:
+        while stack:
+            try:
+                needed = stack[-1].send(value)
+            except StopIteration as finished:
+                stack.pop()
+                value = finished.value
+                continue
+            stack.append(needed)
+            value = None
+    except BaseException:
+        for pending in reversed(stack):
+            pending.close()  # their `finally` blocks restore the scope, location and call chain
+        raise
+    return value
 
 
 def _keyword_hint(name: str, keywords: list) -> str | None:

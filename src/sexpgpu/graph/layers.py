@@ -43,7 +43,8 @@ class Builtin:
     keywords: dict  # keyword -> (kind, default or REQUIRED)
     build: Callable  # build(b, frame, *positional values, **keyword values)
 
-    def apply(self, b: Builder, form: SList, frame: Frame):
+    def application(self, b: Builder, form: SList, frame: Frame):
+        """The steps of applying this op to `form` (values of its arguments are yielded for)."""
         end = 1 + first_keyword(form.items[1:])
         given = form.items[1:end]
         variadic = self.positional and self.positional[-1].endswith("*")
@@ -53,7 +54,9 @@ class Builtin:
             raise b.error("E-GRAPH-003", f"({self.name} ...) takes {wanted} argument(s), found {len(given)}.", place)
         kinds = list(self.positional[:-1]) + [self.positional[-1].rstrip("*")] * (len(given) - len(self.positional) + 1) \
             if variadic else list(self.positional)
-        args = [_convert(b, kind, item, frame) for kind, item in zip(kinds, given)]
+        args = []
+        for kind, item in zip(kinds, given):
+            args.append((yield b.evaluation(item, frame)) if kind == "value" else _convert(b, kind, item, frame))
         return self.build(b, frame, *args, **self._keywords(b, form, end, frame))
 
     def _keywords(self, b: Builder, form: SList, end: int, frame: Frame) -> dict:
@@ -79,8 +82,6 @@ def _python_name(keyword: str) -> str:
 
 
 def _convert(b: Builder, kind: str, item, frame: Frame):
-    if kind == "value":
-        return b.evaluate(item, frame)
     if kind == "dims":
         return b.dims(item, frame)
     if kind == "shape":
