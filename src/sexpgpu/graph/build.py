@@ -24,7 +24,9 @@ from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
 from sexpgpu.graph.ops import OpError, dims_text
 from sexpgpu.graph.ir import Node
 from sexpgpu.lang.keywords import first_keyword, split_pairs
-from sexpgpu.lang.syntax import Float, Integer, SList, String, Symbol, describe
+from sexpgpu.lang.limits import CALLS_MAX, DIM_MAX, I32_MAX, I32_MIN, REPEAT_MAX
+from sexpgpu.lang.values import FLOAT_MAX
+from sexpgpu.lang.syntax import Float, Integer, SList, String, Symbol, describe, shown
 
 SPECIAL_FORMS = ("param", "repeat", "step", "trip")
 
@@ -91,6 +93,7 @@ class Builder:
         self.salts_read: list = []  # every salt part read, in order ("microbatch", "field/x", ...)
         self._draws_in_scope: dict = {}
         self._draws_in_graph = 0
+        self._call_count = 0
         self._calls: dict = {}  # the definitions being called, outermost first (a dict: a deep chain checks in O(1))
 
     # --- errors and emitting --------------------------------------------------------------
@@ -116,6 +119,9 @@ class Builder:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error("E-GRAPH-003", f"expected a tensor or a number, found {_static_text(value)}.", self.e.loc)
+        if isinstance(value, int) and abs(value) > FLOAT_MAX:
+            raise self.error("E-FORM-011", "a number used as a tensor must be at most about 1.8e308 in size.",
+                             self.e.loc)
         return self.const(value, like=like)
 
     def tensors(self, values) -> list:
@@ -301,11 +307,27 @@ class Builder:
             raise self.error("E-GRAPH-003", f"expected {expected}, found {found}.", expression.loc)
         return value
 
-    def static_int(self, expression, frame: Frame, expected: str = "an integer") -> int:
-        return self.static(expression, frame, expected, lambda v: isinstance(v, int) and not isinstance(v, bool))
+    def static_int(self, expression, frame: Frame, expected: str = "an integer", minimum: int = I32_MIN,
+                   maximum: int = I32_MAX, maximum_text: str = "2^31-1", label: str | None = None) -> int:
+        """A static integer; every one the graphs use fits int32 (docs/language.md, "Limits")."""
+        value = self.static(expression, frame, expected, lambda v: isinstance(v, int) and not isinstance(v, bool))
+        if not minimum <= value <= maximum:
+            low = "-2^31" if minimum == I32_MIN else str(minimum)
+            raise self.error("E-FORM-011", f"{label or expected} must be from {low} to {maximum_text}, "
+                                           f"found {_value_text(expression, value)}.",
+                             expression.loc)
+        return value
+
+    def static_size(self, expression, frame: Frame, label: str) -> int:
+        """A width, a count of heads, a vocabulary: from 1 to 2^31-1."""
+        return self.static_int(expression, frame, "an integer", 1, DIM_MAX, label=label)
 
     def static_number(self, expression, frame: Frame) -> float:
-        return float(self.static(expression, frame, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)))
+        value = self.static(expression, frame, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+        if isinstance(value, int) and abs(value) > FLOAT_MAX:
+            raise self.error("E-FORM-011", f"a number must be at most about 1.8e308 in size, found "
+                                           f"{_value_text(expression, value)}.", expression.loc)
+        return float(value)
 
     def static_bool(self, expression, frame: Frame) -> bool:
         return self.static(expression, frame, "true or false", lambda v: isinstance(v, bool))
@@ -316,7 +338,10 @@ class Builder:
             raise self.error("E-GRAPH-003", f"expected a list of dimensions like (4 hidden), found {describe(expression)}.", expression.loc)
         dims = []
         for item in expression.items:
-            dim = self.static_int(item, frame, "an integer dimension or an option's name")
+            dim = self.static_int(item, frame, "an integer dimension or an option's name", minimum=-(2**63))
+            if dim > DIM_MAX:
+                raise self.error("E-FORM-011", f"a dimension must be at most 2^31-1, found {_value_text(item, dim)}.",
+                                 item.loc)
             if dim < 1 and not (allow_unknown and dim == -1):
                 raise self.error("E-SHAPE-001", f"a dimension must be at least 1, found {dim}.", item.loc)
             dims.append(dim)
@@ -387,6 +412,10 @@ class Builder:
         if definition.name in self._calls:
             chain = " -> ".join(list(self._calls) + [definition.name])
             raise self.error("E-GRAPH-005", f"graph '{definition.name}' calls itself ({chain}).", loc)
+        self._call_count += 1
+        if self._call_count > CALLS_MAX:
+            raise self.error("E-GRAPH-007", f"building this graph makes more than {CALLS_MAX:,} graph calls "
+                                            "(repeat counts each): the file describes too large a graph.", loc)
         env = dict(options)
         env.update(zip(definition.inputs, args))
         self._calls[definition.name] = None
@@ -402,9 +431,12 @@ class Builder:
         if len(given) != 3:
             raise self.error("E-GRAPH-003", f"(repeat N GRAPH X :as PREFIX) takes 3 arguments, found {len(given)}.", form.loc)
         count_syntax, graph_syntax, input_syntax = given
-        count = self.static_int(count_syntax, frame, "a repeat count")
+        count = self.static_int(count_syntax, frame, "a repeat count", minimum=-(2**63), maximum=2**63)
         if count < 1:
             raise self.error("E-GRAPH-003", f"a repeat count must be at least 1, found {count}.", count_syntax.loc)
+        if count > REPEAT_MAX:
+            raise self.error("E-FORM-011", f"a repeat count must be at most {REPEAT_MAX:,}, found "
+                                           f"{_value_text(count_syntax, count)}.", count_syntax.loc)
         if not isinstance(graph_syntax, Symbol) or graph_syntax.name not in self.graphs:
             names = [name for name, g in self.graphs.items() if not g.is_generator]
             found = graph_syntax.name if isinstance(graph_syntax, Symbol) else describe(graph_syntax)
@@ -443,6 +475,13 @@ def _drive(steps):
             pending.close()  # their `finally` blocks restore the scope, location and call chain
         raise
     return value
+
+
+def _value_text(expression, value: int) -> str:
+    """An integer for a message: its literal, shortened, or the option's value."""
+    if isinstance(expression, Integer):
+        return shown(expression)
+    return shown(str(value)) if abs(value) < 10**400 else "a number of more than 400 digits"
 
 
 def _keyword_hint(name: str, keywords: list) -> str | None:
