@@ -31,10 +31,17 @@ class Expr:
     # Levels from here to the deepest leaf. Comparing, hashing and rewriting an expression
     # recurse through it, so the lowering keeps it bounded (lowering.MAX_FUSED_DEPTH).
     depth: int = field(default=1, init=False, compare=False, repr=False)
+    # The hash, made once from the arguments' own: hashing anew would walk the whole tree
+    # each time, and the lowering hashes every node of every kernel many times.
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         if self.args:
             object.__setattr__(self, "depth", 1 + max(arg.depth for arg in self.args))
+        object.__setattr__(self, "_hash", hash((self.op, self.args, self.attr, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __add__(self, other):
         return binary("add", self, other)
