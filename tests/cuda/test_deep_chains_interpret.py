@@ -34,11 +34,14 @@ def chain(depth: int, ops=("neg", "tanh", "relu")):
     return e.graph({"x": x}, {"y": value})
 
 
-def test_a_chain_past_the_recursion_limit_lowers_into_bounded_kernels_with_the_interpreters_bits():
-    graph = chain(1200)
-    lowerer = Lowerer(graph, FusionPolicy())
+def test_a_chain_past_the_recursion_limit_lowers_into_bounded_kernels():
+    lowerer = Lowerer(chain(1200), FusionPolicy())
     assert len(lowerer.lower().steps) >= 1200 // MAX_FUSED_DEPTH
     assert max(value.depth for value in lowerer.values.values()) <= MAX_FUSED_DEPTH
+
+
+def test_a_split_chain_gives_the_interpreters_bits():
+    graph = chain(3 * MAX_FUSED_DEPTH + 5)
     backend = CudaBackend() if torch.cuda.is_available() else CudaBackend(device="cpu")
     values = {"x": np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32)}
     want = Interpreter().run(graph, values)["y"]
