@@ -50,10 +50,15 @@ def run_with(extra: str, replace: tuple = ("", "")) -> str:
     (":checkpoint (every 1 :keep 4294967296)", "4294967296"),
     (":checkpoint 4294967296", "4294967296"),
     (":schedule (cosine :warmup 4294967296)", "4294967296"),
+    (":schedule (warmup :steps 4294967296)", "4294967296"),
 ])
 def test_run_counts_out_of_range(extra, marker):
     text = run_with(extra).replace(":batch 2 :steps 1 :batch", ":batch").replace(":steps 1 :steps", ":steps")
     refused(text, marker)
+
+
+def test_a_text_context_has_a_range():
+    refused(run_with("").replace(":context 8", ":context 4294967296"), "4294967296")
 
 
 def test_the_largest_counts_are_accepted():
@@ -69,6 +74,8 @@ def test_records_read_must_fit_int64():
 
 @pytest.mark.parametrize("change, marker", [
     (("(embedding x :vocab 256", "(embedding x :vocab 0"), "0 :dim 8"),
+    (("(embedding x :vocab 256 :dim 8 :as e)", "(attention (embedding x :vocab 256 :dim 8 :as e) :heads 0 :as a)"),
+     "0 :as a"),
     (("(embedding x :vocab 256 :dim 8", "(embedding x :vocab 256 :dim 9223372036854775808"), "9223372036854775808"),
     (("(embedding x :vocab 256 :dim 8 :as e)", "(add (embedding x :vocab 256 :dim 8 :as e) "
       "(cast (randint (8) :low 0 :high 1180591620717411303424) f32))"), "1180591620717411303424"),
