@@ -120,3 +120,8 @@ def test_a_graph_stops_at_the_node_limit(monkeypatch):
              " :out 256 :as head))\n")
     error = refused(model + RUN.format(extra=""), "", "E-GRAPH-007")
     assert "20,000" in error.message and error.location.line == 1  # at a (neg ...) of b
+
+
+def test_a_pass_reads_at_most_2_to_the_62_bytes_of_text():
+    text = run_with(":passes ((eval :every 1 :batches 1048576 :data (text pydoc :context 2147483647)))")
+    refused(text.replace(":batch 2 :steps 1", ":batch 2147483647 :steps 1"), "(eval")

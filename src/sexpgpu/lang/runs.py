@@ -284,17 +284,19 @@ def _check_run(run: RunDef, context: RunContext) -> None:
 
 
 def _check_records(run: RunDef) -> None:
-    """The record numbers a run reads, and a text source's byte offsets, must fit int64."""
-    records = run.steps * run.microbatches * run.batch * (run.data.context or 1)
-    if records > RECORDS_MAX:
-        raise SexpgpuError(
-            "E-FORM-011",
-            f"defrun '{run.name}' reads :steps x :microbatches x :batch = "
-            f"{run.steps * run.microbatches * run.batch:,} records"
-            + (f" of {run.data.context} bytes" if run.data.context else "")
-            + ": at most 2^62 (records and byte offsets are int64).",
-            run.loc,
-        )
+    """The record numbers a run and its passes read, and a text source's byte offsets, must fit
+    int64 (docs/language.md, "Limits")."""
+    reads = [(run.steps * run.microbatches * run.batch, run.data, run.loc)]
+    reads += [(spec.batches * run.batch, spec.data or run.data, spec.loc) for spec in run.passes]
+    for records, data, loc in reads:
+        if records * (data.context or 1) > RECORDS_MAX:
+            unit = f" of {data.context} bytes" if data.context else ""
+            raise SexpgpuError(
+                "E-FORM-011",
+                f"defrun '{run.name}' would read {records:,} records{unit} here: at most 2^62 records, or bytes "
+                "of text, in all (:steps x :microbatches x :batch, or a pass's :batches x :batch).",
+                loc,
+            )
 
 
 def _check_fields(fields, locs, data: DataSpec, reader: str, context: RunContext) -> None:
