@@ -8,6 +8,7 @@ as a traceback.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -35,17 +36,27 @@ class SexpgpuError(Exception):
 
     def render(self) -> str:
         """One line for a terminal. Names and strings quoted from a file may hold control
-        characters; they are shown escaped (`\\x1b`), never sent to the terminal."""
+        characters, shown escaped (`\\x1b`), never sent to the terminal; and may be of any
+        length, so a run of more than LONG_WORD characters without a space is shortened."""
         where = f"{self.location}: " if self.location else ""
         text = f"{where}error {self.code}: {self.message}"
         if self.hint:
             text += f" {self.hint}"
-        return escape_controls(text)
+        return _LONG_WORD.sub(_shortened, escape_controls(text))
 
 
 # C0 and C1 controls, DEL, and the bidirectional overrides that reorder what a terminal shows.
 _CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
 _CONTROLS.update({code: f"\\u{code:04x}" for code in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+
+
+LONG_WORD = 200
+_LONG_WORD = re.compile(r"\S{%d,}" % (LONG_WORD + 1))
+
+
+def _shortened(match) -> str:
+    word = match.group(0)
+    return f"{word[:80]}...({len(word):,} characters)"
 
 
 def escape_controls(text: str) -> str:

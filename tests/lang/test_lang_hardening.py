@@ -114,3 +114,10 @@ def test_control_characters_from_the_file_are_escaped_in_messages(tmp_path, caps
     assert status == 2
     assert "\x1b" not in err and "\u202e" not in err
     assert "\\x1b[2J" in err
+
+
+def test_a_long_name_is_shortened_in_messages(tmp_path, capsys):
+    name = "abcdefghij" * 10_000
+    status, err = check(tmp_path, nested_relu_file(1).replace("(relu ", f"({name} "), capsys)
+    assert status == 2 and "E-GRAPH-002" in err
+    assert len(err) < 1000 and "(100,003 characters)" in err  # the name, its quotes and the colon
