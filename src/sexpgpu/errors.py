@@ -36,22 +36,52 @@ class SexpgpuError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
+        """One line for a terminal. Names and strings quoted from a file may hold control
+        characters, shown escaped (`\\x1b`), never sent to the terminal; and may be of any
+        length, so a run of more than LONG_WORD characters without a space is shortened."""
         where = f"{self.location}: " if self.location else ""
         text = f"{where}error {self.code}: {self.message}"
         if self.hint:
             text += f" {self.hint}"
-        return text
+        return _LONG_WORD.sub(_shortened, escape_controls(text))
+
+
+# C0 and C1 controls, DEL, and the bidirectional overrides that reorder what a terminal shows.
+_CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
+_CONTROLS.update({code: f"\\u{code:04x}" for code in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+
+
+LONG_WORD = 200
+_LONG_WORD = re.compile(r"\S{%d,}" % (LONG_WORD + 1))
+
+
+def _shortened(match) -> str:
+    word = match.group(0)
+    return f"{word[:80]}...({len(word):,} characters)"
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as an escape."""
+    return text.translate(_CONTROLS)
+
+
+# "Did you mean" compares at most this many characters and this many candidates, so that
+# its cost is bounded whatever the names in a file: longer names get no suggestion.
+SUGGEST_MAX_LENGTH = 64
+SUGGEST_MAX_CANDIDATES = 2000
 
 
 def nearest_name(name: str, candidates) -> str | None:
     """The candidate closest to `name` by edit distance, if it is close enough to suggest."""
-    best, best_distance = None, None
-    for candidate in sorted(candidates):
-        distance = _edit_distance(name, candidate)
-        if best_distance is None or distance < best_distance:
-            best, best_distance = candidate, distance
-    if best is None or best_distance > max(2, len(name) // 3):
+    if len(name) > SUGGEST_MAX_LENGTH:
         return None
+    allowed = max(2, len(name) // 3)
+    near_in_length = [c for c in sorted(candidates) if abs(len(c) - len(name)) <= allowed]
+    best, best_distance = None, allowed + 1
+    for candidate in near_in_length[:SUGGEST_MAX_CANDIDATES]:
+        distance = _edit_distance(name, candidate, best_distance - 1)
+        if distance < best_distance:
+            best, best_distance = candidate, distance
     return best
 
 
@@ -60,12 +90,15 @@ def did_you_mean(name: str, candidates) -> str | None:
     return f"Did you mean '{suggestion}'?" if suggestion else None
 
 
-def _edit_distance(a: str, b: str) -> int:
+def _edit_distance(a: str, b: str, limit: int) -> int:
+    """The Levenshtein distance of `a` and `b`, or `limit + 1` once it must exceed `limit`."""
     previous = list(range(len(b) + 1))
     for i, char_a in enumerate(a, 1):
         current = [i]
         for j, char_b in enumerate(b, 1):
             current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b)))
+        if min(current) > limit:
+            return limit + 1
         previous = current
     return previous[-1]
 

@@ -285,7 +285,7 @@ def test_bf16_conv2d_sums_in_float32_and_rounds_once():
     ("(conv2d x :out 2 :kernel 3 :as c)", "E-SHAPE-001", "conv2d needs images (N C H W), got (4 5)"),
     ("(max-pool x :kernel 2)", "E-SHAPE-001", "max-pool needs images"),
     ("(conv2d y :out 2 :kernel (3 3 3) :as c)", "E-GRAPH-003", "a list of two like (3 3)"),
-    ("(conv2d y :out 0 :kernel 3 :as c)", "E-GRAPH-003", "conv2d needs :out and :kernel of at least 1"),
+    ("(conv2d y :out 0 :kernel 3 :as c)", "E-FORM-011", ":out of (conv2d ...) must be from 1 to 2^31-1, found 0"),
     ("(conv2d y :out 2 :kernel 3 :stride 0 :as c)", "E-GRAPH-003", ":stride must be"),
     ("(avg-pool y :kernel 9)", "E-SHAPE-001", "a (9 9) window does not fit in (6 6)"),
 ])

@@ -1,5 +1,5 @@
 ; expect: E-FORM-011 at 14:15
-; message: :checkpoint must be at least 1
+; message: :checkpoint must be from 1 to 2^31-1
 (defgraph mlp (x) :hidden 32 :classes 3
   (let h (relu (linear x :out hidden :as fc1)))
   (linear h :out classes :as head))

@@ -1,5 +1,5 @@
 ; expect: E-FORM-011 at 12:10
-; message: :batch must be at least 1, found 0
+; message: :batch must be from 1 to 2^31-1, found 0
 (defgraph mlp (x) :hidden 32 :classes 3
   (let h (relu (linear x :out hidden :as fc1)))
   (linear h :out classes :as head))

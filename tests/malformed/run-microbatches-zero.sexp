@@ -1,5 +1,5 @@
 ; expect: E-FORM-011 at 14:17
-; message: :microbatches must be at least 1
+; message: :microbatches must be from 1 to 2^20
 (defgraph mlp (x) :hidden 32 :classes 3
   (let h (relu (linear x :out hidden :as fc1)))
   (linear h :out classes :as head))

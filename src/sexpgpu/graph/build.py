@@ -24,7 +24,9 @@ from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
 from sexpgpu.graph.ops import OpError, dims_text
 from sexpgpu.graph.ir import Node
 from sexpgpu.lang.keywords import first_keyword, split_pairs
-from sexpgpu.lang.syntax import Float, Integer, SList, String, Symbol, describe
+from sexpgpu.lang.limits import CALLS_MAX, DIM_MAX, I32_MAX, I32_MIN, REPEAT_MAX
+from sexpgpu.lang.values import FLOAT_MAX
+from sexpgpu.lang.syntax import Float, Integer, SList, String, Symbol, describe, shown
 
 SPECIAL_FORMS = ("param", "repeat", "step", "trip")
 
@@ -91,7 +93,8 @@ class Builder:
         self.salts_read: list = []  # every salt part read, in order ("microbatch", "field/x", ...)
         self._draws_in_scope: dict = {}
         self._draws_in_graph = 0
-        self._calls: list = []
+        self._call_count = 0
+        self._calls: dict = {}  # the definitions being called, outermost first (a dict: a deep chain checks in O(1))
 
     # --- errors and emitting --------------------------------------------------------------
 
@@ -116,6 +119,9 @@ class Builder:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error("E-GRAPH-003", f"expected a tensor or a number, found {_static_text(value)}.", self.e.loc)
+        if isinstance(value, int) and abs(value) > FLOAT_MAX:
+            raise self.error("E-FORM-011", "a number used as a tensor must be at most about 1.8e308 in size.",
+                             self.e.loc)
         return self.const(value, like=like)
 
     def tensors(self, values) -> list:
@@ -204,35 +210,48 @@ class Builder:
 
     # --- evaluation -------------------------------------------------------------------------------
 
-    def run_body(self, graph, frame: Frame):
-        """The value of a definition's body: its lets in order, then its result."""
-        for binding in graph.body[:-1]:
-            name, expression = binding.items[1], binding.items[2]
-            frame.env[name.name] = self.evaluate(expression, frame)
-        return self.evaluate(graph.body[-1], frame)
+    # Evaluation nests as deep as the text and the calls do: thousands of levels in a legal
+    # file. So it never recurses in Python. Each level is a generator of steps that yields a
+    # generator for every value it needs from a level below, and `_drive` runs them from an
+    # explicit stack, in exactly the order a recursive evaluator would.
+
+    def evaluate(self, expression, frame: Frame):
+        """The value of one expression: a Node or a static value."""
+        return _drive(self.evaluation(expression, frame))
 
     def run_generator_body(self, graph, frame: Frame) -> dict:
         """A generator's fields: its lets in order, then its `(record :FIELD EXPR ...)`, as written."""
-        for binding in graph.body[:-1]:
-            frame.env[binding.items[1].name] = self.evaluate(binding.items[2], frame)
-        record = graph.body[-1]
-        fields = {}
-        for name, (key, expression) in split_pairs(record.items[1:], "(record ...)").items():
-            value = self.evaluate(expression, frame)
-            if not isinstance(value, Node):
-                raise self.error("E-GRAPH-003", f"record field :{name} must be a tensor, found {_static_text(value)}.", expression.loc)
-            fields[name] = value
-        return fields
+        return _drive(self._generator_body(graph, frame))
 
-    def evaluate(self, expression, frame: Frame):
+    def evaluation(self, expression, frame: Frame):
+        """The steps of evaluating `expression` (a generator for `_drive`)."""
         if isinstance(expression, (Integer, Float, String)):
             return expression.value
         if isinstance(expression, Symbol):
             return self.lookup(expression, frame)
         if isinstance(expression, SList):
             with self.e.at(loc=expression.loc):
-                return self.evaluate_form(expression, frame)
+                return (yield from self._form(expression, frame))
         raise self.error("E-GRAPH-003", f"expected an expression, found {describe(expression)}.", expression.loc)
+
+    def _body(self, graph, frame: Frame):
+        """The value of a definition's body: its lets in order, then its result."""
+        for binding in graph.body[:-1]:
+            name, expression = binding.items[1], binding.items[2]
+            frame.env[name.name] = yield self.evaluation(expression, frame)
+        return (yield self.evaluation(graph.body[-1], frame))
+
+    def _generator_body(self, graph, frame: Frame):
+        for binding in graph.body[:-1]:
+            frame.env[binding.items[1].name] = yield self.evaluation(binding.items[2], frame)
+        record = graph.body[-1]
+        fields = {}
+        for name, (key, expression) in split_pairs(record.items[1:], "(record ...)").items():
+            value = yield self.evaluation(expression, frame)
+            if not isinstance(value, Node):
+                raise self.error("E-GRAPH-003", f"record field :{name} must be a tensor, found {_static_text(value)}.", expression.loc)
+            fields[name] = value
+        return fields
 
     def lookup(self, symbol: Symbol, frame: Frame):
         if symbol.name in frame.env:
@@ -248,7 +267,7 @@ class Builder:
             symbol.loc, did_you_mean(symbol.name, known),
         )
 
-    def evaluate_form(self, form: SList, frame: Frame):
+    def _form(self, form: SList, frame: Frame):
         from sexpgpu.graph.layers import BUILTINS
 
         if not form.items or not isinstance(form.items[0], Symbol):
@@ -258,13 +277,13 @@ class Builder:
         if head == "param":
             return self.param_form(form, frame)
         if head == "repeat":
-            return self.repeat_form(form, frame)
+            return (yield from self._repeat(form, frame))
         if head in ("step", "trip"):
             return self.scalar_form(form, head)
         if head in BUILTINS:
-            return BUILTINS[head].apply(self, form, frame)
+            return (yield from BUILTINS[head].application(self, form, frame))
         if head in self.graphs:
-            return self.graph_form(form, frame)
+            return (yield from self._graph_call(form, frame))
         known = list(BUILTINS) + list(SPECIAL_FORMS) + [name for name, g in self.graphs.items() if not g.is_generator]
         raise self.error(
             "E-GRAPH-002", f"unknown op '{head}': expected a built-in op, a layer or a defgraph.",
@@ -288,11 +307,27 @@ class Builder:
             raise self.error("E-GRAPH-003", f"expected {expected}, found {found}.", expression.loc)
         return value
 
-    def static_int(self, expression, frame: Frame, expected: str = "an integer") -> int:
-        return self.static(expression, frame, expected, lambda v: isinstance(v, int) and not isinstance(v, bool))
+    def static_int(self, expression, frame: Frame, expected: str = "an integer", minimum: int = I32_MIN,
+                   maximum: int = I32_MAX, maximum_text: str = "2^31-1", label: str | None = None) -> int:
+        """A static integer; every one the graphs use fits int32 (docs/language.md, "Limits")."""
+        value = self.static(expression, frame, expected, lambda v: isinstance(v, int) and not isinstance(v, bool))
+        if not minimum <= value <= maximum:
+            low = "-2^31" if minimum == I32_MIN else str(minimum)
+            raise self.error("E-FORM-011", f"{label or expected} must be from {low} to {maximum_text}, "
+                                           f"found {_value_text(expression, value)}.",
+                             expression.loc)
+        return value
+
+    def static_size(self, expression, frame: Frame, label: str) -> int:
+        """A width, a count of heads, a vocabulary: from 1 to 2^31-1."""
+        return self.static_int(expression, frame, "an integer", 1, DIM_MAX, label=label)
 
     def static_number(self, expression, frame: Frame) -> float:
-        return float(self.static(expression, frame, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)))
+        value = self.static(expression, frame, "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+        if isinstance(value, int) and abs(value) > FLOAT_MAX:
+            raise self.error("E-FORM-011", f"a number must be at most about 1.8e308 in size, found "
+                                           f"{_value_text(expression, value)}.", expression.loc)
+        return float(value)
 
     def static_bool(self, expression, frame: Frame) -> bool:
         return self.static(expression, frame, "true or false", lambda v: isinstance(v, bool))
@@ -303,7 +338,10 @@ class Builder:
             raise self.error("E-GRAPH-003", f"expected a list of dimensions like (4 hidden), found {describe(expression)}.", expression.loc)
         dims = []
         for item in expression.items:
-            dim = self.static_int(item, frame, "an integer dimension or an option's name")
+            dim = self.static_int(item, frame, "an integer dimension or an option's name", minimum=-(2**63))
+            if dim > DIM_MAX:
+                raise self.error("E-FORM-011", f"a dimension must be at most 2^31-1, found {_value_text(item, dim)}.",
+                                 item.loc)
             if dim < 1 and not (allow_unknown and dim == -1):
                 raise self.error("E-SHAPE-001", f"a dimension must be at least 1, found {dim}.", item.loc)
             dims.append(dim)
@@ -326,12 +364,14 @@ class Builder:
         dtype = keys["dtype"].name if "dtype" in keys else "f32"
         return self.declare_param(frame, name.name, shape, dtype, init, load, form.loc)
 
-    def graph_form(self, form: SList, frame: Frame):
+    def _graph_call(self, form: SList, frame: Frame):
         definition = self.graphs[form.items[0].name]
         if definition.is_generator:
             raise self.error("E-GRAPH-003", f"'{definition.name}' is a defgenerator; only a defgraph can be called here.", form.items[0].loc)
         end = 1 + first_keyword(form.items[1:])
-        args = [self.evaluate(item, frame) for item in form.items[1:end]]
+        args = []
+        for item in form.items[1:end]:
+            args.append((yield self.evaluation(item, frame)))
         scope, options = self.call_keywords(form, end, frame, definition)
         if len(args) != len(definition.inputs):
             raise self.error(
@@ -339,7 +379,7 @@ class Builder:
                 f"'{definition.name}' takes {len(definition.inputs)} input(s) ({' '.join(definition.inputs)}), found {len(args)}.",
                 form.loc,
             )
-        return self.call(definition, args, options, join_path(frame.scope, scope) if scope else frame.scope, form.loc)
+        return (yield from self._call(definition, args, options, join_path(frame.scope, scope) if scope else frame.scope, form.loc))
 
     def call_keywords(self, form: SList, end: int, frame: Frame, definition) -> tuple:
         """(the :as scope or None, the callee's options with the call's values)."""
@@ -365,27 +405,38 @@ class Builder:
         return value.name
 
     def call(self, definition, args: list, options: dict, scope: str, loc):
+        """The value of `definition` applied to `args` under `scope`."""
+        return _drive(self._call(definition, args, options, scope, loc))
+
+    def _call(self, definition, args: list, options: dict, scope: str, loc):
         if definition.name in self._calls:
-            chain = " -> ".join(self._calls + [definition.name])
+            chain = " -> ".join(list(self._calls) + [definition.name])
             raise self.error("E-GRAPH-005", f"graph '{definition.name}' calls itself ({chain}).", loc)
+        self._call_count += 1
+        if self._call_count > CALLS_MAX:
+            raise self.error("E-GRAPH-007", f"building this graph makes more than {CALLS_MAX:,} graph calls "
+                                            "(repeat counts each): the file describes too large a graph.", loc)
         env = dict(options)
         env.update(zip(definition.inputs, args))
-        self._calls.append(definition.name)
+        self._calls[definition.name] = None
         try:
             with self.e.at(scope=scope):
-                return self.run_body(definition, Frame(env, scope, definition.name))
+                return (yield from self._body(definition, Frame(env, scope, definition.name)))
         finally:
-            self._calls.pop()
+            del self._calls[definition.name]
 
-    def repeat_form(self, form: SList, frame: Frame):
+    def _repeat(self, form: SList, frame: Frame):
         end = 1 + first_keyword(form.items[1:])
         given = form.items[1:end]
         if len(given) != 3:
             raise self.error("E-GRAPH-003", f"(repeat N GRAPH X :as PREFIX) takes 3 arguments, found {len(given)}.", form.loc)
         count_syntax, graph_syntax, input_syntax = given
-        count = self.static_int(count_syntax, frame, "a repeat count")
+        count = self.static_int(count_syntax, frame, "a repeat count", minimum=-(2**63), maximum=2**63)
         if count < 1:
             raise self.error("E-GRAPH-003", f"a repeat count must be at least 1, found {count}.", count_syntax.loc)
+        if count > REPEAT_MAX:
+            raise self.error("E-FORM-011", f"a repeat count must be at most {REPEAT_MAX:,}, found "
+                                           f"{_value_text(count_syntax, count)}.", count_syntax.loc)
         if not isinstance(graph_syntax, Symbol) or graph_syntax.name not in self.graphs:
             names = [name for name, g in self.graphs.items() if not g.is_generator]
             found = graph_syntax.name if isinstance(graph_syntax, Symbol) else describe(graph_syntax)
@@ -397,10 +448,40 @@ class Builder:
         prefix, options = self.call_keywords(form, end, frame, definition)
         if prefix is None:
             raise self.error("E-GRAPH-003", "repeat needs :as PREFIX: its calls live in scopes PREFIX0, PREFIX1, ...", form.loc)
-        value = self.evaluate(input_syntax, frame)
+        value = yield self.evaluation(input_syntax, frame)
         for index in range(count):
-            value = self.call(definition, [value], options, join_path(frame.scope, f"{prefix}{index}"), form.loc)
+            value = yield self._call(definition, [value], options, join_path(frame.scope, f"{prefix}{index}"), form.loc)
         return value
+
+
+def _drive(steps):
+    """Run a generator of evaluation steps to its value. A step yields a generator whose value
+    it needs; that generator runs on top of the stack and its value is sent back. No Python
+    recursion, so depth is bounded by memory, not by the interpreter's stack."""
+    stack = [steps]
+    value = None
+    try:
+        while stack:
+            try:
+                needed = stack[-1].send(value)
+            except StopIteration as finished:
+                stack.pop()
+                value = finished.value
+                continue
+            stack.append(needed)
+            value = None
+    except BaseException:
+        for pending in reversed(stack):
+            pending.close()  # their `finally` blocks restore the scope, location and call chain
+        raise
+    return value
+
+
+def _value_text(expression, value: int) -> str:
+    """An integer for a message: its literal, shortened, or the option's value."""
+    if isinstance(expression, Integer):
+        return shown(expression)
+    return shown(str(value)) if abs(value) < 10**400 else "a number of more than 400 digits"
 
 
 def _keyword_hint(name: str, keywords: list) -> str | None:

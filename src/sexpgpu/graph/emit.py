@@ -11,8 +11,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import math
+
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.ir import Attrs, Node, make_graph
-from sexpgpu.graph.ops import OPS
+from sexpgpu.graph.ops import OPS, dims_text
+from sexpgpu.lang.limits import ELEMENTS_MAX, I32_MAX, I32_MIN, NODES_MAX
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) or (math.isfinite(value) and float(value).is_integer())
 
 
 class Emitter:
@@ -28,8 +36,18 @@ class Emitter:
             raise AssertionError(f"{op} takes {definition.arity} inputs, got {len(inputs)}")
         dtype, shape, canonical = definition.infer(inputs, attrs)
         node = Node(op, dtype, tuple(shape), tuple(inputs), Attrs(canonical), self.scope, self.loc)
+        self._check_size(node)
         self.nodes.append(node)
         return node
+
+    def _check_size(self, node: Node) -> None:
+        """The limits of docs/language.md: what a run can hold, and what checking can build."""
+        if node.size > ELEMENTS_MAX:
+            raise SexpgpuError("E-FORM-011", f"a tensor of shape {dims_text(node.shape)} has {node.size:,} elements: "
+                                             "at most 2^40 are allowed in one tensor.", self.loc)
+        if len(self.nodes) >= NODES_MAX:
+            raise SexpgpuError("E-GRAPH-007", f"the graph has more than {NODES_MAX:,} nodes (gradients and update "
+                                              "included): the file describes too large a graph.", self.loc)
 
     @contextmanager
     def at(self, scope: str | None = None, loc=None):
@@ -55,7 +73,10 @@ class Emitter:
         dtype = dtype or (like.dtype if like is not None else "f32")
         if dtype == "bool":
             value = bool(value)
-        elif dtype == "i32" and float(value).is_integer():
+        elif dtype == "i32" and _is_integer(value):
+            if not I32_MIN <= value <= I32_MAX:
+                raise SexpgpuError("E-FORM-011", "an int32 constant must be from -2^31 to 2^31-1, found "
+                                                 f"{value if abs(value) < 1e30 else 'a larger number'}.", self.loc)
             value = int(value)
         else:
             value = float(value)

@@ -43,7 +43,8 @@ class Builtin:
     keywords: dict  # keyword -> (kind, default or REQUIRED)
     build: Callable  # build(b, frame, *positional values, **keyword values)
 
-    def apply(self, b: Builder, form: SList, frame: Frame):
+    def application(self, b: Builder, form: SList, frame: Frame):
+        """The steps of applying this op to `form` (values of its arguments are yielded for)."""
         end = 1 + first_keyword(form.items[1:])
         given = form.items[1:end]
         variadic = self.positional and self.positional[-1].endswith("*")
@@ -53,7 +54,9 @@ class Builtin:
             raise b.error("E-GRAPH-003", f"({self.name} ...) takes {wanted} argument(s), found {len(given)}.", place)
         kinds = list(self.positional[:-1]) + [self.positional[-1].rstrip("*")] * (len(given) - len(self.positional) + 1) \
             if variadic else list(self.positional)
-        args = [_convert(b, kind, item, frame) for kind, item in zip(kinds, given)]
+        args = []
+        for kind, item in zip(kinds, given):
+            args.append((yield b.evaluation(item, frame)) if kind == "value" else _convert(b, kind, item, frame))
         return self.build(b, frame, *args, **self._keywords(b, form, end, frame))
 
     def _keywords(self, b: Builder, form: SList, end: int, frame: Frame) -> dict:
@@ -65,7 +68,7 @@ class Builtin:
                 suggestion = nearest_name(name, list(self.keywords))
                 raise b.error("E-GRAPH-003", f"unknown keyword {key} for ({self.name} ...): it takes {known}.",
                               key.loc, f"Did you mean ':{suggestion}'?" if suggestion else None)
-            values[name] = _convert(b, self.keywords[name][0], value, frame)
+            values[name] = _convert(b, self.keywords[name][0], value, frame, f":{name} of ({self.name} ...)")
         for name, (kind, default) in self.keywords.items():
             if name not in values:
                 if default is REQUIRED:
@@ -78,15 +81,15 @@ def _python_name(keyword: str) -> str:
     return "as_" if keyword == "as" else keyword.replace("-", "_")
 
 
-def _convert(b: Builder, kind: str, item, frame: Frame):
-    if kind == "value":
-        return b.evaluate(item, frame)
+def _convert(b: Builder, kind: str, item, frame: Frame, label: str | None = None):
     if kind == "dims":
         return b.dims(item, frame)
     if kind == "shape":
         return b.dims(item, frame, allow_unknown=True)
     if kind == "int":
-        return b.static_int(item, frame)
+        return b.static_int(item, frame, label=label)
+    if kind == "size":
+        return b.static_size(item, frame, label)
     if kind == "number":
         return b.static_number(item, frame)
     if kind == "bool":
@@ -309,7 +312,7 @@ def _times_transposed(b: Builder, x: Node, w: Node) -> Node:
     return b.emit("matmul", x, b.emit("transpose", w, perm=(1, 0)))
 
 
-@_builtin("linear", ("value",), {"out": ("int", REQUIRED), "as": ("scope", REQUIRED),
+@_builtin("linear", ("value",), {"out": ("size", REQUIRED), "as": ("scope", REQUIRED),
                                  "bias": ("bool", True), "init": ("init", _GLOROT)})
 def _linear(b, frame, x, out, as_, bias, init):
     x = _float_tensor(b, x, "linear")
@@ -328,7 +331,7 @@ def _linear(b, frame, x, out, as_, bias, init):
     return y
 
 
-@_builtin("embedding", ("value",), {"vocab": ("int", REQUIRED), "dim": ("int", REQUIRED),
+@_builtin("embedding", ("value",), {"vocab": ("size", REQUIRED), "dim": ("size", REQUIRED),
                                     "as": ("scope", REQUIRED), "init": ("init", _NORMAL)})
 def _embedding(b, frame, ids, vocab, dim, as_, init):
     ids = b.tensor(ids)
@@ -351,7 +354,7 @@ def _layernorm(b, frame, x, as_, eps):
         return b.emit("add", b.emit("mul", b.emit("layernorm", x, eps=eps), gain), bias)
 
 
-@_builtin("attention", ("value",), {"heads": ("int", REQUIRED), "as": ("scope", REQUIRED),
+@_builtin("attention", ("value",), {"heads": ("size", REQUIRED), "as": ("scope", REQUIRED),
                                     "causal": ("bool", True), "init": ("init", _GLOROT)})
 def _attention(b, frame, x, heads, as_, causal, init):
     x = _float_tensor(b, x, "attention")
@@ -412,7 +415,7 @@ def _image(b: Builder, x, what: str) -> Node:
     return x
 
 
-@_builtin("conv2d", ("value",), {"out": ("int", REQUIRED), "kernel": ("pair", REQUIRED), "as": ("scope", REQUIRED),
+@_builtin("conv2d", ("value",), {"out": ("size", REQUIRED), "kernel": ("pair", REQUIRED), "as": ("scope", REQUIRED),
                                  "stride": ("pair", (1, 1)), "padding": ("pair", (0, 0)),
                                  "bias": ("bool", True), "init": ("init", _GLOROT)})
 def _conv2d(b, frame, x, out, kernel, as_, stride, padding, bias, init):

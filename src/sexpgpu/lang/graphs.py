@@ -8,6 +8,8 @@ arguments whose meaning is fixed by the language: `:init`, `:salt`, `param`, and
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sexpgpu.errors import Location, SexpgpuError
 from sexpgpu.lang.experiment import GraphDef
 from sexpgpu.lang.initializers import read_initializer
@@ -153,27 +155,46 @@ def _check_record(result, where: str) -> tuple[str, ...]:
 
 
 def check_expression(expression, where: str) -> None:
-    """Check the syntax of one expression of a body, and of every expression inside it."""
+    """Check the syntax of one expression of a body, and of every expression inside it.
+
+    The expressions inside are checked in the order of the text, from a stack rather than by
+    recursion: a legal body may nest thousands of calls deep."""
+    pending = [expression]
+    while pending:
+        task = pending.pop()
+        if isinstance(task, _Argument):
+            _check_argument(task.head, task.name, task.value)
+            continue
+        pending.extend(reversed(_check_one(task, where)))
+
+
+class _Argument(NamedTuple):
+    """A keyword argument of a call, to check before the expressions inside its value."""
+
+    head: str
+    name: str
+    value: object
+
+
+def _check_one(expression, where: str) -> list:
+    """Check one expression's own syntax; what to check inside it next, in the text's order."""
     if not isinstance(expression, SList):
-        return
+        return []
     head = expression.head
     if head in ("let", "record"):
         place = "the top of a body" if head == "let" else "the end of a defgenerator"
         raise SexpgpuError("E-FORM-012", f"({head} ...) may only appear at {place}.", expression.loc)
     if head is None:
-        for item in expression.items:
-            check_expression(item, where)
-        return
+        return list(expression.items)
     if head == "param":
         _check_param(expression, where)
-        return
+        return []
     end = 1 + first_keyword(expression.items[1:])
     pairs = split_pairs(expression.items[end:], f"({head} ...)")
-    for item in expression.items[1:end]:
-        check_expression(item, where)
-    for name, (key, value) in pairs.items():
-        _check_argument(head, name, value)
-        check_expression(value, where)
+    tasks = list(expression.items[1:end])
+    for name, (_, value) in pairs.items():
+        tasks += [_Argument(head, name, value), value]
+    return tasks
 
 
 def _check_argument(head: str, name: str, value) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from typing import NamedTuple
 
 from sexpgpu.errors import Location, SexpgpuError
 from sexpgpu.lang.syntax import Float, Integer, Keyword, SList, String, Symbol
@@ -29,6 +30,7 @@ _LOOKS_NUMERIC = re.compile(r"[+-]?\.?[0-9]")
 _SYMBOL = re.compile(r"[A-Za-z_*+\-/<>=!?&%.$^~][A-Za-z0-9_*+\-/<>=!?&%.$^~:']*\Z")
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "r": "\r", "0": "\0"}
 _BYTE_ORDER_MARK = "\ufeff"
+EXACT_DIGITS = 1000  # far past every integer range of the language (the largest is 2^64-1)
 
 
 def read_text(text: str, file: str = "<string>") -> list:
@@ -69,6 +71,11 @@ def _location_of_byte(raw: bytes, offset: int, path: str) -> Location:
     before = raw[:offset].decode("utf-8", errors="replace")
     line = before.count("\n") + 1
     return Location(path, line, len(before) - (before.rfind("\n") + 1) + 1)
+
+
+class _OpenList(NamedTuple):
+    start: Location
+    items: list
 
 
 class _Reader:
@@ -112,31 +119,38 @@ class _Reader:
             data.append(self.read_datum())
 
     def read_datum(self):
-        char = self.text[self.pos]
-        if char == "(":
-            return self.read_list()
-        if char == '"':
-            return self.read_string()
-        return self.read_atom()
-
-    def read_list(self) -> SList:
-        start = self.here()
-        self.advance()
-        items = []
+        """One datum. Lists are read with an explicit stack of the lists still open, so that
+        nesting is limited by memory only, never by Python's recursion limit."""
+        open_lists: list[_OpenList] = []
         while True:
-            self.skip_space_and_comments()
-            if self.pos >= len(self.text):
-                raise SexpgpuError(
-                    "E-READ-001",
-                    "the '(' opened here is never closed: expected ')' before the end of the file.",
-                    start,
-                    _missing_paren_hint(self.text, start),
-                )
-            if self.text[self.pos] == ")":
+            char = self.text[self.pos]
+            if char == "(":
+                open_lists.append(_OpenList(self.here(), []))
+                self.advance()
+            else:
+                value = self.read_string() if char == '"' else self.read_atom()
+                if not open_lists:
+                    return value
+                open_lists[-1].items.append(value)
+            while True:
+                self.skip_space_and_comments()
+                innermost = open_lists[-1]
+                if self.pos >= len(self.text):
+                    raise SexpgpuError(
+                        "E-READ-001",
+                        "the '(' opened here is never closed: expected ')' before the end of the file.",
+                        innermost.start,
+                        _missing_paren_hint(self.text, innermost.start),
+                    )
+                if self.text[self.pos] != ")":
+                    break
                 end = self.here()
                 self.advance()
-                return SList(tuple(items), start, end)
-            items.append(self.read_datum())
+                closed = SList(tuple(innermost.items), innermost.start, end)
+                open_lists.pop()
+                if not open_lists:
+                    return closed
+                open_lists[-1].items.append(closed)
 
     def read_string(self) -> String:
         start = self.here()
@@ -187,9 +201,21 @@ def _missing_paren_hint(text: str, start: Location) -> str | None:
     return None
 
 
+def _integer(token: str, loc: Location) -> Integer:
+    """An integer literal of any length. Past `EXACT_DIGITS` significant digits it is larger
+    than every range of the language, and converting it exactly would cost time quadratic in
+    its length, so it reads as a stand-in of its sign and of magnitude 10^EXACT_DIGITS, and
+    keeps its text for messages and for the resolved experiment."""
+    digits = token.lstrip("+-").replace("_", "").lstrip("0")
+    if len(digits) <= EXACT_DIGITS:
+        return Integer(int(token.replace("_", "")), loc)
+    sign = -1 if token.startswith("-") else 1
+    return Integer(sign * 10**EXACT_DIGITS, loc, token)
+
+
 def _classify(token: str, loc: Location):
     if _INTEGER.match(token):
-        return Integer(int(token.replace("_", "")), loc)
+        return _integer(token, loc)
     if _FLOAT.match(token):
         value = float(token.replace("_", ""))
         if math.isinf(value):

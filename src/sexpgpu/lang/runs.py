@@ -22,6 +22,7 @@ from sexpgpu.lang.experiment import (
     ScheduleSpec,
 )
 from sexpgpu.lang.keywords import REQUIRED, Key, read_keys
+from sexpgpu.lang.limits import DIM_MAX, MICROBATCHES_MAX, RECORDS_MAX, STEPS_MAX
 from sexpgpu.lang.subforms import FormSpec, read_form
 from sexpgpu.lang.syntax import Integer, SList, String, Symbol
 from sexpgpu.lang.values import boolean, integer, number, one_of, string, type_error
@@ -30,6 +31,8 @@ SEED_MAX = 2**64 - 1
 TEXT_CORPORA = ("pydoc",)
 TEXT_FIELDS = ("x", "y")
 BUILTIN_LOSSES = ("cross-entropy", "mse")
+_DIM = integer(1, DIM_MAX, maximum_text="2^31-1")
+_STEPS = integer(1, STEPS_MAX, maximum_text="2^31-1")
 
 
 def resolve_path(experiment_path: str, path: str) -> str:
@@ -62,7 +65,7 @@ def _text(values, form, context) -> DataSpec:
 DATA_SOURCES = {
     "records": FormSpec(_records, (("FILE", string),), {"shuffle": Key(boolean, False, "true or false")}),
     "text": FormSpec(
-        _text, (("CORPUS", one_of(*TEXT_CORPORA)),), {"context": Key(integer(1), REQUIRED, "a byte count")}
+        _text, (("CORPUS", one_of(*TEXT_CORPORA)),), {"context": Key(_DIM, REQUIRED, "a byte count")}
     ),
     "generator": FormSpec(lambda values, form, context: None),  # read by _data below: its keys are the graph's
 }
@@ -154,14 +157,14 @@ SCHEDULES = {
     "constant": FormSpec(lambda values, form, context: ScheduleSpec("constant", loc=form.loc)),
     "warmup": FormSpec(
         lambda values, form, context: ScheduleSpec("warmup", warmup=values["steps"], loc=form.loc),
-        keys={"steps": Key(integer(1), REQUIRED, "a step count")},
+        keys={"steps": Key(_STEPS, REQUIRED, "a step count")},
     ),
     "cosine": FormSpec(
         lambda values, form, context: ScheduleSpec(
             "cosine", warmup=values["warmup"], min_lr=values["min-lr"], loc=form.loc
         ),
         keys={
-            "warmup": Key(integer(0), 0, "a step count"),
+            "warmup": Key(integer(0, STEPS_MAX, maximum_text="2^31-1"), 0, "a step count"),
             "min-lr": Key(number(0), 0.0, "a learning rate at least 0"),
         },
     ),
@@ -182,9 +185,9 @@ PASSES = {
             "eval", values["every"], values["batches"], values["data"], values["name"], form.loc
         ),
         keys={
-            "every": Key(integer(1), REQUIRED, "a step count"),
+            "every": Key(_STEPS, REQUIRED, "a step count"),
             "data": Key(_data, None, "a data source"),
-            "batches": Key(integer(1), 1, "a batch count"),
+            "batches": Key(integer(1, MICROBATCHES_MAX, maximum_text="2^20"), 1, "a batch count"),
             "name": Key(_pass_name, None, "a name"),
         },
     ),
@@ -212,9 +215,9 @@ def _passes(value, label, context) -> tuple:
 CHECKPOINTS = {
     "every": FormSpec(
         lambda values, form, context: CheckpointSpec(values["N"], values["keep"], values["to"], form.loc),
-        arguments=(("N", integer(1)),),
+        arguments=(("N", _STEPS),),
         keys={
-            "keep": Key(integer(1), None, "a checkpoint count"),
+            "keep": Key(_STEPS, None, "a checkpoint count"),
             "to": Key(string, None, 'a folder or "s3://bucket/prefix"'),
         },
     ),
@@ -223,7 +226,7 @@ CHECKPOINTS = {
 
 def _checkpoint(value, label, context) -> CheckpointSpec:
     if isinstance(value, Integer):
-        return CheckpointSpec(integer(1)(value, label), loc=value.loc)
+        return CheckpointSpec(_STEPS(value, label), loc=value.loc)
     spec = read_form(value, CHECKPOINTS, label, "checkpoint rule", context)
     if spec.to is not None:
         spec = replace(spec, to=context.resolve(spec.to))
@@ -247,9 +250,9 @@ RUN_KEYS = {
         ScheduleSpec(),
         "a schedule",
     ),
-    "batch": Key(integer(1), REQUIRED, "a count of records per microbatch"),
-    "microbatches": Key(integer(1), 1, "a count of microbatches per step"),
-    "steps": Key(integer(1), REQUIRED, "a step count"),
+    "batch": Key(_DIM, REQUIRED, "a count of records per microbatch"),
+    "microbatches": Key(integer(1, MICROBATCHES_MAX, maximum_text="2^20"), 1, "a count of microbatches per step"),
+    "steps": Key(_STEPS, REQUIRED, "a step count"),
     "passes": Key(_passes, (), "a list of passes"),
     "checkpoint": Key(_checkpoint, None, "a step count or (every N)"),
 }
@@ -271,12 +274,29 @@ def _check_run(run: RunDef, context: RunContext) -> None:
         if spec.data is not None:
             _check_fields(run.model.args, run.model.arg_locs, spec.data, "the model", context)
             _check_fields(run.loss.fields, run.loss.field_locs, spec.data, "the loss", context)
+    _check_records(run)
     if run.schedule.min_lr > run.optimizer.lr:
         raise SexpgpuError(
             "E-FORM-011",
             f"the schedule's :min-lr {run.schedule.min_lr} is above the optimizer's :lr {run.optimizer.lr}.",
             run.schedule.loc,
         )
+
+
+def _check_records(run: RunDef) -> None:
+    """The record numbers a run and its passes read, and a text source's byte offsets, must fit
+    int64 (docs/language.md, "Limits")."""
+    reads = [(run.steps * run.microbatches * run.batch, run.data, run.loc)]
+    reads += [(spec.batches * run.batch, spec.data or run.data, spec.loc) for spec in run.passes]
+    for records, data, loc in reads:
+        if records * (data.context or 1) > RECORDS_MAX:
+            unit = f" of {data.context} bytes" if data.context else ""
+            raise SexpgpuError(
+                "E-FORM-011",
+                f"defrun '{run.name}' would read {records:,} records{unit} here: at most 2^62 records, or bytes "
+                "of text, in all (:steps x :microbatches x :batch, or a pass's :batches x :batch).",
+                loc,
+            )
 
 
 def _check_fields(fields, locs, data: DataSpec, reader: str, context: RunContext) -> None:

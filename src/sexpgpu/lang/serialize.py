@@ -92,12 +92,15 @@ def _calls(run: RunDef) -> list[Call]:
 
 
 def _symbols(forms) -> list[str]:
+    """Every symbol in `forms`, at any depth (a stack, not recursion: bodies nest deep)."""
     names = []
-    for form in forms:
+    pending = list(forms)
+    while pending:
+        form = pending.pop()
         if isinstance(form, Symbol):
             names.append(form.name)
         elif isinstance(form, SList):
-            names.extend(_symbols(form.items))
+            pending.extend(form.items)
     return names
 
 

@@ -30,11 +30,14 @@ class Keyword:
 
 @dataclass(frozen=True)
 class Integer:
+    """`value` is exact up to the reader's EXACT_DIGITS; a longer literal keeps its `text`."""
+
     value: int
     loc: Location = field(compare=False)
+    text: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
-        return str(self.value)
+        return self.text if self.text is not None else str(self.value)
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,21 @@ class SList:
     end: Location | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
-        return "(" + " ".join(str(item) for item in self.items) + ")"
+        # An explicit stack, not recursion: a list may nest thousands deep.
+        parts = []
+        pending: list = [self]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, SList):
+                pending.append(")")
+                for index in range(len(item.items) - 1, -1, -1):
+                    pending.append(item.items[index])
+                    if index:
+                        pending.append(" ")
+                parts.append("(")
+            else:
+                parts.append(str(item))
+        return "".join(parts)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -97,7 +114,13 @@ def kind_name(value) -> str:
 
 def describe(value, limit: int = 40) -> str:
     """`a string "ten"`: what a message says it found, shortened past `limit` characters."""
+    return f"{kind_name(value)} {shown(value, limit)}"
+
+
+def shown(value, limit: int = 40) -> str:
+    """The text of `value`, shortened past `limit` characters (a number of 5,000 digits
+    would otherwise fill the terminal)."""
     text = str(value)
     if len(text) > limit:
         text = text[: limit - 3] + "..."
-    return f"{kind_name(value)} {text}"
+    return text

@@ -8,10 +8,12 @@ Wrong types raise E-FORM-003, values out of range E-FORM-011.
 from __future__ import annotations
 
 import math
+import sys
 
 from sexpgpu.errors import SexpgpuError, did_you_mean
-from sexpgpu.lang.syntax import Float, Integer, String, Symbol, describe
+from sexpgpu.lang.syntax import Float, Integer, String, Symbol, describe, shown
 
+FLOAT_MAX = int(sys.float_info.max)  # an integer literal beyond this has no float value
 _INFINITIES = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
 _BOOLEANS = {"true": True, "false": False}
 
@@ -21,7 +23,7 @@ def type_error(expected: str, label: str, value) -> SexpgpuError:
 
 
 def range_error(label: str, condition: str, value) -> SexpgpuError:
-    return SexpgpuError("E-FORM-011", f"{label} must be {condition}, found {value}.", value.loc)
+    return SexpgpuError("E-FORM-011", f"{label} must be {condition}, found {shown(value)}.", value.loc)
 
 
 def range_text(minimum=None, maximum=None, *, above: bool = False, below: bool = False) -> str:
@@ -58,6 +60,8 @@ def number(minimum=None, maximum=None, *, above: bool = False, below: bool = Fal
     expected = "a number or inf" if infinite else "a number"
 
     def convert(value, label, context=None):
+        if isinstance(value, Integer) and abs(value.value) > FLOAT_MAX:
+            raise range_error(label, f"{condition or 'a number'} (a float: at most about 1.8e308 in size)", value)
         if isinstance(value, (Integer, Float)):
             result = float(value.value)
         elif infinite and isinstance(value, Symbol) and value.name in _INFINITIES:

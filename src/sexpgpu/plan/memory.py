@@ -20,6 +20,7 @@ reused buffers: what this plan's allocation needs for values besides the inputs.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 
@@ -67,26 +68,20 @@ def plan_memory(graph) -> MemoryPlan:
 
 def _assign_buffers(graph, spans: list, sizes: list) -> tuple:
     buffers: list = []
-    free: list = []  # buffer indices, in order of release
+    free: list = []  # (size, buffer index) of the free buffers, sorted: the best fit is a bisection away
     dying: dict = {}
     assignment = {}
     for index, node in enumerate(graph.nodes):
         if node.op == "input":
             continue
-        chosen = _best_fit(free, buffers, sizes[index])
-        if chosen is None:
+        at = bisect.bisect_left(free, (sizes[index], -1))
+        if at == len(free):
             buffers.append(sizes[index])
             chosen = len(buffers) - 1
         else:
-            free.remove(chosen)
+            chosen = free.pop(at)[1]
         assignment[index] = chosen
         dying.setdefault(spans[index][1], []).append(chosen)
-        free.extend(sorted(dying.pop(index, [])))
+        for released in dying.pop(index, []):
+            bisect.insort(free, (buffers[released], released))
     return buffers, assignment
-
-
-def _best_fit(free: list, buffers: list, size: int):
-    fitting = [index for index in free if buffers[index] >= size]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda index: (buffers[index], index))

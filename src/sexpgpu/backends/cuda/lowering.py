@@ -32,6 +32,11 @@ from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep,
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
 _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
 MAX_FLAT_OUTPUTS = 8
+# A fused expression deeper than this is written out: a chain of thousands of elementwise ops
+# becomes kernels of at most this many levels each. Comparing, hashing and rewriting an
+# expression recurse through its levels, and each node keeps its own rounding, so the split
+# changes no bits.
+MAX_FUSED_DEPTH = 32
 
 
 @dataclass
@@ -124,10 +129,12 @@ class Lowerer:
 
     def _view_again(self, node, source) -> None:
         """Recompute the views from `source` up to `node` over `source`'s new value."""
-        if node is source:
-            return
-        self._view_again(node.inputs[0], source)
-        self._view(node)
+        chain = []
+        while node is not source:
+            chain.append(node)
+            node = node.inputs[0]
+        for view in reversed(chain):
+            self._view(view)
 
     def realize(self, node) -> None:
         """Write `node`'s value out with a fused elementwise kernel; it is read back after."""
@@ -149,8 +156,10 @@ class Lowerer:
         view = contiguous(shape)
         merged = self._merge_into_last(tuple(shape), value)
         if merged is not None:
-            merged.outputs.append((key, view, dtype, self._substituted(merged, value)))
-            return
+            substituted = self._substituted(merged, value)
+            if substituted.depth <= MAX_FUSED_DEPTH:
+                merged.outputs.append((key, view, dtype, substituted))
+                return
         step = FlatStep(tuple(shape))
         step.outputs.append((key, view, dtype, value))
         self.steps.append(step)
@@ -244,7 +253,7 @@ class Lowerer:
         if node.dtype == "bf16" and node.op not in _EXACT_IN_BF16:
             value = cast(value, "bf16")
         self.values[node] = value
-        if node in self._output_nodes or not self._recomputed(node, value):
+        if node in self._output_nodes or value.depth > MAX_FUSED_DEPTH or not self._recomputed(node, value):
             self.realize(node)
 
     def _recomputed(self, node, value) -> bool:

@@ -9,7 +9,7 @@ Equal expressions are equal objects, which is what lets the renderer share them 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 UNARY = ("neg", "abs", "exp", "log", "tanh", "erf", "sqrt", "rsqrt", "sigmoid", "relu",
          "round_bf16", "not")
@@ -28,6 +28,20 @@ class Expr:
     args: tuple = ()
     attr: object = None
     dtype: str = "f32"  # f32, i32 or bool: the type the kernel computes in
+    # Levels from here to the deepest leaf. Comparing, hashing and rewriting an expression
+    # recurse through it, so the lowering keeps it bounded (lowering.MAX_FUSED_DEPTH).
+    depth: int = field(default=1, init=False, compare=False, repr=False)
+    # The hash, made once from the arguments' own: hashing anew would walk the whole tree
+    # each time, and the lowering hashes every node of every kernel many times.
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.args:
+            object.__setattr__(self, "depth", 1 + max(arg.depth for arg in self.args))
+        object.__setattr__(self, "_hash", hash((self.op, self.args, self.attr, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __add__(self, other):
         return binary("add", self, other)
