@@ -48,6 +48,14 @@ class SliceProducts:
     k_block: int  # columns sharing one exponent per row; bounds every product's sums
     slice_dtype: torch.dtype
     multiply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (m, k), (n, k) -> exact (m, n) integers
+    exact_bits: int  # the product is exact while every |sum| stays below 2**exact_bits
+
+    def __post_init__(self):
+        if self.sum_bound_bits() > self.exact_bits:
+            raise ValueError(
+                f"slices of {self.slice_bits} bits over blocks of {self.k_block} give sums of "
+                f"{self.sum_bound_bits()} bits; this product is exact below 2**{self.exact_bits} only"
+            )
 
     def sum_bound_bits(self) -> int:
         """Bits of the largest |entry| of one slice-pair product over a full block."""
@@ -83,10 +91,10 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 # int32 holds k_block * 127**2 < 2**31 for k_block <= 2**17; 2**14 keeps the rows' spread small.
-INT8_TENSOR_CORES = SliceProducts(7, 1 << 14, torch.int8, int8_tensor_core_products)
-INT8_ON_CPU = SliceProducts(7, 1 << 14, torch.int8, int8_reference_products)
+INT8_TENSOR_CORES = SliceProducts(7, 1 << 14, torch.int8, int8_tensor_core_products, exact_bits=31)
+INT8_ON_CPU = SliceProducts(7, 1 << 14, torch.int8, int8_reference_products, exact_bits=31)
 # fp64 holds 2**12 * (2**20 - 1)**2 < 2**53: an f32 of moderate spread needs 2 slices.
-FP64_WIDE = SliceProducts(20, 1 << 12, torch.float64, fp64_products)
+FP64_WIDE = SliceProducts(20, 1 << 12, torch.float64, fp64_products, exact_bits=53)
 
 
 def accumulate_int8(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
