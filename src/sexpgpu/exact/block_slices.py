@@ -168,18 +168,23 @@ def _add_block(planes: torch.Tensor, xs: Slices, ws: Slices, products: SliceProd
     rows, cols = xs.bottom.shape[0], ws.bottom.shape[0]
     w_index = sorted(ws.pieces)
     w_stack = torch.cat([ws.pieces[u] for u in w_index])  # one product per slice of x
+    base = xs.bottom[:, None] + ws.bottom[None, :] - LOWEST_DIGIT_EXPONENT
+    bound_bits = products.sum_bound_bits() + min(len(xs.pieces), len(w_index)).bit_length()
     sums: dict[int, torch.Tensor] = {}  # t + u -> int64 sums of the products of that weight
-    for t, x_piece in xs.pieces.items():
-        by_w_slice = products.multiply(x_piece, w_stack).view(rows, len(w_index), cols)
+    x_index = sorted(xs.pieces)
+    for position, t in enumerate(x_index):
+        by_w_slice = products.multiply(xs.pieces[t], w_stack).view(rows, len(w_index), cols)
         for column, u in enumerate(w_index):
             if t + u in sums:
                 sums[t + u] += by_w_slice[:, column]
             else:
                 sums[t + u] = by_w_slice[:, column].to(torch.int64)
-    pairs = min(len(xs.pieces), len(w_index))
-    base = xs.bottom[:, None] + ws.bottom[None, :] - LOWEST_DIGIT_EXPONENT
-    for first, term in _packed_terms(sums, products.slice_bits, products.sum_bound_bits() + pairs.bit_length()):
-        add_at_positions(planes, term, base + first * products.slice_bits)
+        # Weights below the next x slice's lowest reach are complete: add them now, so
+        # that only about one row of sums is alive at a time.
+        following = x_index[position + 1] if position + 1 < len(x_index) else None
+        complete = {e: sums.pop(e) for e in sorted(sums) if following is None or e < following + w_index[0]}
+        for first, term in _packed_terms(complete, products.slice_bits, bound_bits):
+            add_at_positions(planes, term, base + first * products.slice_bits)
 
 
 def _packed_terms(sums: dict[int, torch.Tensor], width: int, bound_bits: int):
