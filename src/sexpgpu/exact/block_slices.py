@@ -71,11 +71,11 @@ def int8_tensor_core_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b.T for int8 a (m, k) and b (n, k), int32 sums on cuBLASLt's int8 tensor cores.
 
     `torch._int_mm` wants more than 16 rows and K and N in multiples of 8: pad with zeros,
-    which add nothing, and cut the result back.
+    which add nothing, and cut the result back. Multiples of 16 keep every row 16-byte aligned.
     """
     m, k = a.shape
     n = b.shape[0]
-    padded_m, padded_k, padded_n = max(_round_up(m, 8), 24), _round_up(k, 8), _round_up(n, 8)
+    padded_m, padded_k, padded_n = max(_round_up(m, 16), 32), _round_up(k, 16), _round_up(n, 16)
     a = F.pad(a, (0, padded_k - k, 0, padded_m - m))
     b = F.pad(b, (0, padded_k - k, 0, padded_n - n))
     return torch._int_mm(a, b.T)[:m, :n]
