@@ -12,7 +12,15 @@ from adversarial import KINDS
 from exact_oracle import BFLOAT16, BINARY32, oracle_gemm, round_fraction, same_bits
 from exact_random import EVERY_CPU_IMPLEMENTATION, wide_random
 from sexpgpu.exact import backends, det_finalize, det_gemm, det_gemm_partial
-from sexpgpu.exact.block_slices import FP64_WIDE, INT8_ON_CPU, SliceProducts, fp64_products
+from sexpgpu.exact.accumulator import normalise_
+from sexpgpu.exact.block_slices import (
+    FP64_WIDE,
+    INT8_ON_CPU,
+    INT8_TENSOR_CORES,
+    SliceProducts,
+    accumulate_with,
+    fp64_products,
+)
 from sexpgpu.exact.layout import MAX_K_PER_CALL
 
 SLICED = ["int8", "fp64"]
@@ -78,6 +86,16 @@ def test_k_at_its_limit(name):
         cancelled = det_gemm(x2, w2).item()
     assert whole == round_fraction(exact_dot_by_integers(x[0].double().tolist(), w[0].double().tolist()))
     assert cancelled == round_fraction(x_last * (w_last + Fraction(3, 4)))
+
+
+@pytest.mark.parametrize("m, n, k", [(5, 7, 13), (17, 16, 16), (40, 3, 301)])
+def test_the_tensor_core_call_with_its_padding_gives_the_reference_digits(m, n, k):
+    # torch._int_mm also runs on CPU: the CUDA path's padding and layout, checked here.
+    generator = torch.Generator().manual_seed(m * n * k)
+    x, w = wide_random((m, k), torch.float32, generator, 12), wide_random((n, k), torch.float32, generator, 12)
+    with backends.forced("bins"):
+        expected = det_gemm_partial(x, w).digits
+    assert torch.equal(normalise_(accumulate_with(INT8_TENSOR_CORES, x, w)), expected)
 
 
 def test_the_fast_cpu_path_is_the_default_on_cpu():

@@ -173,7 +173,7 @@ def _add_block(planes: torch.Tensor, xs: Slices, ws: Slices, products: SliceProd
     sums: dict[int, torch.Tensor] = {}  # t + u -> int64 sums of the products of that weight
     x_index = sorted(xs.pieces)
     for position, t in enumerate(x_index):
-        by_w_slice = products.multiply(xs.pieces[t], w_stack).view(rows, len(w_index), cols)
+        by_w_slice = products.multiply(xs.pieces[t], w_stack).reshape(rows, len(w_index), cols)
         for column, u in enumerate(w_index):
             if t + u in sums:
                 sums[t + u] += by_w_slice[:, column]
