@@ -179,12 +179,14 @@ def _add_block(planes: torch.Tensor, xs: Slices, ws: Slices, products: SliceProd
                 sums[t + u] += by_w_slice[:, column]
             else:
                 sums[t + u] = by_w_slice[:, column].to(torch.int64)
-        # Weights below the next x slice's lowest reach are complete: add them now, so
-        # that only about one row of sums is alive at a time.
+        # Weights below the next x slice's lowest reach are complete: add them once they
+        # fill a packed term, so that only about one row of sums is alive at a time.
         following = x_index[position + 1] if position + 1 < len(x_index) else None
-        complete = {e: sums.pop(e) for e in sorted(sums) if following is None or e < following + w_index[0]}
-        for first, term in _packed_terms(complete, products.slice_bits, bound_bits):
-            add_at_positions(planes, term, base + first * products.slice_bits)
+        complete = [e for e in sorted(sums) if following is None or e < following + w_index[0]]
+        if following is None or len(complete) >= _weights_per_term(products.slice_bits, bound_bits):
+            ready = {e: sums.pop(e) for e in complete}
+            for first, term in _packed_terms(ready, products.slice_bits, bound_bits):
+                add_at_positions(planes, term, base + first * products.slice_bits)
 
 
 def _packed_terms(sums: dict[int, torch.Tensor], width: int, bound_bits: int):
@@ -193,9 +195,7 @@ def _packed_terms(sums: dict[int, torch.Tensor], width: int, bound_bits: int):
     A term holds sums[first + i] * 2**(width * i) for i < per_term, chosen so that the
     bound of every sum (2**bound_bits) keeps the term below 2**TERM_BITS.
     """
-    per_term = max(1, (TERM_BITS - 1 - bound_bits) // width + 1)
-    if bound_bits >= TERM_BITS:
-        raise ValueError(f"slice sums of {bound_bits} bits do not fit an int64 term")
+    per_term = _weights_per_term(width, bound_bits)
     weights = sorted(sums)
     while weights:
         first = weights[0]
@@ -205,6 +205,12 @@ def _packed_terms(sums: dict[int, torch.Tensor], width: int, bound_bits: int):
         for previous, current in zip(reversed(group[:-1]), reversed(group)):
             term = (term << (width * (current - previous))) + sums[previous]
         yield first, term
+
+
+def _weights_per_term(width: int, bound_bits: int) -> int:
+    if bound_bits >= TERM_BITS:
+        raise ValueError(f"slice sums of {bound_bits} bits do not fit an int64 term")
+    return (TERM_BITS - 1 - bound_bits) // width + 1
 
 
 def add_at_positions(planes: torch.Tensor, value: torch.Tensor, position: torch.Tensor) -> None:
