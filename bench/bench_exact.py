@@ -1,15 +1,18 @@
 """Exact GEMM throughput on a CUDA GPU, against cuBLAS measured in the same run.
 
-    PYTHONPATH=src python bench/bench_exact.py [--json results.json] [--skip-8192]
+    PYTHONPATH=src python bench/bench_exact.py [--json results.json] [--sizes 1024 4096 8192]
 
-TFLOP/s counts 2*M*N*K per product, as for any GEMM. Rows:
-  det_gemm n^3          the whole call: special-value check, Triton kernel, carries, rounding
-  kernel n^3            the Triton kernel alone (its int64 digit planes)
-  DetLinear 4096        forward, and forward + backward (grad input, weight, bias), batch 4096
-  cuBLAS f32 / bf16     torch.matmul with TF32 off, and in bf16, at the same shapes
-  sliced n^3            the fp64-slice implementation on cuBLAS DGEMM (not the default), randn data
-  tile sweep 2048^3     the Triton kernel at other tile sizes (every tile size gives the same bits)
-Ratios are cuBLAS throughput over the exact one: how many times slower exactness is.
+TFLOP/s counts 2*M*N*K per product, as for any GEMM; every exact figure is the whole
+det_gemm call (special-value check, the default implementation, carries, the one rounding).
+Rows, at each size n^3:
+  randn               exact f32 and exact bf16 inputs, and their ratio to cuBLAS float32
+                      (TF32 off) and cuBLAS bf16 on the same data (ratio > 1: exact is faster)
+  spread 2^+-s        f32 values scaled by 2**e, e uniform in [-s, s): more slices per block
+  outlier per row     randn rows with one element 2**60 larger: the rest lie far below it
+  whole range         every exponent from 2**-149 to 2**126 in each row: the worst case
+Then DetLinear 4096x4096, batch 4096, forward + backward against nn.Linear float32, and the
+previous default (the Triton fp64 kernel) at 1024^3 for reference. Runs in about two
+minutes on an H200.
 """
 
 from __future__ import annotations
@@ -17,11 +20,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
 from sexpgpu.exact import DetLinear, backends, det_gemm
-from sexpgpu.exact import triton_kernel
+
+REPEATS = {1024: 10, 4096: 3, 8192: 2}
+
+
+@dataclass
+class Row:
+    size: int
+    data: str
+    exact_f32: float  # TFLOP/s
+    exact_bf16: float | None
+    cublas_f32: float | None
+    cublas_bf16: float | None
 
 
 def seconds_per_call(fn, repeats: int) -> float:
@@ -34,115 +49,125 @@ def seconds_per_call(fn, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def tflops(flops: float, seconds: float) -> float:
-    return flops / seconds / 1e12
+def tflops(n: int, seconds: float) -> float:
+    return 2 * n**3 / seconds / 1e12
 
 
-def operands(n: int, dtype=torch.float32):
-    generator = torch.Generator(device="cuda").manual_seed(n)
-    return (torch.randn(n, n, device="cuda", generator=generator, dtype=dtype),
-            torch.randn(n, n, device="cuda", generator=generator, dtype=dtype))
+def scaled_randn(n: int, seed: int, spread: int | None) -> torch.Tensor:
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    values = torch.randn(n, n, device="cuda", generator=generator)
+    if spread:
+        exponents = torch.randint(-spread, spread, (n, n), device="cuda", generator=generator)
+        values = values * torch.exp2(exponents.float())
+    return values
 
 
-def cublas_rows(n: int) -> dict:
-    x, w = operands(n)
+def with_outliers(n: int, seed: int) -> torch.Tensor:
+    values = scaled_randn(n, seed, None)
+    values[:, seed % n] *= 2.0**60
+    return values
+
+
+def whole_range(n: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    exponents = torch.randint(-149, 127, (n, n), device="cuda", generator=generator).double()
+    values = torch.rand(n, n, device="cuda", generator=generator, dtype=torch.float64) + 1
+    return (values * torch.exp2(exponents)).clamp(max=3.0e38).float()
+
+
+ADVERSARIAL = {
+    "spread 2^+-8": lambda n, seed: scaled_randn(n, seed, 8),
+    "spread 2^+-40": lambda n, seed: scaled_randn(n, seed, 40),
+    "outlier per row": with_outliers,
+    "whole range": whole_range,
+}
+
+
+def randn_row(n: int) -> Row:
+    x, w = scaled_randn(n, 1, None), scaled_randn(n, 2, None)
     xb, wb = x.bfloat16(), w.bfloat16()
-    repeats = min(1000, max(3, int(2e12 // (2 * n**3))))
-    return {
-        "cuBLAS f32": tflops(2 * n**3, seconds_per_call(lambda: x @ w.T, repeats)),
-        "cuBLAS bf16": tflops(2 * n**3, seconds_per_call(lambda: xb @ wb.T, repeats)),
-    }
+    repeats = REPEATS[n]
+    cublas_repeats = min(1000, max(3, int(2e12 // (2 * n**3))))
+    return Row(n, "randn",
+               exact_f32=tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats)),
+               exact_bf16=tflops(n, seconds_per_call(lambda: det_gemm(xb, wb), repeats)),
+               cublas_f32=tflops(n, seconds_per_call(lambda: x @ w.T, cublas_repeats)),
+               cublas_bf16=tflops(n, seconds_per_call(lambda: xb @ wb.T, cublas_repeats)))
 
 
-def exact_rows(n: int, repeats: int) -> dict:
-    x, w = operands(n)
-    call_seconds = seconds_per_call(lambda: det_gemm(x, w), repeats)
-    rows = {"det_gemm": tflops(2 * n**3, call_seconds), "det_gemm seconds": call_seconds}
-    if n == 4096:
-        rows["det_gemm bf16 inputs"] = tflops(2 * n**3, seconds_per_call(lambda: det_gemm(x.bfloat16(), w.bfloat16()), repeats))
-        rows["kernel"] = tflops(2 * n**3, seconds_per_call(lambda: triton_kernel.accumulate(x, w), repeats))
-        with backends.forced("sliced"):
-            rows["sliced"] = tflops(2 * n**3, seconds_per_call(lambda: det_gemm(x, w), repeats))
+def adversarial_rows(n: int) -> list[Row]:
+    rows = []
+    for name, make in ADVERSARIAL.items():
+        x, w = make(n, 3), make(n, 4)
+        rows.append(Row(n, name, tflops(n, seconds_per_call(lambda: det_gemm(x, w), 1)), None, None, None))
+        del x, w
     return rows
 
 
-def det_linear_rows(batch: int = 4096, width: int = 4096) -> dict:
+def det_linear_figures(batch: int = 4096, width: int = 4096) -> dict:
     x = torch.randn(batch, width, device="cuda")
-    flops_forward = 2 * batch * width * width
-    rows = {}
+    flops = 3 * 2 * batch * width * width  # forward, grad input, grad weight
+    figures = {}
     for name, layer in [("DetLinear", DetLinear(width, width, device="cuda")),
-                        ("nn.Linear f32", torch.nn.Linear(width, width, device="cuda")),
-                        ("nn.Linear bf16", torch.nn.Linear(width, width, device="cuda", dtype=torch.bfloat16))]:
-        xi = x.to(layer.weight.dtype).requires_grad_(True)
+                        ("nn.Linear f32", torch.nn.Linear(width, width, device="cuda"))]:
+        xi = x.clone().requires_grad_(True)
 
         def forward_backward():
             layer.zero_grad()
             layer(xi).square().mean().backward()
 
-        with torch.no_grad():
-            forward = seconds_per_call(lambda: layer(xi), 2)
-        both = seconds_per_call(forward_backward, 2)
-        rows[f"{name} forward"] = tflops(flops_forward, forward)
-        rows[f"{name} forward+backward"] = tflops(3 * flops_forward, both)
-    return rows
+        figures[name] = flops / seconds_per_call(forward_backward, 3) / 1e12
+    return figures
 
 
-def tile_sweep(n: int = 2048) -> dict:
-    x, w = operands(n)
-    reference = triton_kernel.accumulate(x, w)
-    rows = {}
-    default = (triton_kernel.BLOCK_M, triton_kernel.BLOCK_N, triton_kernel.NUM_WARPS)
-    for config in [(32, 32, 8), (32, 16, 4), (64, 16, 8), (16, 16, 2)]:
-        triton_kernel.BLOCK_M, triton_kernel.BLOCK_N, triton_kernel.NUM_WARPS = config
-        assert torch.equal(triton_kernel.accumulate(x, w), reference), f"tile {config} changed the digits"
-        rows[f"tiles {config[0]}x{config[1]}, {config[2]} warps"] = tflops(2 * n**3, seconds_per_call(lambda: triton_kernel.accumulate(x, w), 2))
-    triton_kernel.BLOCK_M, triton_kernel.BLOCK_N, triton_kernel.NUM_WARPS = default
-    return rows
+def previous_default(n: int = 1024) -> float:
+    x, w = scaled_randn(n, 1, None), scaled_randn(n, 2, None)
+    with backends.forced("triton"):
+        return tflops(n, seconds_per_call(lambda: det_gemm(x, w), 3))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--skip-8192", action="store_true")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 8192], choices=sorted(REPEATS))
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    results = {}
-    sizes = [1024, 4096] if args.skip_8192 else [1024, 4096, 8192]
-    for n in sizes:
-        started = time.perf_counter()
-        rows = {**exact_rows(n, repeats={1024: 5, 4096: 2, 8192: 1}[n]), **cublas_rows(n)}
-        rows["wall seconds"] = time.perf_counter() - started
-        results[f"{n}^3"] = rows
-        report(f"{n}^3", rows)
-    results["DetLinear 4096x4096, batch 4096"] = det_linear_rows()
-    report("DetLinear 4096x4096, batch 4096", results["DetLinear 4096x4096, batch 4096"])
-    results["tile sweep 2048^3"] = tile_sweep()
-    report("tile sweep 2048^3 (Triton kernel alone)", results["tile sweep 2048^3"])
+    started = time.perf_counter()
+    default = backends.select(torch.device("cuda")).name
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, default exact implementation: {default}")
+    rows = []
+    for n in args.sizes:
+        rows.append(randn_row(n))
+        rows.extend(adversarial_rows(n))
+    linear = det_linear_figures()
+    triton_tflops = previous_default()
+    report(rows, linear, triton_tflops)
+    print(f"\nwall time {time.perf_counter() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump({"rows": [asdict(r) for r in rows], "linear": linear, "triton 1024^3": triton_tflops}, f, indent=2)
 
 
-def report(title: str, rows: dict) -> None:
-    print(f"\n{title}")
-    for name, value in rows.items():
-        if name.endswith("seconds"):
-            print(f"  {name:<34} {value:10.2f} s")
-            continue
-        exact = _exact_peer(name, rows)
-        ratio = f"  ({value / exact:8.1f}x the exact one)" if exact else ""
-        print(f"  {name:<34} {value:10.4f} TFLOP/s{ratio}")
-
-
-def _exact_peer(name: str, rows: dict) -> float | None:
-    """The exact row a cuBLAS row compares with: det_gemm, or DetLinear for the same pass."""
-    if name.startswith("cuBLAS"):
-        return rows.get("det_gemm")
-    if name.startswith("nn.Linear"):
-        return rows.get("DetLinear " + name.split(" ", 2)[2])
-    return None
+def report(rows: list[Row], linear: dict, triton_tflops: float) -> None:
+    """One table; ratios are exact over cuBLAS (1.0 = as fast), slowdowns against randn f32."""
+    print(f"\n{'size':>6} {'data':<16} {'exact f32':>10} {'/cuBLAS f32':>11} {'exact bf16':>10} {'/cuBLAS bf16':>12}   TFLOP/s")
+    randn_by_size = {r.size: r for r in rows if r.data == "randn"}
+    worst = min((r for r in rows if r.data != "randn"), key=lambda r: r.exact_f32 / randn_by_size[r.size].exact_f32)
+    for r in rows:
+        if r.data == "randn":
+            print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f} {r.exact_f32 / r.cublas_f32:10.3f}x "
+                  f"{r.exact_bf16:10.2f} {r.exact_bf16 / r.cublas_bf16:11.3f}x   "
+                  f"(cuBLAS f32 {r.cublas_f32:.1f}, bf16 {r.cublas_bf16:.1f})")
+        else:
+            slowdown = randn_by_size[r.size].exact_f32 / r.exact_f32
+            print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f}   ({slowdown:.1f}x slower than randn f32)")
+    print(f"\nworst adversarial case: {worst.data} at {worst.size}^3, "
+          f"{randn_by_size[worst.size].exact_f32 / worst.exact_f32:.1f}x slower than randn f32")
+    ratio = linear["nn.Linear f32"] / linear["DetLinear"]
+    print(f"DetLinear 4096x4096 batch 4096 forward+backward: {linear['DetLinear']:.2f} TFLOP/s, "
+          f"nn.Linear f32 {linear['nn.Linear f32']:.2f}: DetLinear is {ratio:.2f}x slower")
+    print(f"previous default (Triton fp64 kernel) at 1024^3: {triton_tflops:.3f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import torch
 
 from sexpgpu.exact import det_combine, det_gemm_partial
 
-CPU_IMPLEMENTATIONS = ["bins", "sliced"]  # the implementations every CPU test runs with
+CPU_IMPLEMENTATIONS = ["bins", "int8", "fp64"]  # every CPU test runs with each (int8: the tensor-core arithmetic)
+EVERY_CPU_IMPLEMENTATION = [*CPU_IMPLEMENTATIONS, "sliced"]  # checked against each other
 
 
 def wide_random(shape, dtype: torch.dtype, generator: torch.Generator, spread: int = 60) -> torch.Tensor:

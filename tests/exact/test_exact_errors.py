@@ -99,6 +99,6 @@ def test_det_linear_rejects_wrong_inputs():
 
 
 def test_unknown_backend_lists_the_known_ones():
-    with pytest.raises(ValueError, match="bins, sliced, triton"):
+    with pytest.raises(ValueError, match="bins, fp64, int8, sliced, triton"):
         with backends.forced("tensorcore"):
             pass

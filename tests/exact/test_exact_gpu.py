@@ -6,6 +6,7 @@ import functools
 import pytest
 import torch
 
+from adversarial import KINDS
 from exact_oracle import oracle_gemm, same_bits
 from exact_random import random_cuts, random_fold, shard_partials, wide_random
 from sockets import listening_sockets
@@ -22,7 +23,7 @@ from sexpgpu.exact.layout import MAX_K_PER_CALL
 
 pytestmark = pytest.mark.gpu
 
-CUDA_IMPLEMENTATIONS = ["triton", "sliced"]
+CUDA_IMPLEMENTATIONS = ["int8", "triton", "fp64", "sliced"]
 
 
 def reference_digits(x, w):
@@ -88,11 +89,26 @@ def test_cuda_k_shards_in_any_grouping_give_the_same_digits(dtype, parts):
     assert torch.equal(det_finalize(random_fold(partials, generator)), det_gemm(x, w))
 
 
-def test_cuda_k_beyond_one_call():
+@pytest.mark.parametrize("name", ["triton", "int8"])
+def test_cuda_k_beyond_one_call(name):
     generator = torch.Generator().manual_seed(62)
     k = MAX_K_PER_CALL + 1000
     x, w = wide_random((2, k), torch.float32, generator, 20), wide_random((2, k), torch.float32, generator, 20)
-    assert torch.equal(cuda_digits("triton", x, w), reference_digits(x, w))
+    assert torch.equal(cuda_digits(name, x, w), reference_digits(x, w))
+
+
+def test_int8_tensor_cores_are_the_default_from_compute_capability_8():
+    expected = "int8" if torch.cuda.get_device_capability() >= (8, 0) else "triton"
+    assert backends.select(torch.device("cuda")).name == expected
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_on_adversarial_data_equals_the_oracle(kind, dtype):
+    generator = torch.Generator().manual_seed(len(kind) + 7)
+    x, w = KINDS[kind](20, 9, 301, dtype, generator)  # odd shapes: _int_mm's padding
+    with backends.forced("int8"):
+        assert same_bits(det_gemm(x.cuda(), w.cuda()).cpu(), oracle_gemm(x, w))
 
 
 def test_det_linear_on_cuda_gives_the_cpu_bits():

@@ -41,7 +41,11 @@ class Accumulator:
 
 def normalise_digits_(digits: torch.Tensor) -> torch.Tensor:
     """Carry every digit below the top into [0, 2**32), in place, keeping the value."""
-    for plane in range(TOP):
+    # Planes below the lowest non-zero one carry nothing: start there (most data reach
+    # only the digits near the units).
+    nonzero_planes = (digits[:TOP] != 0).reshape(TOP, -1).any(1).nonzero()
+    start = int(nonzero_planes[0]) if nonzero_planes.numel() else TOP
+    for plane in range(start, TOP):
         carry = digits[plane] >> RADIX_BITS  # arithmetic shift: the floor, also for negative digits
         digits[plane] &= LOW_MASK
         digits[plane + 1] += carry

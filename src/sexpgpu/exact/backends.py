@@ -29,6 +29,10 @@ class Backend:
     device_types: tuple[str, ...]
     module: str  # imported on first use, so that Triton loads only when it is needed
     function: str = "accumulate"
+    requires: str | None = None  # a key of REQUIREMENTS that a device must meet for it to be the default
+
+    def runs_on(self, device: torch.device) -> bool:
+        return self.requires is None or REQUIREMENTS[self.requires](device)
 
     def accumulate(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return self.load()(x, w)
@@ -38,16 +42,24 @@ class Backend:
 
 
 _REGISTRY: dict[str, Backend] = {}
-_DEFAULT_FOR_DEVICE: dict[str, str] = {}
+_DEFAULTS_FOR_DEVICE: dict[str, list[str]] = {}  # the first that runs on the device is used
 _forced: list[str] = []
 
 
-def register(backend: Backend, default: bool = False) -> None:
-    """Add an implementation; with default=True it becomes the one used on its device types."""
+def _has_int8_tensor_cores(device: torch.device) -> bool:
+    # Ampere (8.0) and later run cuBLASLt's int8 products, with int32 sums, on tensor cores.
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+REQUIREMENTS = {"int8 tensor cores": _has_int8_tensor_cores}
+
+
+def register(backend: Backend, default_on: tuple[str, ...] = ()) -> None:
+    """Add an implementation; it becomes the one used on the device types `default_on` (on
+    devices that meet its requirement; the previous default stays as the fallback)."""
     _REGISTRY[backend.name] = backend
-    if default:
-        for device_type in backend.device_types:
-            _DEFAULT_FOR_DEVICE[device_type] = backend.name
+    for device_type in default_on:
+        _DEFAULTS_FOR_DEVICE.setdefault(device_type, []).insert(0, backend.name)
 
 
 def names() -> list[str]:
@@ -64,13 +76,13 @@ def select(device: torch.device) -> Backend:
     """The implementation for tensors on `device`: a forced one if any, else the device's default."""
     if _forced:
         return get(_forced[-1])
-    name = _DEFAULT_FOR_DEVICE.get(device.type)
-    if name is None:
-        raise ValueError(
-            f"sexpgpu.exact: no implementation runs on {device.type} tensors; "
-            f"use tensors on {' or '.join(sorted(_DEFAULT_FOR_DEVICE))}"
-        )
-    return get(name)
+    for name in _DEFAULTS_FOR_DEVICE.get(device.type, []):
+        if get(name).runs_on(device):
+            return get(name)
+    raise ValueError(
+        f"sexpgpu.exact: no implementation runs on {device.type} tensors; "
+        f"use tensors on {' or '.join(sorted(_DEFAULTS_FOR_DEVICE))}"
+    )
 
 
 @contextlib.contextmanager
@@ -85,6 +97,12 @@ def forced(name: str):
 
 
 # "bins" is the reference: integer arithmetic only, the simplest to check by reading.
+# A default registered later comes first: int8 tensor cores where the GPU has them, else
+# the Triton kernel; wide fp64 slices on CPU. "int8" on CPU multiplies its int8 slices in
+# fp64: the tensor cores' arithmetic, checked bit for bit without a GPU.
 register(Backend("bins", ("cpu",), ".bins_kernel"))
-register(Backend("sliced", ("cpu", "cuda"), ".sliced_kernel"), default=True)  # default on CPU
-register(Backend("triton", ("cuda",), ".triton_kernel"), default=True)  # default on CUDA
+register(Backend("sliced", ("cpu", "cuda"), ".sliced_kernel"))
+register(Backend("triton", ("cuda",), ".triton_kernel"), default_on=("cuda",))
+register(Backend("int8", ("cuda", "cpu"), ".block_slices", "accumulate_int8", requires="int8 tensor cores"),
+         default_on=("cuda",))
+register(Backend("fp64", ("cpu", "cuda"), ".block_slices", "accumulate_fp64"), default_on=("cpu",))
