@@ -30,6 +30,7 @@ SEED_MAX = 2**64 - 1
 TEXT_CORPORA = ("pydoc",)
 TEXT_FIELDS = ("x", "y")
 BUILTIN_LOSSES = ("cross-entropy", "mse")
+PRECISIONS = ("f32", "bf16")  # f32: as written; bf16: mixed precision (graph/precision.py)
 
 
 def resolve_path(experiment_path: str, path: str) -> str:
@@ -249,6 +250,7 @@ RUN_KEYS = {
     ),
     "batch": Key(integer(1), REQUIRED, "a count of records per microbatch"),
     "microbatches": Key(integer(1), 1, "a count of microbatches per step"),
+    "precision": Key(one_of(*PRECISIONS), "f32", "a precision, " + " or ".join(PRECISIONS)),
     "steps": Key(integer(1), REQUIRED, "a step count"),
     "passes": Key(_passes, (), "a list of passes"),
     "checkpoint": Key(_checkpoint, None, "a step count or (every N)"),
