@@ -73,3 +73,5 @@ def test_a_bf16_run_follows_the_interpreter(tmp_path, name):
     products = [node for node in micro.nodes if node.op in ("matmul", "conv2d", "conv2d_input_grad", "conv2d_weight_grad")]
     assert products and all(node.dtype == "bf16" for node in products)
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=PRECISION_RTOL)
+    # a bf16 product sums in float32 and rounds once, as the interpreter's does
+    assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction is False
