@@ -144,3 +144,18 @@ def test_f32_leaves_the_graph_as_it_is_and_explicit_bf16_nodes_stay():
     before = list(e.nodes)
     assert with_precision(e, "f32", [out]) == [out] and e.nodes == before
     assert with_precision(e, "bf16", [out]) == [out] and e.nodes == before
+
+
+def test_the_table_in_docs_language_md_is_the_policy_table():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "language.md").read_text()
+    section = text[text.index("### PRECISION"):text.index("## Selecting a run")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = {}
+    for row in rows:
+        ops, policy = row.strip("|").split("|")
+        kind = "product" if policy.strip().startswith("product") else "float32"
+        documented.update({op: kind for op in re.findall(r"`(\w+)`", ops)})
+    assert documented == {op: policy.kind for op, policy in POLICIES.items()}
