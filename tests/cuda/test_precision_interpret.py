@@ -30,7 +30,7 @@ RUNS = {
   (let h (add (embedding x :vocab 256 :dim width :as embed) (param pos (8 width) :init (normal :std 0.02))))
   (linear (layernorm (block h :as block0) :as norm) :out 256 :as head))
 (defrun lm :seed 7 :data (text pydoc :context 8) :model (lm x) :loss (cross-entropy y)
-  :optimizer (adamw :lr 0.003 :weight-decay 0.01 :clip 1.0) :batch 2 :steps 2 :precision bf16)
+  :optimizer (adamw :lr 0.003 :weight-decay 0.01 :clip 1.0) :batch 2 :steps 1 :precision bf16)
 """,
     "convolution": """
 (defgenerator pictures
@@ -41,7 +41,7 @@ RUNS = {
   (let pooled (avg-pool (relu (conv2d h :out 4 :kernel 3 :padding 1 :as conv2)) :kernel 3))
   (linear (reshape pooled (batch -1)) :out 2 :as head))
 (defrun cnn :seed 5 :data (generator pictures) :model (cnn x) :loss (cross-entropy y)
-  :optimizer (adam :lr 0.01) :batch 4 :microbatches 2 :steps 4 :precision bf16)
+  :optimizer (adam :lr 0.01) :batch 4 :microbatches 2 :steps 3 :precision bf16)
 """,
 }
 
@@ -51,18 +51,45 @@ def interpreted(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_a_bf16_run_follows_the_interpreter(tmp_path, name):
+def built_run(tmp_path, name: str):
     from sexpgpu.lang.forms import load_experiment
-    from sexpgpu.run.loop import Trainer
     from sexpgpu.run.setup import build_run
 
     path = tmp_path / f"{name}.sexp"
     path.write_text(RUNS[name])
     experiment = load_experiment(str(path))
+    return experiment, build_run(experiment, "cpu")
+
+
+def test_a_bf16_attention_step_gives_the_interpreters_loss_and_gradients(tmp_path):
+    """One microbatch of the attention model: its loss, and each gradient as a whole (a
+    flipped bf16 rounding moves single elements, not the vector)."""
+    experiment, built = built_run(tmp_path, "attention")
+    micro = built.program.training.micro
+    assert {node.dtype for node in micro.nodes if node.op == "matmul"} == {"bf16"}
+    values = {f"param/{path}": value for path, value in built.initial_state().params.items()}
+    values.update(built.feeder.train_batch(1, 0))
+    values.update({"step": np.int32(1), "microbatch": np.int32(0)})
+    values = {name: values[name] for name in micro.inputs}
+    backend = CudaBackend(device="cpu")
+    got = {name: backend.to_host(value) for name, value in backend.run(micro, values).items()}
+    want = built.backend.run(micro, values)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=PRECISION_RTOL)
+    for name in want:
+        assert np.linalg.norm(got[name] - want[name]) <= PRECISION_RTOL * np.linalg.norm(want[name]), name
+    # and cuBLAS is handed bf16: every product reads and writes bf16 buffers
+    lowered = backend.lowered(micro)
+    products = [step for step in lowered.steps if step.kind == "matmul"]
+    assert len(products) == sum(node.op == "matmul" for node in micro.nodes)
+    assert all(lowered.buffers[key].dtype == "bf16" for step in products for key in step.reads + step.writes[:1])
+
+
+def test_a_bf16_convolution_run_follows_the_interpreter(tmp_path):
+    from sexpgpu.run.loop import Trainer
+
     losses = {}
     for device in ("cpu", "cuda"):
-        built = build_run(experiment, "cpu")
+        experiment, built = built_run(tmp_path, "convolution")
         if device == "cuda":
             built.backend = CudaBackend(device="cpu")
             built.feeder.backend = built.backend
