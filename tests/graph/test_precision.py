@@ -159,3 +159,26 @@ def test_the_table_in_docs_language_md_is_the_policy_table():
         kind = "product" if policy.strip().startswith("product") else "float32"
         documented.update({op: kind for op in re.findall(r"`(\w+)`", ops)})
     assert documented == {op: policy.kind for op, policy in POLICIES.items()}
+
+
+def test_parameters_their_gradients_and_the_update_stay_float32():
+    from dataclasses import replace
+    from pathlib import Path
+
+    from sexpgpu.graph.training import compile_program
+    from sexpgpu.lang.forms import load_experiment
+
+    experiment = load_experiment(str(Path(__file__).resolve().parents[2] / "examples" / "tiny-adam.sexp"))
+    programs = {}
+    for precision in ("f32", "bf16"):
+        run = replace(experiment.run, precision=precision)
+        chosen = replace(experiment, runs={**experiment.runs, run.name: run})
+        programs[precision] = compile_program(chosen, {"x": ((2,), "f32"), "y": ((), "i32")})
+    f32, bf16 = (programs[precision].training for precision in ("f32", "bf16"))
+    assert all(node.dtype == "f32" for name, node in bf16.micro.inputs.items() if name.startswith("param/"))
+    assert all(node.dtype == "f32" for name, node in bf16.micro.outputs.items())
+    assert bf16.update.dump() == f32.update.dump()
+    assert not any(node.dtype == "bf16" for node in f32.micro.nodes)
+    assert {node.dtype for node in bf16.micro.nodes if node.op == "matmul"} == {"bf16"}
+    assert all(node.dtype == "f32" for graph in programs["bf16"].passes.values() for node in graph.outputs.values())
+    assert any(node.dtype == "bf16" for node in programs["bf16"].passes["eval"].nodes)
