@@ -124,17 +124,23 @@ def test_readers_of_a_product_compute_in_float32_on_its_bf16_value(op):
     np.testing.assert_allclose(got, want, rtol=4e-7, atol=4e-7)
 
 
-def test_an_operand_read_by_several_products_is_cast_once_and_a_product_feeds_the_next_without_a_cast():
+def test_each_product_casts_its_own_operands_so_their_cotangents_sum_in_float32():
     e = Emitter()
     x, w = e.input("x", "f32", (2, 3)), e.input("w", "f32", (3, 3))
     h = e("matmul", x, w)
     out = e("add", e("matmul", h, w), e("matmul", x, w))
     (out,) = with_precision(e, "bf16", [out])
     graph = e.graph({"x": x, "w": w}, {"out": out})
-    casts = [node for node in graph.nodes if node.op == "cast" and node.dtype == "bf16"]
-    assert [node.inputs[0] for node in casts] == [x, w]  # h's bf16 value is read as it is
     products = [node for node in graph.nodes if node.op == "matmul"]
-    assert products[1].inputs[0] is products[0]
+    operands = [source for product in products for source in product.inputs]
+    assert all(source.op == "cast" and source.dtype == "bf16" for source in operands)
+    assert len({id(source) for source in operands}) == 6  # one cast a read: each bf16 value has one reader
+    assert operands[2].inputs[0].inputs[0] is products[0]  # h's bf16 value, widened, then cast again
+    from sexpgpu.graph.autodiff import gradients
+
+    grads = gradients(e, out, [x, w])
+    assert not any(node.op == "add" and node.dtype == "bf16" for node in e.nodes)
+    assert [grad.dtype for grad in grads] == ["f32", "f32"]
 
 
 def test_f32_leaves_the_graph_as_it_is_and_explicit_bf16_nodes_stay():
@@ -242,3 +248,32 @@ def test_tiny_adams_bf16_loss_and_gradients_are_torch_float64_with_bf16_products
     for name in oracle:
         ours, plain = distance(outputs["bf16"], name), distance(outputs["f32"], name)
         assert ours <= 1e-6 and ours * 100 < plain, (name, ours, plain)
+
+
+@pytest.mark.parametrize("name", ["char-lm.sexp", "cnn.sexp"])
+def test_every_node_of_a_whole_bf16_microbatch_graph_follows_its_policy(name):
+    """Products read and give bf16; what moves values keeps its input's dtype; the only other
+    bf16 nodes are the casts; parameters' gradients are float32."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from sexpgpu.graph.precision import MOVES
+    from sexpgpu.graph.training import compile_program
+    from sexpgpu.lang.forms import load_experiment
+
+    experiment = load_experiment(str(Path(__file__).resolve().parents[2] / "examples" / name))
+    run = replace(experiment.run, precision="bf16")
+    micro = compile_program(replace(experiment, runs={**experiment.runs, run.name: run})).training.micro
+    counts = {"product": 0, "cast": 0}
+    for node in micro.nodes:
+        if POLICIES[node.op] is PRODUCT:
+            assert node.dtype == "bf16" and {source.dtype for source in node.inputs} == {"bf16"}, node
+            counts["product"] += 1
+        elif node.op == "cast":
+            counts["cast"] += node.dtype == "bf16"
+        elif POLICIES[node.op] is MOVES and node.inputs and node.op not in ("gather", "scatter_add", "one_hot"):
+            assert node.dtype == node.inputs[-1].dtype, node
+        else:
+            assert node.dtype != "bf16", node
+    assert counts["product"] > 0 and counts["cast"] > 0
+    assert all(node.dtype == "f32" for out, node in micro.outputs.items())

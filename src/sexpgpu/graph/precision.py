@@ -8,8 +8,9 @@ before autodiff) by the table `POLICIES`, one policy an op:
 - `product` (matmul, conv2d and its two cotangents): each float32 operand is cast to bf16,
   the op sums in float32 and rounds its result once to bf16 (every backend's bf16 product,
   as cuBLAS and cuDNN give it), and one cast widens the result back to float32 for its
-  readers. An operand read by several products is cast once; an operand that is itself a
-  widened bf16 value is read as the bf16 value (the cast back changes no bit).
+  readers. Each product casts its own operands, even a value another product reads too:
+  so every bf16 value has one reader, and the cotangents of a value read by several
+  products (attention's q, k and v of one input) are summed in float32, not in bf16.
 - `float32`: the op reads and writes what the graph gives it, float32 where the model is
   float32: elementwise arithmetic, the normalisations and their statistics (softmax,
   log_softmax, layernorm, the sums and maxima), the loss, and what moves or picks values.
@@ -72,7 +73,6 @@ class _Rewrite:
     def __init__(self, e):
         self.e = e
         self.mapped: dict = {}  # id(old node) -> its value in the rewritten graph
-        self.narrowed: dict = {}  # id(new float32 node) -> its cast to bf16
 
     def run(self, roots: list) -> list:
         old_nodes, self.e.nodes = self.e.nodes, []
@@ -88,16 +88,9 @@ class _Rewrite:
     def _rewrite(self, node):
         inputs = tuple(self.mapped[id(source)] for source in node.inputs)
         if POLICIES[node.op] is PRODUCT and node.dtype == "f32":
-            product = self.e(node.op, *(self._bf16(source) for source in inputs), **node.attrs)
+            product = self.e(node.op, *(self.e("cast", source, dtype="bf16") for source in inputs), **node.attrs)
             return self.e("cast", product, dtype="f32")
         if all(new is old for new, old in zip(inputs, node.inputs)):
             self.e.nodes.append(node)
             return node
         return self.e(node.op, *inputs, **node.attrs)
-
-    def _bf16(self, node):
-        if node.op == "cast" and node.inputs[0].dtype == "bf16":
-            return node.inputs[0]  # a widened bf16 value: the bf16 value itself, bit for bit
-        if id(node) not in self.narrowed:
-            self.narrowed[id(node)] = self.e("cast", node, dtype="bf16")
-        return self.narrowed[id(node)]
