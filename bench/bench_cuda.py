@@ -1,20 +1,33 @@
 """The CUDA backend's step time against the same models in plain PyTorch, on one GPU.
 
-    PYTHONPATH=src python3 bench/bench_cuda.py [--steps N] [--models char-lm,gpt-50m]
+    PYTHONPATH=src python3 bench/bench_cuda.py [--quick] [--steps N] [--models char-lm,gpt-50m]
+                                               [--rows ours-f32,ours-bf16,eager-f32,...]
 
-For each model, in one process: the step time of `sexpgpu` on the CUDA backend (forward,
-loss, gradients, the AdamW update with clipping), of the same model written in PyTorch
-eager (bench/torch_models.py, torch.optim.AdamW, clip_grad_norm_), and of that model under
-torch.compile. All three run float32 with TF32 off; the peers run without PyTorch's
-deterministic-algorithms mode, as plain PyTorch does. Printed: the times, eager/ours (goal at
-least 1.0: faster than eager), ours/compiled (goal at most 1.25), the TFLOP/s our products
-reach, and the share of our step spent in products (cuBLAS), from one profiled step.
+For each model, in one process, the step time (forward, loss, gradients, AdamW with
+clipping) of each row:
+
+- `ours-f32`, `ours-bf16`: `sexpgpu` on the CUDA backend, the experiment as written and with
+  `:precision bf16` (bf16 products summed in float32; graph/precision.py);
+- `eager-f32`, `compile-f32`: the model as a PyTorch user writes it today (bench/torch_models.py
+  with F.scaled_dot_product_attention(is_causal=True), torch.optim.AdamW(fused=True),
+  clip_grad_norm_), eager and under torch.compile, float32 with TF32 off;
+- `eager-bf16`, `compile-bf16`: the same under torch.autocast(bfloat16);
+- `eager-f32-written`, `compile-f32-written`: the earlier peer: attention written out step by
+  step and the unfused AdamW, float32.
+
+The peers run without PyTorch's deterministic-algorithms mode, as plain PyTorch does.
+Printed: each row's time, the goal ratios (peer/ours at least 1.0 against eager, ours/peer at
+most 1.25 against torch.compile, for float32 and bf16), the TFLOP/s our products reach, and
+where our step's time goes, from one profiled step per precision. `--quick` times gpt-50m
+only, with 5 steps after 2 warm-up steps and without `compile-f32-written` (a few minutes on
+an H200, most of it compiling).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +42,15 @@ MODELS = {
 class OurStep:
     """One training step of the experiment on the CUDA backend."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, precision: str = "f32"):
+        from dataclasses import replace
+
         from sexpgpu.lang.forms import load_experiment
         from sexpgpu.run.setup import build_run
 
-        self.experiment = load_experiment(str(path))
+        experiment = load_experiment(str(path))
+        run = replace(experiment.run, precision=precision)
+        self.experiment = replace(experiment, runs={**experiment.runs, run.name: run})
         self.built = build_run(self.experiment, "cuda")
         self.backend = self.built.backend
         self.state = self.built.initial_state()
@@ -80,22 +97,47 @@ class OurStep:
         return self.backend.profile(micro, self.micro_inputs())
 
 
-def torch_step(options: dict, batch: int, compiled: bool):
+@dataclass(frozen=True)
+class Peer:
+    """How a PyTorch peer is written: compiled or eager, autocast to bf16 or float32,
+    attention through SDPA with the fused AdamW (today's idiom) or written out (the earlier peer)."""
+
+    compiled: bool
+    bf16: bool
+    idiomatic: bool = True
+
+
+PEERS = {
+    "eager-f32": Peer(False, False), "compile-f32": Peer(True, False),
+    "eager-bf16": Peer(False, True), "compile-bf16": Peer(True, True),
+    "eager-f32-written": Peer(False, False, False), "compile-f32-written": Peer(True, False, False),
+}
+OURS = {"ours-f32": "f32", "ours-bf16": "bf16"}
+# (ours, peer, goal): the ratios the issue sets; eager peers: peer/ours >= goal, compiled: ours/peer <= goal
+GOALS = (("ours-f32", "eager-f32", 1.0), ("ours-bf16", "eager-bf16", 1.0), ("ours-bf16", "compile-bf16", 1.25),
+         ("ours-f32", "eager-f32-written", 1.0), ("ours-f32", "compile-f32-written", 1.25))
+
+
+def torch_step(options: dict, batch: int, peer: Peer):
+    import contextlib
+
     import torch
 
     import torch_models
 
     torch.manual_seed(0)
-    model = torch_models.CharLM(**options).cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-    forward = torch.compile(model) if compiled else model
+    model = torch_models.CharLM(**options, sdpa=peer.idiomatic).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=peer.idiomatic or None)
+    forward = torch.compile(model) if peer.compiled else model
     vocab, context = options["vocab"], options["context"]
+    precision = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if peer.bf16 else contextlib.nullcontext
 
     def step():
         x = torch.randint(0, vocab, (batch, context), device="cuda")
         y = torch.randint(0, vocab, (batch, context), device="cuda")
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(forward(x).reshape(-1, vocab), y.reshape(-1))
+        with precision():
+            loss = torch.nn.functional.cross_entropy(forward(x).reshape(-1, vocab), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -116,46 +158,80 @@ def seconds_per_step(step, steps: int, warmup: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
+def time_ours(path: Path, precision: str, steps: int, warmup: int) -> dict:
+    ours = OurStep(path, precision)
+    started = time.perf_counter()
+    seconds = seconds_per_step(ours, steps, warmup)
+    return {"seconds": seconds, "first": time.perf_counter() - started, "profile": ours.profile(),
+            "tflops": ours.product_flops() / seconds / 1e12, "facts": ours.backend.facts()}
+
+
+def time_model(name: str, rows: list, steps: int, warmup: int) -> dict:
+    """{row: {"seconds", ...}} for one model; our rows first: the first sets cuBLAS's
+    workspace before cuBLAS starts."""
+    import torch
+
+    path, options, batch = MODELS[name]
+    timed = {row: time_ours(path, OURS[row], steps, warmup) for row in rows if row in OURS}
+    torch.use_deterministic_algorithms(False)  # the peers are plain PyTorch (TF32 stays off)
+    for row in rows:
+        if row in PEERS:
+            timed[row] = {"seconds": seconds_per_step(torch_step(options, batch, PEERS[row]), steps, warmup)}
+    torch.use_deterministic_algorithms(True)
+    return timed
+
+
+def report(name: str, timed: dict, steps: int, warmup: int) -> None:
+    print(f"{name}: {steps} timed steps after {warmup} warm-up steps, TF32 off")
+    for row, found in timed.items():
+        extra = f"  {found['tflops']:.1f} TFLOP/s in products" if "tflops" in found else ""
+        print(f"  {row:<20}{found['seconds'] * 1e3:>10.2f} ms{extra}")
+    for ours, peer, goal in GOALS:
+        if ours in timed and peer in timed:
+            mine, theirs = timed[ours]["seconds"], timed[peer]["seconds"]
+            ratio, text = (theirs / mine, "peer/ours") if not PEERS[peer].compiled else (mine / theirs, "ours/peer")
+            met = ratio >= goal if not PEERS[peer].compiled else ratio <= goal
+            print(f"  {ours} vs {peer}: {text} {ratio:.2f} (goal {'>=' if not PEERS[peer].compiled else '<='} "
+                  f"{goal}) {'met' if met else 'NOT met'}")
+    for row in OURS:
+        if row in timed:
+            seconds = timed[row]["profile"]
+            total = sum(seconds.values())
+            parts = ", ".join(f"{kind} {value * 1e3:.2f} ms ({value / total:.0%})"
+                              for kind, value in sorted(seconds.items(), key=lambda item: -item[1]))
+            print(f"  {row} profiled microbatch: {parts}; first {warmup + steps} steps with compilation "
+                  f"{timed[row]['first']:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--peers", default="eager,compile", help="which PyTorch peers to time")
+    parser.add_argument("--rows", default=None, help="which rows to time (default: all; --quick: all but compile-f32-written)")
+    parser.add_argument("--quick", action="store_true", help="gpt-50m only, 5 steps after 2 warm-up steps")
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.steps, args.warmup = "gpt-50m", 5, 2
+    if args.rows is None:
+        args.rows = ",".join(row for row in [*OURS, *PEERS] if not (args.quick and row == "compile-f32-written"))
+    rows = args.rows.split(",")
+    unknown = [row for row in rows if row not in OURS and row not in PEERS]
+    if unknown:
+        parser.error(f"unknown rows {', '.join(unknown)}: the rows are {', '.join([*OURS, *PEERS])}")
     import sys
 
     sys.path.insert(0, str(ROOT / "bench"))
     import torch
 
-    rows = []
-    for name in args.models.split(","):
-        path, options, batch = MODELS[name]
-        ours = OurStep(path)  # first: it sets cuBLAS's workspace before cuBLAS starts
-        facts = ours.backend.facts()
-        started = time.perf_counter()
-        ours_seconds = seconds_per_step(ours, args.steps, args.warmup)
-        first = time.perf_counter() - started
-        seconds = ours.profile()
-        torch.use_deterministic_algorithms(False)  # the peers are plain PyTorch (TF32 stays off)
-        peers = args.peers.split(",")
-        eager = seconds_per_step(torch_step(options, batch, False), args.steps, args.warmup) if "eager" in peers else float("nan")
-        compiled = seconds_per_step(torch_step(options, batch, True), args.steps, args.warmup) if "compile" in peers else float("nan")
-        products = seconds.get("matmul", 0.0)
-        torch.use_deterministic_algorithms(True)
-        rows.append((name, ours_seconds, eager, compiled, ours.product_flops() / ours_seconds / 1e12,
-                     products / sum(seconds.values()), seconds, first))
-    print(facts["name"])
-    print("choices:", facts["choices"])
-    print(f"torch {torch.__version__}, {args.steps} timed steps after {args.warmup} warm-up steps, float32, TF32 off")
-    header = f"{'model':<9}{'ours ms':>10}{'eager ms':>10}{'compile ms':>11}{'eager/ours':>11}{'ours/compile':>13}{'TFLOP/s':>9}{'GEMM share':>11}"
-    print(header)
-    for name, ours_seconds, eager, compiled, tflops, share, _, _ in rows:
-        print(f"{name:<9}{ours_seconds * 1e3:>10.2f}{eager * 1e3:>10.2f}{compiled * 1e3:>11.2f}"
-              f"{eager / ours_seconds:>11.2f}{ours_seconds / compiled:>13.2f}{tflops:>9.1f}{share:>11.0%}")
-    for name, _, _, _, _, _, seconds, first in rows:
-        parts = ", ".join(f"{kind} {value * 1e3:.2f} ms" for kind, value in sorted(seconds.items(), key=lambda item: -item[1]))
-        print(f"{name} profiled eager microbatch step: {parts}; first {args.warmup + args.steps} steps with compilation {first:.1f} s")
+    results = {name: time_model(name, rows, args.steps, args.warmup) for name in args.models.split(",")}
+    facts = next((found["facts"] for timed in results.values() for found in timed.values() if "facts" in found), None)
+    if facts:
+        print(facts["name"])
+        print("choices:", facts["choices"])
+    print(f"torch {torch.__version__}")
+    for name, timed in results.items():
+        report(name, timed, args.steps, args.warmup)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Where one training step's time goes on the CUDA backend, step by step, beside the same
 model's PyTorch eager kernels: the tool for finding what to make faster.
 
-    PYTHONPATH=src python3 bench/profile_cuda.py [--model gpt-50m] [--top 40]
+    PYTHONPATH=src python3 bench/profile_cuda.py [--model gpt-50m] [--precision f32|bf16] [--top 40]
 
 Ours: every step of the microbatch graph and of the update graph, timed with CUDA events,
-grouped by kind and the shapes it reads and writes. Eager: torch.profiler's CUDA kernels of
-one step, grouped by name.
+grouped by kind and the shapes it reads and writes, with the experiment's `:precision` set
+to `--precision`. Eager: torch.profiler's CUDA kernels of one step of the PyTorch peer of
+that precision (bench_cuda.py's eager-f32 or eager-bf16: SDPA, fused AdamW, bf16 autocast
+for bf16), grouped by name.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_cuda import MODELS, OurStep, seconds_per_step, torch_step  # noqa: E402
+from bench_cuda import MODELS, PEERS, OurStep, seconds_per_step, torch_step  # noqa: E402
 
 
 def step_label(lowered, step) -> str:
@@ -66,12 +68,12 @@ def captured_parts(ours: OurStep, graph, inputs: dict, count: int = 5) -> str:
     return ", ".join(timed)
 
 
-def eager_kernels(options: dict, batch: int) -> list[tuple[str, float, int]]:
+def eager_kernels(options: dict, batch: int, precision: str) -> list[tuple[str, float, int]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.use_deterministic_algorithms(False)
-    step = torch_step(options, batch, False)
+    step = torch_step(options, batch, PEERS[f"eager-{precision}"])
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -97,10 +99,11 @@ def show(title: str, rows, top: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt-50m", choices=sorted(MODELS))
+    parser.add_argument("--precision", default="f32", choices=("f32", "bf16"))
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args()
     path, options, batch = MODELS[args.model]
-    ours = OurStep(path)
+    ours = OurStep(path, args.precision)
     for _ in range(2):
         ours()
     training = ours.built.program.training
@@ -112,7 +115,7 @@ def main() -> None:
           f"update graph {replay_milliseconds(ours, training.update, update):.2f} ms")
     print(f"ours, captured microbatch call: {captured_parts(ours, training.micro, micro)}")
     print(f"ours, captured update call: {captured_parts(ours, training.update, update)}")
-    show("PyTorch eager, one step, CUDA kernels", eager_kernels(options, batch), args.top)
+    show(f"PyTorch eager ({args.precision}), one step, CUDA kernels", eager_kernels(options, batch, args.precision), args.top)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width, heads, ff):
+    """`sdpa`: attention through F.scaled_dot_product_attention(is_causal=True), as a user
+    writes it today (flash or memory-efficient kernels), instead of the written-out steps."""
+
+    def __init__(self, width, heads, ff, sdpa=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.sdpa = heads, sdpa
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.wq, self.wk, self.wv, self.wo = (nn.Linear(width, width, bias=False) for _ in range(4))
         self.up, self.down = nn.Linear(width, ff), nn.Linear(ff, width)
@@ -32,6 +35,9 @@ class Block(nn.Module):
         batch, length, width = x.shape
         split = lambda t: t.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
         q, k, v = split(self.wq(x)), split(self.wk(x)), split(self.wv(x))
+        if self.sdpa:
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.wo(out.transpose(1, 2).reshape(batch, length, width))
         scores = q @ k.transpose(-1, -2) / math.sqrt(width // self.heads)
         mask = torch.triu(torch.ones(length, length, dtype=torch.bool, device=x.device), 1)
         scores = scores.masked_fill(mask, float("-inf"))
@@ -46,11 +52,11 @@ class Block(nn.Module):
 class CharLM(nn.Module):
     """examples/char-lm.sexp: a causal transformer over bytes."""
 
-    def __init__(self, vocab=256, context=64, width=64, heads=4, ff=256, layers=2):
+    def __init__(self, vocab=256, context=64, width=64, heads=4, ff=256, layers=2, sdpa=False):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.positions = nn.Parameter(torch.randn(context, width) * 0.02)
-        self.blocks = nn.ModuleList(Block(width, heads, ff) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, heads, ff, sdpa) for _ in range(layers))
         self.final_norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab)
 

@@ -48,7 +48,7 @@ def test_resolved_run(tmp_path):
     assert list(resolved) == ["format", "path", "source_sha256", "selection", "run", "graphs"]
     assert resolved["selection"] == "fit" and resolved["source_sha256"] == experiment.source_sha256
     run = resolved["run"]
-    assert list(run) == ["name", "seed", "data", "model", "loss", "optimizer", "schedule", "batch", "microbatches",
+    assert list(run) == ["name", "seed", "data", "model", "loss", "optimizer", "schedule", "batch", "microbatches", "precision",
                          "steps", "passes", "checkpoint"]
     assert run["seed"] == 2**64 - 1
     assert run["data"] == {"kind": "generator", "generator": {"graph": "points", "fields": [], "options": {"width": 8}}}

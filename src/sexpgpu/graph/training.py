@@ -30,6 +30,7 @@ from sexpgpu.graph.ir import FLOAT_DTYPES, Node, dtype_named
 from sexpgpu.graph.layers import cross_entropy_mean, mse
 from sexpgpu.graph.ops import dims_text
 from sexpgpu.graph.optimizers import build_update
+from sexpgpu.graph.precision import with_precision
 
 SCALAR_INPUTS = ("step", "microbatch", "trip")
 
@@ -108,8 +109,12 @@ def build_micro(experiment, fields: dict):
 
 def micro_graph(experiment, builder: Builder, loss: Node, loss_output: Node, seed: Node | None = None):
     """The graph of `loss_output` (as output `loss`) and the gradient of `loss` (with the
-    cotangent `seed`, autodiff.gradients) for each parameter, in path order."""
+    cotangent `seed`, autodiff.gradients) for each parameter, in path order, after the run's
+    precision rewrote the forward nodes (precision.py)."""
     e = builder.e
+    roots = [loss, loss_output] if seed is None else [loss, loss_output, seed]
+    loss, loss_output, *rest = with_precision(e, experiment.run.precision, roots)
+    seed = rest[0] if rest else None
     paths = sorted(builder.params)
     with e.at(scope="", loc=experiment.run.loss.loc):
         grads = gradients(e, loss, [builder.param_nodes[path] for path in paths], seed)
@@ -125,7 +130,8 @@ def build_pass(experiment, name: str, fields: dict):
     builder = Builder(e, experiment.graphs, seed=run.seed, batch=run.batch, mode="pass", draw_graph=name,
                       training=False, fields=fields)
     loss, metrics = _model_and_loss(experiment, builder, metrics=True)
-    return e.graph(_inputs(builder), {"loss": loss, **metrics})
+    outputs = dict(zip(["loss", *metrics], with_precision(e, run.precision, [loss, *metrics.values()])))
+    return e.graph(_inputs(builder), outputs)
 
 
 def build_generator(experiment, call, make_builder=Builder, batch: int | None = None):

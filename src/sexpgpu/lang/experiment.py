@@ -125,6 +125,7 @@ class RunDef:
     passes: tuple[PassSpec, ...] = ()
     checkpoint: CheckpointSpec | None = None
     loc: Location | None = None
+    precision: str = "f32"  # "bf16": products in bf16 with float32 sums (graph/precision.py)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ TEXT_FIELDS = ("x", "y")
 BUILTIN_LOSSES = ("cross-entropy", "mse")
 _DIM = integer(1, DIM_MAX, maximum_text="2^31-1")
 _STEPS = integer(1, STEPS_MAX, maximum_text="2^31-1")
+PRECISIONS = ("f32", "bf16")  # f32: as written; bf16: mixed precision (graph/precision.py)
 
 
 def resolve_path(experiment_path: str, path: str) -> str:
@@ -252,6 +253,7 @@ RUN_KEYS = {
     ),
     "batch": Key(_DIM, REQUIRED, "a count of records per microbatch"),
     "microbatches": Key(integer(1, MICROBATCHES_MAX, maximum_text="2^20"), 1, "a count of microbatches per step"),
+    "precision": Key(one_of(*PRECISIONS), "f32", "a precision, " + " or ".join(PRECISIONS)),
     "steps": Key(_STEPS, REQUIRED, "a step count"),
     "passes": Key(_passes, (), "a list of passes"),
     "checkpoint": Key(_checkpoint, None, "a step count or (every N)"),

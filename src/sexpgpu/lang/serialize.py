@@ -45,6 +45,7 @@ def run_to_json(run: RunDef) -> dict:
         "schedule": {"kind": run.schedule.kind, "warmup": run.schedule.warmup, "min-lr": run.schedule.min_lr},
         "batch": run.batch,
         "microbatches": run.microbatches,
+        "precision": run.precision,
         "steps": run.steps,
         "passes": [
             {"kind": spec.kind, "name": spec.name, "every": spec.every, "batches": spec.batches,

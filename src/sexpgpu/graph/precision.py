@@ -1,0 +1,96 @@
+"""Mixed precision: the run's `:precision` as a rewrite of the forward graph.
+
+    with_precision(e, precision, roots) -> the roots' nodes in the rewritten graph
+
+`:precision bf16` rewrites the nodes an emitter has made so far (the model and its loss,
+before autodiff) by the table `POLICIES`, one policy an op:
+
+- `product` (matmul, conv2d and its two cotangents): each float32 operand is cast to bf16,
+  the op sums in float32 and rounds its result once to bf16 (every backend's bf16 product,
+  as cuBLAS and cuDNN give it), and one cast widens the result back to float32 for its
+  readers. Each product casts its own operands, even a value another product reads too:
+  so every bf16 value has one reader, and the cotangents of a value read by several
+  products (attention's q, k and v of one input) are summed in float32, not in bf16.
+- `float32`: the op reads and writes what the graph gives it, float32 where the model is
+  float32: elementwise arithmetic, the normalisations and their statistics (softmax,
+  log_softmax, layernorm, the sums and maxima), the loss, and what moves or picks values.
+
+So the only bf16 values are the products' operands and results; every other activation is
+stored in float32. The casts are nodes of the graph, so the interpreter rounds at exactly
+the points where the GPU does. Autodiff then runs over the rewritten graph: a cast's
+gradient is the cast back (ops.py), so a product's cotangent reaches it in bf16, the
+backward products run in bf16 too, and each parameter's gradient arrives in float32.
+Parameters, their gradients, the optimizer's state and the update graph stay float32.
+Nodes the model already makes in bf16 (a bf16 parameter, an explicit `cast`) are left as
+written; `:precision f32` leaves the graph as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sexpgpu.graph.ops import OPS
+from sexpgpu.lang.runs import PRECISIONS
+
+
+@dataclass(frozen=True)
+class Policy:
+    kind: str  # "product" or "float32"
+    why: str  # the reason, as docs/language.md gives it
+
+
+PRODUCT = Policy("product", "bf16 operands, float32 sums, the result rounded to bf16 and widened")
+STATISTIC = Policy("float32", "a normalisation, its statistics or the loss: float32")
+ARITHMETIC = Policy("float32", "elementwise arithmetic: computed and stored in float32")
+MOVES = Policy("float32", "moves, picks or makes values: keeps its input's dtype (float32)")
+
+_KIND_POLICY = {
+    "source": MOVES, "draw": MOVES, "unary": ARITHMETIC, "binary": ARITHMETIC, "compare": ARITHMETIC,
+    "select": ARITHMETIC, "reduce": STATISTIC, "normalize": STATISTIC, "loss": STATISTIC,
+    "index": MOVES, "movement": MOVES, "contract": PRODUCT,
+}
+_OP_POLICY = {
+    "conv2d": PRODUCT, "conv2d_input_grad": PRODUCT, "conv2d_weight_grad": PRODUCT,
+    "max_pool2d": MOVES, "max_pool2d_grad": MOVES, "max_pool2d_pick": MOVES,
+    "avg_pool2d": ARITHMETIC, "avg_pool2d_grad": ARITHMETIC,
+}
+
+# op -> its Policy under :precision bf16; every op of the table has one (tests check it)
+POLICIES = {name: _OP_POLICY.get(name) or _KIND_POLICY[definition.kind] for name, definition in OPS.items()}
+
+
+def with_precision(e, precision: str, roots: list) -> list:
+    """Rewrite the nodes `e` has made for `precision`, in place, and give `roots` in the
+    rewritten graph. Unchanged nodes stay the same objects (inputs, constants)."""
+    if precision == "f32":
+        return list(roots)
+    if precision != "bf16":
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    return _Rewrite(e).run(roots)
+
+
+class _Rewrite:
+    def __init__(self, e):
+        self.e = e
+        self.mapped: dict = {}  # id(old node) -> its value in the rewritten graph
+
+    def run(self, roots: list) -> list:
+        old_nodes, self.e.nodes = self.e.nodes, []
+        saved = self.e.scope, self.e.loc
+        try:
+            for node in old_nodes:
+                self.e.scope, self.e.loc = node.name, node.loc
+                self.mapped[id(node)] = self._rewrite(node)
+        finally:
+            self.e.scope, self.e.loc = saved
+        return [self.mapped[id(root)] for root in roots]
+
+    def _rewrite(self, node):
+        inputs = tuple(self.mapped[id(source)] for source in node.inputs)
+        if POLICIES[node.op] is PRODUCT and node.dtype == "f32":
+            product = self.e(node.op, *(self.e("cast", source, dtype="bf16") for source in inputs), **node.attrs)
+            return self.e("cast", product, dtype="f32")
+        if all(new is old for new, old in zip(inputs, node.inputs)):
+            self.e.nodes.append(node)
+            return node
+        return self.e(node.op, *inputs, **node.attrs)
