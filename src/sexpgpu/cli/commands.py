@@ -60,3 +60,13 @@ def checkpoint(args) -> int:
     else:
         print(format_checkpoint(description))
     return 0
+
+
+def evaluate(args) -> int:
+    from sexpgpu.run.choosing import choice_settings
+    from sexpgpu.run.evaluating import EvaluateOptions, evaluate as evaluate_checkpoints
+
+    options = EvaluateOptions(device=args.device, passes=tuple(args.passes), file=args.file,
+                              choices=choice_settings(args.choices, args.deterministic))
+    evaluate_checkpoints(args.paths, options)
+    return 0

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_check(commands)
     _add_checkpoint(commands)
+    _add_evaluate(commands)
     return parser
 
 
@@ -92,6 +93,32 @@ def _add_checkpoint(commands) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="hash every file against its recorded SHA-256 and decode every tensor: prints OK, "
                              "or fails with E-CKPT-001 naming the first mismatch")
+
+
+def _add_choice_flags(parser) -> None:
+    parser.add_argument("--choices", metavar="RECORD|fresh",
+                        help="take the machine's choices recorded in a checkpoint, an experiment.json or a lowering "
+                             "annotation, or 'fresh' to choose here (level 3); see docs/determinism.md")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="take a fixed rule for every choice and measure nothing")
+
+
+def _add_evaluate(commands) -> None:
+    parser = commands.add_parser(
+        "evaluate", help="run a run's passes from its checkpoints",
+        description="Run the passes of the run that wrote each checkpoint, from its parameters, unstacked, on this "
+                    "machine. Prints the determinism line, each pass's eval values (as metrics.jsonl has them) and "
+                    "the annotation 'evaluated offline on DEVICE: determinism LEVEL', which it also records in "
+                    "evaluations/step-<n>.json beside the checkpoint. See docs/tools.md.")
+    parser.add_argument("paths", metavar="RUN_DIR|CHECKPOINT", nargs="+",
+                        help="a step-<n> directory or s3:// prefix, or a run directory (all its checkpoints)")
+    parser.add_argument("--pass", dest="passes", metavar="NAME", action="append", default=[],
+                        help="run only this pass (repeatable; default: every pass)")
+    parser.add_argument("--file", metavar="FILE",
+                        help="the experiment file, when it is no longer at the path the run read it from")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where to evaluate (default: auto)")
+    _add_choice_flags(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
