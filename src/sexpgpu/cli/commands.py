@@ -70,3 +70,11 @@ def evaluate(args) -> int:
                               choices=choice_settings(args.choices, args.deterministic))
     evaluate_checkpoints(args.paths, options)
     return 0
+
+
+def diff(args) -> int:
+    from sexpgpu.run.comparing import diff_runs, format_diff, read_run
+
+    found = diff_runs(read_run(args.run_a), read_run(args.run_b))
+    print(json.dumps(found.to_json(), indent=2, sort_keys=True) if args.json else format_diff(found))
+    return 0 if found.identical else 1

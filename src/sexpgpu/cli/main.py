@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(commands)
     _add_checkpoint(commands)
     _add_evaluate(commands)
+    _add_diff(commands)
     return parser
 
 
@@ -119,6 +120,19 @@ def _add_evaluate(commands) -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                         help="where to evaluate (default: auto)")
     _add_choice_flags(parser)
+
+
+def _add_diff(commands) -> None:
+    parser = commands.add_parser(
+        "diff", help="say where two runs part",
+        description="Compare two runs: the first step whose loss bits or parameter digest differ, the first "
+                    "evaluation that differs, which tensors differ in the checkpoints both runs hold nearest that "
+                    "step (max abs, max rel, how many elements), and the entries of their records (experiment, "
+                    "flags, settings, choices) that differ. Exit status 0: identical; 1: different (an answer, "
+                    "not an error); 2: bad input. See docs/tools.md.")
+    parser.add_argument("run_a", metavar="RUN_A", help="a run directory, or its metrics.jsonl")
+    parser.add_argument("run_b", metavar="RUN_B", help="a run directory, or its metrics.jsonl")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
 def main(argv: list[str] | None = None) -> int:
