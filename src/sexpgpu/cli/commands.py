@@ -78,3 +78,10 @@ def diff(args) -> int:
     found = diff_runs(read_run(args.run_a), read_run(args.run_b))
     print(json.dumps(found.to_json(), indent=2, sort_keys=True) if args.json else format_diff(found))
     return 0 if found.identical else 1
+
+
+def replay(args) -> int:
+    from sexpgpu.run.replaying import ReplayOptions, replay as replay_steps
+
+    options = ReplayOptions(steps=args.steps, metrics=args.metrics, file=args.file, device=args.device)
+    return 0 if replay_steps(args.checkpoint, options).differing is None else 1

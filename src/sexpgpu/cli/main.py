@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint(commands)
     _add_evaluate(commands)
     _add_diff(commands)
+    _add_replay(commands)
     return parser
 
 
@@ -104,6 +105,14 @@ def _add_choice_flags(parser) -> None:
                         help="take a fixed rule for every choice and measure nothing")
 
 
+def _add_rerun_flags(parser, doing: str) -> None:
+    """What a command that computes again from a checkpoint takes: where, and the file."""
+    parser.add_argument("--file", metavar="FILE",
+                        help="the experiment file, when it is no longer at the path the run read it from")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help=f"where to {doing} (default: auto)")
+
+
 def _add_evaluate(commands) -> None:
     parser = commands.add_parser(
         "evaluate", help="run a run's passes from its checkpoints",
@@ -115,10 +124,7 @@ def _add_evaluate(commands) -> None:
                         help="a step-<n> directory or s3:// prefix, or a run directory (all its checkpoints)")
     parser.add_argument("--pass", dest="passes", metavar="NAME", action="append", default=[],
                         help="run only this pass (repeatable; default: every pass)")
-    parser.add_argument("--file", metavar="FILE",
-                        help="the experiment file, when it is no longer at the path the run read it from")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="where to evaluate (default: auto)")
+    _add_rerun_flags(parser, "evaluate")
     _add_choice_flags(parser)
 
 
@@ -133,6 +139,21 @@ def _add_diff(commands) -> None:
     parser.add_argument("run_a", metavar="RUN_A", help="a run directory, or its metrics.jsonl")
     parser.add_argument("run_b", metavar="RUN_B", help="a run directory, or its metrics.jsonl")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _add_replay(commands) -> None:
+    parser = commands.add_parser(
+        "replay", help="compute a run's steps again from a checkpoint and compare",
+        description="Recompute steps from a checkpoint on this machine, pinned to the checkpoint's choices, and "
+                    "compare each step's loss bits and parameter digest with the run's metrics.jsonl. Exit status "
+                    "0: every step matches; 1: names the first step that differs (an answer, not an error); "
+                    "2: bad input. See docs/tools.md.")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a step-<n> directory or s3:// prefix")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="how many steps to replay (default: every step the metrics log after the checkpoint)")
+    parser.add_argument("--metrics", metavar="FILE",
+                        help="the run's metrics.jsonl (default: the one beside the checkpoint)")
+    _add_rerun_flags(parser, "replay")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,9 +88,9 @@ def evaluate(paths, options: EvaluateOptions) -> list:
 
 def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     record = read_record(path)
-    experiment = _experiment_of(path, record, options.file)
+    experiment = experiment_of(path, record, options.file)
     built = build_run(experiment, options.device, read_loads=False)
-    _check_same_run(path, record, experiment, built)
+    check_same_run(path, record, experiment, built)
     passes = _selected_passes(path, experiment.run, options.passes)
     checkpoint = read_checkpoint(path)
     check_tensors(checkpoint, expected_tensors(built))
@@ -135,7 +135,7 @@ def _row(label: str, text: str) -> str:
 
 # --- which run ----------------------------------------------------------------------------
 
-def _experiment_of(path: str, record: dict, file: str | None):
+def experiment_of(path: str, record: dict, file: str | None):
     """The checkpoint's run, read again from its experiment file: the recorded path, or
     --file when the file has moved."""
     recorded = record.get("experiment", {}).get("file", {})
@@ -147,7 +147,7 @@ def _experiment_of(path: str, record: dict, file: str | None):
     return load_experiment(source, record.get("selection"))
 
 
-def _check_same_run(path: str, record: dict, experiment, built) -> None:
+def check_same_run(path: str, record: dict, experiment, built) -> None:
     """The file must still define the run that wrote the checkpoint, passes included."""
     recorded_passes = record.get("experiment", {}).get("file", {}).get("run", {}).get("passes")
     now_passes = experiment_to_json(experiment)["run"]["passes"]
