@@ -85,3 +85,10 @@ def replay(args) -> int:
 
     options = ReplayOptions(steps=args.steps, metrics=args.metrics, file=args.file, device=args.device)
     return 0 if replay_steps(args.checkpoint, options).differing is None else 1
+
+
+def plot(args) -> int:
+    from sexpgpu.run.plotting import plot_runs
+
+    print(f"wrote {plot_runs(args.runs, args.output)}")
+    return 0

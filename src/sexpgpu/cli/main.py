@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_evaluate(commands)
     _add_diff(commands)
     _add_replay(commands)
+    _add_plot(commands)
     return parser
 
 
@@ -154,6 +155,16 @@ def _add_replay(commands) -> None:
     parser.add_argument("--metrics", metavar="FILE",
                         help="the run's metrics.jsonl (default: the one beside the checkpoint)")
     _add_rerun_flags(parser, "replay")
+
+
+def _add_plot(commands) -> None:
+    parser = commands.add_parser(
+        "plot", help="draw runs' loss and eval curves into a PNG",
+        description="Draw the loss and eval curves of one or more runs on shared axes; with two runs, also their "
+                    "per-step relative difference on a log scale, the first differing step marked. Needs "
+                    "matplotlib: pip install 'sexpgpu[plot]'. See docs/tools.md.")
+    parser.add_argument("runs", metavar="RUN", nargs="+", help="a run directory, or its metrics.jsonl")
+    parser.add_argument("-o", "--output", metavar="FILE.png", required=True, help="the PNG to write")
 
 
 def main(argv: list[str] | None = None) -> int:
