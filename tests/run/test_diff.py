@@ -80,6 +80,14 @@ def test_records_that_differ_are_listed(sexpgpu, tiny, run_a, tmp_path):
     assert "experiment.run.seed" in table and "… and" in table  # 18 tensors differ: the table is capped
 
 
+def test_records_that_differ_with_the_same_bits_explain_and_do_not_differ(sexpgpu, tiny, run_a, tmp_path):
+    sexpgpu("run", tiny, "--device", "cpu", "--run-dir", tmp_path / "b", "--choices", run_a / "step-3")
+    code, out, _ = sexpgpu("diff", run_a, tmp_path / "b", "--json")
+    found = json.loads(out)
+    assert code == 0 and found["identical"] is True
+    assert found["records"] == [["flags.choices.choices", None, str(run_a / "step-3")]]
+
+
 def test_a_run_that_stopped_early_differs_by_its_missing_steps(sexpgpu, run_a, tmp_path):
     (tmp_path / "short").mkdir()
     lines = (run_a / "metrics.jsonl").read_text().splitlines(keepends=True)

@@ -19,6 +19,8 @@ def test_an_honest_checkpoint_replays_to_the_logged_bits(sexpgpu, run_a):
     assert f"replayed steps 4..6 from {run_a / 'step-3'}: every step's loss bits and digest match" in out
     code, out, _ = sexpgpu("replay", run_a / "step-3", "--device", "cpu", "--steps", "1")
     assert code == 0 and "replayed steps 4..4" in out
+    code, out, _ = sexpgpu("replay", run_a, "--device", "cpu")  # a run directory: from its oldest checkpoint
+    assert code == 0 and f"replayed steps 4..6 from {run_a / 'step-3'}" in out
 
 
 def test_a_tampered_log_is_named_at_its_step(sexpgpu, run_a):

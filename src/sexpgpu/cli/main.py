@@ -149,7 +149,8 @@ def _add_replay(commands) -> None:
                     "compare each step's loss bits and parameter digest with the run's metrics.jsonl. Exit status "
                     "0: every step matches; 1: names the first step that differs (an answer, not an error); "
                     "2: bad input. See docs/tools.md.")
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a step-<n> directory or s3:// prefix")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="a step-<n> directory or s3:// prefix, or a run directory (its oldest checkpoint)")
     parser.add_argument("--steps", type=int, metavar="N",
                         help="how many steps to replay (default: every step the metrics log after the checkpoint)")
     parser.add_argument("--metrics", metavar="FILE",

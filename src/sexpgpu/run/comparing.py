@@ -3,9 +3,9 @@
 A run is read from its directory (metrics.jsonl, experiment.json, its checkpoints) or from a
 metrics file alone. Two runs are the same when every common step's loss bits and parameter
 digest agree, every common evaluation's values agree bit for bit, they ran the same steps,
-and their records (experiment, flags, settings, choices) agree. Where they part, the diff
-names the first step, the parameters that differ in the checkpoints nearest that step and by
-how much, and the records' entries that differ.
+and the nearest checkpoint both hold agrees bit for bit. Where they part, the diff names
+the first step, the parameters that differ in the checkpoints nearest that step and by
+how much; the records' entries that differ (experiment, flags, settings, choices) say why.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ class Diff:
 
     @property
     def identical(self) -> bool:
-        return (self.first_step is None and self.first_eval_step is None and not self.only_in
-                and not self.tensors and not self.records)
+        """The same bits: the records' differences explain, and do not make runs differ by
+        themselves (a run pinned to another's choices that repeats its bits is identical)."""
+        return self.first_step is None and self.first_eval_step is None and not self.only_in and not self.tensors
 
     def to_json(self) -> dict:
         return dict(asdict(self), identical=self.identical)

@@ -14,7 +14,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.run.checkpointing import expected_tensors
 from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over, stacked_training
 from sexpgpu.run.comparing import METRICS, read_metrics
-from sexpgpu.run.evaluating import check_same_run, experiment_of
+from sexpgpu.run.evaluating import check_same_run, checkpoints_named, experiment_of
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
@@ -41,8 +41,10 @@ class Replayed:
     what: str = ""  # how it differs
 
 
-def replay(path: str, options: ReplayOptions) -> Replayed:
+def replay(named: str, options: ReplayOptions) -> Replayed:
+    """Replay from the checkpoint `named`, or from the oldest of a run directory's."""
     out = options.out or sys.stdout
+    path = checkpoints_named([named])[0]
     record = read_record(path)
     experiment = experiment_of(path, record, options.file)
     built = build_run(experiment, options.device, read_loads=False)
