@@ -14,6 +14,7 @@ import pytest
 
 from sexpgpu.lang.forms import load_experiment
 from sexpgpu.plan.levels import determinism_line
+from sexpgpu.run import choosing
 from sexpgpu.run.choosing import ChoiceSettings
 from sexpgpu.run.evaluating import evaluation_choices
 from sexpgpu.run.setup import build_run
@@ -135,6 +136,17 @@ def test_the_interpreter_evaluating_a_cuda_checkpoint_is_level_3(tiny):
     assert chosen.choices.stacking == 1
     cpu = evaluation_choices(built, ChoiceSettings(), {"device": "cpu", "choices": None}, "r/step-3")
     assert determinism_line(cpu.how, cpu.choices.device).startswith("1 on every machine")
+
+
+def test_a_pass_product_training_did_not_record_takes_ordinary_as_inline(tiny, monkeypatch):
+    built = build_run(load_experiment(tiny), "cpu", read_loads=False)
+    device = FakeDevice(product_seconds=SPLIT)
+    monkeypatch.setattr(choosing, "backend_probe", lambda backend: device)
+    recorded = {"device": device.facts.line(), "stacking": 1, "recompute": 9.0, "products": {}}
+    chosen = evaluation_choices(built, ChoiceSettings(), {"device": "cuda", "choices": recorded}, "r/step-3")
+    assert determinism_line(chosen.how, chosen.choices.device).startswith("2: pinned to the choices of the checkpoint")
+    assert chosen.choices.products and set(chosen.choices.products.values()) == {"ordinary"}
+    assert device.measured == []
 
 
 def test_from_s3(sexpgpu, tiny, tmp_path, s3):

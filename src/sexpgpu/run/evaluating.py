@@ -9,6 +9,8 @@ resume's record takes:
 - on another kind it chooses its own, measured and remembered (level 3);
 - --choices and --deterministic replace either, as for a run; a pinned product shape with no
   recorded implementation stops with E-CHOICE-001, and --choices fresh chooses at level 3.
+  (The checkpoint's own choices are not such a pin: a pass's product that training did not
+  record ran ordinary inline, and takes ordinary here.)
 
 Each evaluation is printed and recorded beside the checkpoint (store/evaluations.py) with
 its annotation `evaluated offline on <device>: determinism <level>`.
@@ -25,7 +27,7 @@ import sexpgpu
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json, load_experiment
 from sexpgpu.plan.cache import open_cache
-from sexpgpu.plan.choices import Choices, Situation, choices_from_json, decide, take_pinned
+from sexpgpu.plan.choices import ORDINARY, Choices, Situation, choices_from_json, decide, take_pinned
 from sexpgpu.plan.levels import How, determinism_line
 from sexpgpu.run.checkpointing import bit_identity, expected_tensors, identity_digest
 from sexpgpu.run import choosing
@@ -189,7 +191,7 @@ def evaluation_choices(built, settings: ChoiceSettings, record: dict, path: str)
         pin = read_pinned(settings.choices)
         return _take(situation, pin, settings.choices)
     if settings.choices is None and recorded is not None and recorded.device == here:
-        return _take(situation, recorded, f"the checkpoint {path}")
+        return _take(situation, _as_run_inline(situation, recorded), f"the checkpoint {path}")
     program = built.program
     generators = [program.generator, *program.pass_generators.values()] if program.generator is not None else []
     # the cache is the run's, kept apart by the pass graphs: its product entries are keyed by shape
@@ -215,6 +217,16 @@ def _take(situation: Situation, recorded: Choices, source: str) -> Chosen:
     which no pass sends: E-CHOICE-001 when a pass's product has no recorded implementation."""
     unstacked = replace(recorded, stacking=1, node_gradients=None)
     return Chosen(take_pinned(situation, unstacked, source), How("pinned", source, recorded.device), situation.notes)
+
+
+def _as_run_inline(situation: Situation, recorded: Choices) -> Choices:
+    """The checkpoint's choices as its run's inline passes took them: a pass's product whose
+    shape training did not record ran ordinary (the backend's default for a shape it was not
+    given), so that is what this evaluation takes for it."""
+    if recorded.products is None:
+        return recorded
+    unrecorded = {shape.key(): ORDINARY for shape in situation.product_shapes() if shape.key() not in recorded.products}
+    return replace(recorded, products={**recorded.products, **unrecorded})
 
 
 def _why_own(settings: ChoiceSettings, recorded: Choices | None) -> str:
