@@ -143,8 +143,9 @@ def diff_runs(a: RunRecords, b: RunRecords) -> Diff:
             diff.first_step, diff.first_step_parts = step, parts
             break
     for step in sorted(set(a.evaluations) & set(b.evaluations)):
-        keys = sorted(key for key in set(a.evaluations[step]) | set(b.evaluations[step])
-                      if a.evaluations[step].get(key) != b.evaluations[step].get(key))
+        # values both runs logged: diag/* of a diagnosed run is not a difference from an undiagnosed one
+        keys = sorted(key for key in set(a.evaluations[step]) & set(b.evaluations[step])
+                      if a.evaluations[step][key] != b.evaluations[step][key])
         if keys:
             diff.first_eval_step, diff.first_eval_keys = step, keys
             break
