@@ -104,3 +104,27 @@ def test_replay_and_evaluate_of_a_diagnosed_run(sexpgpu, diagnosed, tmp_path):
     sexpgpu("run", diagnosed, "--device", "cpu", "--run-dir", tmp_path / "r")
     code, out, _ = sexpgpu("replay", tmp_path / "r/step-1", "--device", "cpu")
     assert code == 0 and "replayed steps 2..6" in out
+
+
+def test_a_stacked_run_diagnoses_its_first_microbatch_beside_its_stacked_calls(sexpgpu, diagnosed, tmp_path):
+    from fake_device import FakeDevice
+
+    stacked = diagnosed.with_name("stacked.sexp")
+    stacked.write_text(diagnosed.read_text().replace(":batch 64", ":batch 32 :microbatches 2"))
+    prefers_two = FakeDevice(step_seconds={1: 1.0, 2: 0.1})
+    code, out, err = sexpgpu("run", stacked, "--run-dir", tmp_path / "s", device=prefers_two)
+    assert code == 0 and "stacking 2" in out, err
+    plain = stacked.with_name("stacked-plain.sexp")
+    plain.write_text(stacked.read_text().replace("\n  :diagnostics (every 2)", ""))
+    sexpgpu("run", plain, "--run-dir", tmp_path / "p", device=FakeDevice(step_seconds={1: 1.0, 2: 0.1}))
+    assert sorted(diag_lines(tmp_path / "s")) == [2, 4, 6]
+    steps = [record for record in metrics(tmp_path / "s") if "digest" in record]
+    assert steps == [record for record in metrics(tmp_path / "p") if "digest" in record]
+    # the statistics are the first microbatch's (32 records): its fc1 activation has 32 x 64 elements
+    record = diag_lines(tmp_path / "s")[6]
+    assert {key.split("/")[2] for key in record if key.startswith("diag/act/")} == set(LAYERS)
+    before = {name[len("param/"):]: value.astype(np.float64)
+              for name, value in read_checkpoint(str(tmp_path / "s/step-5")).tensors.items() if name.startswith("param/")}
+    x = build_run(load_experiment(stacked), "cpu").feeder.train_batch(6, 0)["field/x"].astype(np.float64)
+    assert x.shape == (32, 2)
+    assert record["diag/act/fc1/rms"] == pytest.approx(np.sqrt((forward(before, x)["fc1"] ** 2).mean()), rel=1e-5)
