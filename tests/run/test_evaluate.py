@@ -170,6 +170,7 @@ def test_bad_input(sexpgpu, cpu_run, tiny, tmp_path):
     (cpu_run / "evaluations").mkdir()
     (cpu_run / "evaluations/step-3.json").write_text("{not json")
     assert "E-EVAL-005" in refused(cpu_run / "step-3")
+    assert "evaluating" not in sexpgpu("evaluate", cpu_run / "step-3", "--device", "cpu")[1]  # before computing
     tiny.write_text(tiny.read_text().replace(":batches 4", ":batches 2"))
     assert "E-EVAL-002" in refused(cpu_run / "step-6") and "its passes changed" in refused(cpu_run / "step-6")
     tiny.write_text(tiny.read_text().replace(":lr 0.01", ":lr 0.02"))

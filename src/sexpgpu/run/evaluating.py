@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import sexpgpu
@@ -36,7 +37,7 @@ from sexpgpu.run.loop import Trainer
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
 from sexpgpu.store import check_tensors, list_checkpoints, read_checkpoint, read_record, resolve_checkpoint
-from sexpgpu.store.evaluations import UnreadableEvaluations, add_evaluation
+from sexpgpu.store.evaluations import UnreadableEvaluations, add_evaluation, read_evaluations
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ def evaluate(paths, options: EvaluateOptions) -> list:
 
 def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     record = read_record(path)
+    _recorded_evaluations(path)  # one that cannot be added to stops before anything is computed
     experiment = experiment_of(path, record, options.file)
     built = build_run(experiment, options.device, read_loads=False)
     check_same_run(path, record, experiment, built)
@@ -118,8 +120,19 @@ def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
 
 
 def _record(path: str, step: int, entry: dict) -> str:
-    try:
+    with _readable_evaluations(path):
         return add_evaluation(path, step, entry)
+
+
+def _recorded_evaluations(path: str) -> list:
+    with _readable_evaluations(path):
+        return read_evaluations(path)
+
+
+@contextmanager
+def _readable_evaluations(path: str):
+    try:
+        yield
     except UnreadableEvaluations as error:
         raise SexpgpuError("E-EVAL-005", f"{error.where} is {error.reason}, so sexpgpu evaluate will not write "
                                          f"{path}'s evaluation over it.",
