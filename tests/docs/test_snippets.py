@@ -56,6 +56,8 @@ SKIPPED = {
         "a signature with its return written as `-> planes`, not a program",
     Snippet("language.md", "(defrun NAME :KEY VALUE ...)"):
         "the template of a defrun, with placeholders",
+    Snippet("tools.md", "sexpgpu plot runs/a runs/b -o runs.png"):
+        "needs matplotlib, the optional extra plot; tests/run/test_plot.py draws it where matplotlib is installed",
 }
 
 # Shell steps before a documented `sexpgpu` command that the test does not run, and why.
@@ -161,7 +163,8 @@ def examples_copy(folder: Path) -> None:
     shutil.copytree(ROOT / "examples", folder / "examples")
     shutil.copytree(ROOT / "examples" / "data", folder / "data")
     for experiment in (folder / "examples").glob("*.sexp"):
-        experiment.write_text(shortened(experiment.read_text()))
+        # a checkpoint every step: a short run then has one before its last step, to replay from
+        experiment.write_text(re.sub(r":checkpoint\s+\d+", ":checkpoint 1", shortened(experiment.read_text())))
 
 
 def run_cli(capsys, argv: list[str]) -> str:
@@ -250,3 +253,20 @@ def test_the_readme_commands_and_flags_run(tmp_path, monkeypatch, capsys):
     run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/c", "--choices", "runs/a/step-2"])
     run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/d", "--choices", "fresh"])
     run_cli(capsys, ["run", str(example), "--device", "cpu", "--run-dir", "runs/e", "--deterministic"])
+    # the tools that read finished runs (docs/tools.md), with each flag the table names
+    for synopsis in ("sexpgpu evaluate RUN_DIR/CHECKPOINT...", "sexpgpu diff RUN_A RUN_B [--json]",
+                     "sexpgpu replay CHECKPOINT [--steps N]", "sexpgpu plot RUN... -o FILE.png"):
+        assert f"`{synopsis}`" in table
+    for flag in ("--pass", "--file", "--device", "--choices", "--deterministic", "--metrics FILE"):
+        assert f"`{flag}`" in table
+    evaluated = run_cli(capsys, ["evaluate", "runs/a", "--pass", "eval", "--file", str(example), "--device", "cpu",
+                                 "--choices", "fresh"])
+    assert "evaluated offline on cpu interpreter" in evaluated
+    assert "determinism 1" in run_cli(capsys, ["evaluate", "runs/a/step-2", "--device", "cpu", "--deterministic"])
+    assert "identical (exit 0)" in run_cli(capsys, ["diff", "runs/a", "runs/c"])  # c took a's choices: same bits
+    assert json.loads(run_cli(capsys, ["diff", "runs/a/metrics.jsonl", "runs/c/metrics.jsonl", "--json"]))["identical"]
+    assert "replayed steps 2..2" in run_cli(capsys, ["replay", "runs/a/step-1", "--steps", "1", "--device", "cpu",
+                                                     "--metrics", "runs/a/metrics.jsonl"])
+    with pytest.raises(SystemExit):  # -o is required
+        main(["plot", "runs/a"])
+    capsys.readouterr()

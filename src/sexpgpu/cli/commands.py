@@ -60,3 +60,35 @@ def checkpoint(args) -> int:
     else:
         print(format_checkpoint(description))
     return 0
+
+
+def evaluate(args) -> int:
+    from sexpgpu.run.choosing import choice_settings
+    from sexpgpu.run.evaluating import EvaluateOptions, evaluate as evaluate_checkpoints
+
+    options = EvaluateOptions(device=args.device, passes=tuple(args.passes), file=args.file,
+                              choices=choice_settings(args.choices, args.deterministic))
+    evaluate_checkpoints(args.paths, options)
+    return 0
+
+
+def diff(args) -> int:
+    from sexpgpu.run.comparing import diff_runs, format_diff, read_run
+
+    found = diff_runs(read_run(args.run_a), read_run(args.run_b))
+    print(json.dumps(found.to_json(), indent=2, sort_keys=True) if args.json else format_diff(found))
+    return 0 if found.identical else 1
+
+
+def replay(args) -> int:
+    from sexpgpu.run.replaying import ReplayOptions, replay as replay_steps
+
+    options = ReplayOptions(steps=args.steps, metrics=args.metrics, file=args.file, device=args.device)
+    return 0 if replay_steps(args.checkpoint, options).differing is None else 1
+
+
+def plot(args) -> int:
+    from sexpgpu.run.plotting import plot_runs
+
+    print(f"wrote {plot_runs(args.runs, args.output)}")
+    return 0

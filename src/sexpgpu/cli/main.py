@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_check(commands)
     _add_checkpoint(commands)
+    _add_evaluate(commands)
+    _add_diff(commands)
+    _add_replay(commands)
+    _add_plot(commands)
     return parser
 
 
@@ -92,6 +96,76 @@ def _add_checkpoint(commands) -> None:
     parser.add_argument("--verify", action="store_true",
                         help="hash every file against its recorded SHA-256 and decode every tensor: prints OK, "
                              "or fails with E-CKPT-001 naming the first mismatch")
+
+
+def _add_choice_flags(parser) -> None:
+    parser.add_argument("--choices", metavar="RECORD|fresh",
+                        help="take the machine's choices recorded in a checkpoint, an experiment.json or a lowering "
+                             "annotation, or 'fresh' to choose here (level 3); see docs/determinism.md")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="take a fixed rule for every choice and measure nothing")
+
+
+def _add_rerun_flags(parser, doing: str) -> None:
+    """What a command that computes again from a checkpoint takes: where, and the file."""
+    parser.add_argument("--file", metavar="FILE",
+                        help="the experiment file, when it is no longer at the path the run read it from")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help=f"where to {doing} (default: auto)")
+
+
+def _add_evaluate(commands) -> None:
+    parser = commands.add_parser(
+        "evaluate", help="run a run's passes from its checkpoints",
+        description="Run the passes of the run that wrote each checkpoint, from its parameters, unstacked, on this "
+                    "machine. Prints the determinism line, each pass's eval values (as metrics.jsonl has them) and "
+                    "the annotation 'evaluated offline on DEVICE: determinism LEVEL', which it also records in "
+                    "evaluations/step-<n>.json beside the checkpoint. See docs/tools.md.")
+    parser.add_argument("paths", metavar="RUN_DIR|CHECKPOINT", nargs="+",
+                        help="a step-<n> directory or s3:// prefix, or a run directory (all its checkpoints)")
+    parser.add_argument("--pass", dest="passes", metavar="NAME", action="append", default=[],
+                        help="run only this pass (repeatable; default: every pass)")
+    _add_rerun_flags(parser, "evaluate")
+    _add_choice_flags(parser)
+
+
+def _add_diff(commands) -> None:
+    parser = commands.add_parser(
+        "diff", help="say where two runs part",
+        description="Compare two runs: the first step whose loss bits or parameter digest differ, the first "
+                    "evaluation that differs, which tensors differ in the checkpoints both runs hold nearest that "
+                    "step (max abs, max rel, how many elements), and the entries of their records (experiment, "
+                    "flags, settings, choices) that differ. Exit status 0: identical; 1: different (an answer, "
+                    "not an error); 2: bad input. See docs/tools.md.")
+    parser.add_argument("run_a", metavar="RUN_A", help="a run directory, or its metrics.jsonl")
+    parser.add_argument("run_b", metavar="RUN_B", help="a run directory, or its metrics.jsonl")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _add_replay(commands) -> None:
+    parser = commands.add_parser(
+        "replay", help="compute a run's steps again from a checkpoint and compare",
+        description="Recompute steps from a checkpoint on this machine, pinned to the checkpoint's choices, and "
+                    "compare each step's loss bits and parameter digest with the run's metrics.jsonl. Exit status "
+                    "0: every step matches; 1: names the first step that differs (an answer, not an error); "
+                    "2: bad input. See docs/tools.md.")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT",
+                        help="a step-<n> directory or s3:// prefix, or a run directory (its oldest checkpoint)")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="how many steps to replay (default: every step the metrics log after the checkpoint)")
+    parser.add_argument("--metrics", metavar="FILE",
+                        help="the run's metrics.jsonl (default: the one beside the checkpoint)")
+    _add_rerun_flags(parser, "replay")
+
+
+def _add_plot(commands) -> None:
+    parser = commands.add_parser(
+        "plot", help="draw runs' loss and eval curves into a PNG",
+        description="Draw the loss and eval curves of one or more runs on shared axes; with two runs, also their "
+                    "per-step relative difference on a log scale, the first differing step marked. Needs "
+                    "matplotlib: pip install 'sexpgpu[plot]'. See docs/tools.md.")
+    parser.add_argument("runs", metavar="RUN", nargs="+", help="a run directory, or its metrics.jsonl")
+    parser.add_argument("-o", "--output", metavar="FILE.png", required=True, help="the PNG to write")
 
 
 def main(argv: list[str] | None = None) -> int:

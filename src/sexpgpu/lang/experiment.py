@@ -111,6 +111,15 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class DiagnosticsSpec:
+    """The diagnostics selection: every `every`-th step runs the diagnosed graph for its first
+    microbatch (docs/tools.md, "Diagnostics")."""
+
+    every: int
+    loc: Location | None = None
+
+
+@dataclass(frozen=True)
 class RunDef:
     name: str
     seed: int
@@ -124,6 +133,7 @@ class RunDef:
     steps: int
     passes: tuple[PassSpec, ...] = ()
     checkpoint: CheckpointSpec | None = None
+    diagnostics: DiagnosticsSpec | None = None
     loc: Location | None = None
     precision: str = "f32"  # "bf16": products in bf16 with float32 sums (graph/precision.py)
 

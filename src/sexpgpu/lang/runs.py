@@ -1,7 +1,7 @@
 """`defrun`: every keyword and every form inside it, each checked against its table.
 
 The tables here are the reference for docs/language.md's `defrun` section: one per slot
-(`RUN_KEYS`, `DATA_SOURCES`, `OPTIMIZERS`, `SCHEDULES`, `PASSES`, `CHECKPOINTS`). A run
+(`RUN_KEYS`, `DATA_SOURCES`, `OPTIMIZERS`, `SCHEDULES`, `PASSES`, `CHECKPOINTS`, `DIAGNOSTICS`). A run
 refers to graphs by name; `RunContext` holds the file's definitions to resolve them.
 """
 
@@ -15,6 +15,7 @@ from sexpgpu.lang.calls import read_call, read_fields
 from sexpgpu.lang.experiment import (
     CheckpointSpec,
     DataSpec,
+    DiagnosticsSpec,
     LossSpec,
     OptimizerSpec,
     PassSpec,
@@ -234,6 +235,18 @@ def _checkpoint(value, label, context) -> CheckpointSpec:
     return spec
 
 
+DIAGNOSTICS = {
+    "every": FormSpec(lambda values, form, context: DiagnosticsSpec(values["N"], form.loc),
+                      arguments=(("N", integer(1)),)),
+}
+
+
+def _diagnostics(value, label, context) -> DiagnosticsSpec:
+    if isinstance(value, Integer):
+        return DiagnosticsSpec(integer(1)(value, label), loc=value.loc)
+    return read_form(value, DIAGNOSTICS, label, "diagnostics selection", context)
+
+
 # --- the run ---------------------------------------------------------------------------
 
 RUN_KEYS = {
@@ -257,6 +270,7 @@ RUN_KEYS = {
     "steps": Key(_STEPS, REQUIRED, "a step count"),
     "passes": Key(_passes, (), "a list of passes"),
     "checkpoint": Key(_checkpoint, None, "a step count or (every N)"),
+    "diagnostics": Key(_diagnostics, None, "a step count or (every N)"),
 }
 
 

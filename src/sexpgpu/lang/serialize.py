@@ -31,6 +31,13 @@ def experiment_to_json(experiment: Experiment) -> dict:
 
 
 def run_to_json(run: RunDef) -> dict:
+    resolved = _run_fields(run)
+    if run.diagnostics is not None:  # only then: an undiagnosed run's identity is what it always was
+        resolved["diagnostics"] = {"every": run.diagnostics.every}
+    return resolved
+
+
+def _run_fields(run: RunDef) -> dict:
     optimizer = run.optimizer
     return {
         "name": run.name,

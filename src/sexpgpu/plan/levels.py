@@ -50,7 +50,13 @@ def _interpreter(how: How, device: str) -> str:
             "for this file, selection, flags and this sexpgpu")
 
 
-LINES = {"own": _own, "strict": _strict, "pinned": _pinned, "rechosen": _rechosen, "interpreter": _interpreter}
+def _elsewhere(how: How, device: str) -> str:
+    return (f"3: {how.source}, so this machine ({device}) chose its own: the same distribution as the values "
+            "the run reported inline, not the same bits")
+
+
+LINES = {"own": _own, "strict": _strict, "pinned": _pinned, "rechosen": _rechosen, "interpreter": _interpreter,
+         "elsewhere": _elsewhere}
 
 
 def determinism_line(how: How, device: str) -> str:

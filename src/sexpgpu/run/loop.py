@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.diagnosed import ACTIVATION, diagnosed_graph
+from sexpgpu.run.diagnosing import diagnosed_step, statistics
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import float_bits
 from sexpgpu.run.schedule import learning_rate
@@ -37,6 +39,8 @@ class Trainer:
         self.feeder = feeder
         self.stacking = stacking or Stacking(program.training)
         self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
+        self.diagnostics: dict | None = None  # the last step's diag record, on a diagnosed step
+        self._diagnosed = None  # the diagnosed microbatch graph, made on the first diagnosed step
 
     def step(self, state: TrainingState) -> dict:
         """Apply step state.step + 1 and return its metrics record."""
@@ -57,9 +61,14 @@ class Trainer:
         step = state.step + 1
         micro, degree = self.stacking.training.micro, self.stacking.degree
         grads, losses = None, []
+        diagnosed = diagnosed_step(self.run, step)
+        before, first_outputs = dict(state.params), {}
         for first in range(0, self.run.microbatches, degree):
             inputs = self._stacked_inputs(state, step, first, degree)
-            outputs = self.backend.run(micro, inputs)
+            if diagnosed and first == 0:
+                outputs, first_outputs = self._diagnose(state, step, micro, inputs, degree)
+            else:
+                outputs = self.backend.run(micro, inputs)
             losses.append(outputs["loss"])  # read after the update is queued: no wait between them
             grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
@@ -73,6 +82,7 @@ class Trainer:
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
         loss = _mean_in_order([part for value in losses for part in np.ravel(self.backend.to_host(value))])
+        self.diagnostics = self._statistics(step, first_outputs, before, state.params) if diagnosed else None
         return {
             "step": step,
             "loss": float(loss),
@@ -81,6 +91,29 @@ class Trainer:
             "grad_norm": float(self.backend.to_host(outputs["grad_norm"])),
             "digest": parameters_digest(self.backend, state.params),
         }
+
+    def _diagnose(self, state: TrainingState, step: int, micro, inputs: dict, degree: int) -> tuple:
+        """(outputs of the first call, host outputs of the diagnosed graph on microbatch 0).
+        Unstacked, the diagnosed graph is the first call; stacked, it runs besides it, on the
+        first microbatch alone, and the step's own calls are as undiagnosed."""
+        if self._diagnosed is None:
+            self._diagnosed = diagnosed_graph(self.program.training.micro)
+        if degree == 1:
+            outputs = self.backend.run(self._diagnosed, inputs)
+            diagnosed = outputs
+        else:
+            outputs = self.backend.run(micro, inputs)
+            diagnosed = self.backend.run(self._diagnosed, self._micro_inputs(state, step, 0))
+        host = {name: self.backend.to_host(value) for name, value in diagnosed.items()
+                if name.startswith(("grad/", ACTIVATION))}
+        return {name: value for name, value in outputs.items() if not name.startswith(ACTIVATION)}, host
+
+    def _statistics(self, step: int, first_outputs: dict, before: dict, after: dict) -> dict:
+        host = self.backend.to_host
+        return statistics(step, {name: value for name, value in first_outputs.items() if name.startswith("grad/")},
+                          {name: value for name, value in first_outputs.items() if name.startswith(ACTIVATION)},
+                          {path: host(value) for path, value in before.items()},
+                          {path: host(value) for path, value in after.items()})
 
     def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
         """One pass: the pass graph on `batches` batches, losses and metrics averaged in order."""

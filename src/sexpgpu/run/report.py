@@ -40,6 +40,10 @@ def lowering_report(experiment, program, backend_facts: dict, memory: dict, sour
         _line("steps", f"{run.steps} steps of {run.microbatches} x {run.batch} records, "
                        f"{run.optimizer.kind}, {run.schedule.kind} schedule"),
     ]
+    if run.diagnostics is not None:
+        lines.append(_line("diagnostics", f"every {run.diagnostics.every} steps the first microbatch runs the diagnosed "
+                                          "graph (diag/* in metrics.jsonl): a diagnosed step's bits may differ from "
+                                          "an undiagnosed run's, and a run with these diagnostics repeats its own"))
     closing = closing or [("determinism", backend_facts["determinism"]), ("choices", backend_facts["choices"])]
     lines += [_line(label, text) for label, text in closing]
     return "\n".join(lines)

@@ -126,6 +126,8 @@ def _train(experiment, built, state, run_dir, options, err, chosen) -> RunResult
         while state.step < run.steps:
             record = trainer.step(state)
             metrics.write(record)
+            if trainer.diagnostics is not None:
+                metrics.write(trainer.diagnostics)
             progress.update(state.step, record["loss"])
             for pass_spec in run.passes:
                 if state.step % pass_spec.every == 0 or state.step == run.steps:
