@@ -13,6 +13,7 @@ those of the test: the same seed and index give the same file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import threading
@@ -20,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fuzz_harness import Failure, Limits, Summary, fuzz  # noqa: E402
-from fuzz_mutators import Plan, load_seeds, make_case  # noqa: E402
+from fuzz_harness import Failure, Limits, Outcome, Summary, Worker, fuzz, worker_directory  # noqa: E402
+from fuzz_mutators import Case, Plan, load_seeds, make_case, tokens  # noqa: E402
 
 
 def cases_for(job: int, jobs: int, start: int, count: int, plan: Plan):
@@ -47,16 +48,47 @@ def run_jobs(start: int, count: int, jobs: int, plan: Plan, limits: Limits) -> S
     return total
 
 
-def signature(failure: Failure) -> str:
-    """What makes two failures the same: the class and the exception (or the code) named."""
-    named = re.search(r"\b(\w+(?:Error|Exception|Exit|Interrupt))\b", failure.outcome.detail)
-    return f"{failure.outcome.label} {named.group(1) if named else ''}".strip()
+def signature(outcome: Outcome) -> str:
+    """What makes two failures the same: the class, and the exception and the first words of
+    its message (numbers and quoted names blanked), or the code of the message."""
+    detail = re.sub(r"'[^']*'|\d+", "_", outcome.detail)
+    named = re.search(r"\b(\w+(?:Error|Exception|Exit|Interrupt)): ((?:\S+ ){0,4})", detail)
+    if named:
+        return f"{outcome.label} {named.group(1)}: {named.group(2).strip()}"
+    code = re.search(r"error (E-[A-Z]+-\d{3})", outcome.detail)
+    return f"{outcome.label} {code.group(1) if code else ''}".strip()
+
+
+def minimize(worker: Worker, case: Case, outcome: Outcome, time_limit: float, attempts: int = 300) -> Case:
+    """A smaller file with the same failure: delete runs of tokens, long runs first, while the
+    signature stays (hangs are not minimized: each try would cost the time limit)."""
+    if outcome.label == "hang":
+        return case
+    wanted, toks = signature(outcome), tokens(case.text)
+    chunk = max(1, len(toks) // 2)
+    while chunk >= 1 and attempts > 0:
+        start = 0
+        while start < len(toks) and attempts > 0:
+            trial = toks[:start] + toks[start + chunk:]
+            attempts -= 1
+            candidate = dataclasses.replace(case, text="".join(trial))
+            if signature(worker.execute(candidate, time_limit)) == wanted:
+                toks = trial
+            else:
+                start += chunk
+        chunk //= 2
+    return dataclasses.replace(case, text="".join(toks))
+
+
+def group_failures(failures: list[Failure]) -> dict[str, list[Failure]]:
+    groups: dict[str, list[Failure]] = {}
+    for failure in failures:
+        groups.setdefault(signature(failure.outcome), []).append(failure)
+    return groups
 
 
 def describe_failures(failures: list[Failure]) -> list[str]:
-    groups: dict[str, list[Failure]] = {}
-    for failure in failures:
-        groups.setdefault(signature(failure), []).append(failure)
+    groups = group_failures(failures)
     lines = []
     for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         smallest = min(members, key=lambda f: len(f.case.text))
@@ -80,6 +112,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-hangs", type=int, default=10**9, help="stop a job after this many hangs")
     parser.add_argument("--show", type=int, metavar="INDEX", help="print one case's file and exit")
     parser.add_argument("--failures-out", type=Path, metavar="DIR", help="write each failing case here")
+    parser.add_argument("--minimize", type=Path, metavar="DIR",
+                        help="shrink the smallest case of each failure class and write it here")
     args = parser.parse_args(argv)
     plan = Plan(args.seed, args.run_every)
     if args.show is not None:
@@ -98,7 +132,24 @@ def main(argv=None) -> int:
         for failure in summary.failures:
             name = f"{failure.case.index:07d}-{failure.case.command}-{failure.outcome.label}.sexp"
             (args.failures_out / name).write_bytes(failure.case.data())
+    if args.minimize:
+        write_minimized(summary.failures, args.minimize, args.time_limit)
     return 1 if summary.failures else 0
+
+
+def write_minimized(failures: list[Failure], directory: Path, time_limit: float) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with worker_directory() as workdir:
+        worker = Worker(workdir)
+        try:
+            for number, (key, members) in enumerate(group_failures(failures).items()):
+                smallest = min(members, key=lambda f: len(f.case.text))
+                case = minimize(worker, smallest.case, smallest.outcome, time_limit)
+                name = directory / f"{number:02d}-{smallest.case.command}-{smallest.outcome.label}.sexp"
+                name.write_bytes(case.data())
+                print(f"{name}: {key} ({len(case.text)} chars, from case {case.index})")
+        finally:
+            worker.stop()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ no raw control character in a message, no hang.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import multiprocessing
@@ -54,6 +55,7 @@ class Outcome:
     label: str
     failed: bool
     detail: str = ""
+    cpu_seconds: float = 0.0  # the worker's CPU time for the case: a figure the machine's load does not inflate
 
 
 def classify(status, stderr: str, stdout: str = "") -> Outcome:
@@ -115,6 +117,12 @@ def _call_main(main, argv: list[str]) -> tuple[object, str, str]:
 
 
 def _execute(main, case: Case) -> Outcome:
+    started = time.process_time()
+    outcome = _judge_case(main, case)
+    return dataclasses.replace(outcome, cpu_seconds=time.process_time() - started)
+
+
+def _judge_case(main, case: Case) -> Outcome:
     Path(CASE_FILE).write_bytes(case.data())
     status, out, err = _call_main(main, ["check", CASE_FILE])
     checked = classify(status, err, out)
@@ -125,10 +133,7 @@ def _execute(main, case: Case) -> Outcome:
         status, out, err = _call_main(main, ["run", CASE_FILE, "--device", "cpu", "--run-dir", run_dir])
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    ran = classify(status, err, out)
-    # The check result is the run case's label only when the run adds nothing to it.
-    verdict = judge_run(checked, ran)
-    return verdict
+    return judge_run(checked, classify(status, err, out))
 
 
 def _limit_memory() -> None:
@@ -222,6 +227,7 @@ class Summary:
     counts: dict[str, Counter] = field(default_factory=lambda: {"check": Counter(), "run": Counter()})
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     stopped_early: bool = False
 
     @property
@@ -230,6 +236,7 @@ class Summary:
 
     def add(self, case: Case, outcome: Outcome) -> None:
         self.counts[case.command][outcome.label] += 1
+        self.cpu_seconds += outcome.cpu_seconds
         if outcome.failed:
             self.failures.append(Failure(case, outcome))
 
@@ -238,11 +245,13 @@ class Summary:
             self.counts[command].update(counter)
         self.failures.extend(other.failures)
         self.seconds = max(self.seconds, other.seconds)
+        self.cpu_seconds += other.cpu_seconds
         self.stopped_early |= other.stopped_early
 
     def record(self) -> str:
         """The counts as JSON, to travel from a pytest-xdist worker in a report's properties."""
-        return json.dumps({"counts": self.counts, "seconds": self.seconds, "stopped_early": self.stopped_early})
+        return json.dumps({"counts": self.counts, "seconds": self.seconds, "cpu_seconds": self.cpu_seconds,
+                           "stopped_early": self.stopped_early})
 
     @classmethod
     def from_records(cls, records) -> "Summary":
@@ -252,6 +261,7 @@ class Summary:
             for command, counts in record["counts"].items():
                 total.counts[command].update(counts)
             total.seconds += record["seconds"]
+            total.cpu_seconds += record["cpu_seconds"]
             total.stopped_early |= record["stopped_early"]
         return total
 
@@ -264,8 +274,9 @@ class Summary:
     def format(self) -> str:
         """The figures to quote: cases, each command's outcome classes, and the failures."""
         totals = {command: sum(counter.values()) for command, counter in self.counts.items()}
+        stopped = ", stopped early after too many hangs" if self.stopped_early else ""
         lines = [f"fuzz: {self.cases} cases ({totals['check']} check, {totals['run']} check+run) "
-                 f"in {self.seconds:.1f} s" + (", stopped early after too many hangs" if self.stopped_early else "")]
+                 f"in {self.seconds:.1f} s ({self.cpu_seconds:.1f} s of the workers' CPU){stopped}"]
         for command, counter in self.counts.items():
             passed = sorted(((n, label) for label, n in counter.items() if not _is_failure(label)),
                             key=lambda item: (-item[0], item[1]))
@@ -282,13 +293,20 @@ def _is_failure(label: str) -> bool:
     return label in FAILURE_LABELS or label.startswith("status-")
 
 
+@contextlib.contextmanager
+def worker_directory(parent: Path | None = None):
+    """A scratch directory for a worker, where the examples' relative data paths resolve."""
+    with tempfile.TemporaryDirectory(prefix="sexpgpu-fuzz-", dir=parent) as directory:
+        (Path(directory) / "data").symlink_to(EXAMPLES / "data")
+        yield Path(directory)
+
+
 def fuzz(cases, limits: Limits = Limits(), workdir: Path | None = None) -> Summary:
     """Run the cases one after another in one worker and count their outcomes."""
     summary = Summary()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sexpgpu-fuzz-", dir=workdir) as directory:
-        (Path(directory) / "data").symlink_to(EXAMPLES / "data")
-        worker = Worker(Path(directory))
+    with worker_directory(workdir) as directory:
+        worker = Worker(directory)
         try:
             for case in cases:
                 time_limit = limits.run_seconds if case.command == "run" else limits.check_seconds

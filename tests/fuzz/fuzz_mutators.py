@@ -386,18 +386,25 @@ def size_insert(rng, text):
     return re.sub(r"\(defrun (\S+)", lambda m: f"{m.group(0)} {keyword} {rng.choice(SIZES)}", text, count=1)
 
 
-def shape_replace(rng, text):
-    """A dimension of a shape list, such as (param positions (context width))."""
+def _shape_replace(rng, text, sizes):
     toks = tokens(text)
     shapes = [(a, b) for a, b in _spans(toks)
-              if b - a > 1 and all(_is_symbol(t) or _is_number(t) or t.isspace() for t in toks[a + 1:b])
-              and toks[a + 1] in ("batch", "context", "width", "hidden") + tuple(toks[a + 1:a + 2])]
+              if b - a > 1 and all(_is_symbol(t) or _is_number(t) or t.isspace() for t in toks[a + 1:b])]
     if not shapes:
         return text
     a, b = rng.choice(shapes)
     dims = [i for i in range(a + 1, b) if not toks[i].isspace()]
-    toks[rng.choice(dims)] = rng.choice(SIZES)
+    toks[rng.choice(dims)] = rng.choice(sizes)
     return "".join(toks)
+
+
+def shape_replace(rng, text):
+    """An element of a list of atoms, such as a shape: (param positions (context width))."""
+    return _shape_replace(rng, text, SIZES)
+
+
+def run_shape_replace(rng, text):
+    return _shape_replace(rng, text, RUN_SIZES)
 
 
 # -- strings and splices ----------------------------------------------------------------------
@@ -430,20 +437,23 @@ class Mutator:
 # Mutations that build files of 10^4 to 10^5 tokens: a case takes tenths of a second, not
 # milliseconds, so they are drawn less often to keep the CI run short.
 HEAVY = 0.3
+# Mutations that mostly stop the reader: drawn less often, so that more cases reach the later
+# stages (forms, graph, the report), where a file must be well formed to get.
+BREAKING = 0.5
 
 
 MUTATORS = (
-    Mutator("byte-flip", "bytes", byte_flip),
-    Mutator("byte-insert", "bytes", byte_insert),
-    Mutator("byte-delete", "bytes", byte_delete),
-    Mutator("byte-duplicate", "bytes", byte_duplicate),
-    Mutator("truncate", "bytes", truncate),
-    Mutator("token-delete", "tokens", token_delete),
-    Mutator("token-duplicate", "tokens", token_duplicate),
-    Mutator("token-swap", "tokens", token_swap),
-    Mutator("token-replace", "tokens", token_replace),
-    Mutator("paren-insert", "tokens", paren_insert),
-    Mutator("paren-delete", "tokens", paren_delete),
+    Mutator("byte-flip", "bytes", byte_flip, BREAKING),
+    Mutator("byte-insert", "bytes", byte_insert, BREAKING),
+    Mutator("byte-delete", "bytes", byte_delete, BREAKING),
+    Mutator("byte-duplicate", "bytes", byte_duplicate, BREAKING),
+    Mutator("truncate", "bytes", truncate, BREAKING),
+    Mutator("token-delete", "tokens", token_delete, BREAKING),
+    Mutator("token-duplicate", "tokens", token_duplicate, BREAKING),
+    Mutator("token-swap", "tokens", token_swap, BREAKING),
+    Mutator("token-replace", "tokens", token_replace, BREAKING),
+    Mutator("paren-insert", "tokens", paren_insert, BREAKING),
+    Mutator("paren-delete", "tokens", paren_delete, BREAKING),
     Mutator("number-replace", "numbers", number_replace),
     Mutator("number-insert", "numbers", number_insert),
     Mutator("deep-parens", "nesting", deep_parens, HEAVY),
@@ -462,12 +472,13 @@ MUTATORS = (
     Mutator("string-replace", "strings", string_replace),
     Mutator("splice", "splice", splice),
 )
-# A case that is run for two steps: mutations whose accepted results stay small and fast.
+# A case that is run for two steps: mutations that keep the file well formed more often than
+# not, and whose accepted results stay small and fast.
 RUN_MUTATORS = tuple(m for m in MUTATORS if m.name in {
-    "byte-delete", "truncate", "token-delete", "token-duplicate", "token-swap", "paren-insert",
-    "paren-delete", "name-typo", "name-control", "name-unicode", "name-long", "let-chain",
-    "op-chain", "graph-call-chain", "splice", "string-replace",
-}) + (Mutator("size-replace", "sizes", run_size_replace),)
+    "token-swap", "name-typo", "name-control", "name-unicode", "let-chain", "op-chain",
+    "graph-call-chain", "splice", "string-replace",
+}) + (Mutator("size-replace", "sizes", run_size_replace, 3.0),
+      Mutator("shape-replace", "sizes", run_shape_replace))
 FAMILIES = tuple(sorted({m.family for m in MUTATORS}))
 
 
