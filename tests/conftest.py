@@ -16,6 +16,8 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Long tests first, so that no worker of pytest-xdist starts one when the others are done.
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none is present)")

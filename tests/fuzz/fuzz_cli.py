@@ -93,9 +93,10 @@ def describe_failures(failures: list[Failure]) -> list[str]:
     for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         smallest = min(members, key=lambda f: len(f.case.text))
         mutations = sorted({m for f in members for m in f.case.mutations})
-        lines.append(f"{len(members):6d}  {key}  [{', '.join(mutations)}]  smallest: case {smallest.case.index} "
-                     f"({smallest.case.command} of {smallest.case.seed}, {len(smallest.case.text)} chars): "
-                     f"{smallest.outcome.detail[:300]!r}")
+        indices = ", ".join(str(f.case.index) for f in members[:8]) + (", ..." if len(members) > 8 else "")
+        lines.append(f"{len(members):6d}  {key}  [{', '.join(mutations)}]  cases {indices}; smallest: case "
+                     f"{smallest.case.index} ({smallest.case.command} of {smallest.case.seed}, "
+                     f"{len(smallest.case.text)} chars): {smallest.outcome.detail[:300]!r}")
     return lines
 
 

@@ -95,3 +95,19 @@ def test_fuzz(shard, record_property):
                          for f in summary.failures[:20])
     assert not summary.failures, (
         f"{summary.format()}\n{failures}\nReproduce one with: PYTHONPATH=src python tests/fuzz/fuzz_cli.py --show INDEX")
+
+
+def test_the_hand_runner_shows_a_case_and_counts_a_run(capsys, tmp_path):
+    """tests/fuzz/fuzz_cli.py, as docs/architecture.md shows it: --show prints a case's file,
+    and a run prints the summary and lists each failure, writing the failing files."""
+    from fuzz_cli import main
+
+    seeds, runnable = load_seeds()
+    assert main(["--show", "49"]) == 0
+    assert capsys.readouterr().out == make_case(49, seeds, runnable).text
+    status = main(["--cases", "6", "--start", "45", "--jobs", "2", "--failures-out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.startswith("fuzz: 6 cases (5 check, 1 check+run) in ")
+    written = sorted(tmp_path.iterdir())
+    assert status == (1 if written else 0)
+    assert len(written) == sum(int(line.split()[0]) for line in out.splitlines()[4:] if line.strip()[:1].isdigit())
