@@ -475,8 +475,7 @@ MUTATORS = (
 # A case that is run for two steps: mutations that keep the file well formed more often than
 # not, and whose accepted results stay small and fast.
 RUN_MUTATORS = tuple(m for m in MUTATORS if m.name in {
-    "token-swap", "name-typo", "name-control", "name-unicode", "let-chain", "op-chain",
-    "graph-call-chain", "splice", "string-replace",
+    "token-swap", "name-typo", "let-chain", "op-chain", "graph-call-chain", "splice", "string-replace",
 }) + (Mutator("size-replace", "sizes", run_size_replace, 3.0),
       Mutator("shape-replace", "sizes", run_shape_replace))
 FAMILIES = tuple(sorted({m.family for m in MUTATORS}))
