@@ -83,6 +83,7 @@ def test_judge_run(check, run, label):
     assert judge_run(check, run).label == label
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_fuzz(shard, record_property):
     """A shard takes every SHARDS-th case; the shards together run CASES cases."""
@@ -111,3 +112,23 @@ def test_the_hand_runner_shows_a_case_and_counts_a_run(capsys, tmp_path):
     written = sorted(tmp_path.iterdir())
     assert status == (1 if written else 0)
     assert len(written) == sum(int(line.split()[0]) for line in out.splitlines()[4:] if line.strip()[:1].isdigit())
+
+
+def test_the_minimizer_keeps_the_outcome_and_drops_the_rest(tmp_path):
+    """--minimize: a stray ')' at the end of an example shrinks to the ')' alone."""
+    from fuzz_cli import minimize
+    from fuzz_harness import Worker, worker_directory
+    from fuzz_mutators import Case
+
+    seeds, _ = load_seeds()
+    text = next(seed.text for seed in seeds if seed.name == "teacher-student") + "\n)\n"
+    case = Case(0, "check", "teacher-student", ("by-hand",), text)
+    with worker_directory(tmp_path) as workdir:
+        worker = Worker(workdir)
+        try:
+            outcome = worker.execute(case, 20)
+            smaller = minimize(worker, case, outcome, 20)
+        finally:
+            worker.stop()
+    assert outcome.label == "E-READ-002"
+    assert smaller.text.strip() == ")"
