@@ -35,4 +35,5 @@ def pytest_terminal_summary(terminalreporter):
         sys.path.insert(0, str(Path(__file__).parent / "fuzz"))
         from fuzz_harness import Summary
 
-        terminalreporter.write_line(Summary.from_records(records).format() + " (seconds summed over shards)")
+        terminalreporter.write_sep("-", "fuzzer figures (times summed over the shards)")
+        terminalreporter.write_line(Summary.from_records(records).format())

@@ -274,7 +274,7 @@ class Summary:
     def format(self) -> str:
         """The figures to quote: cases, each command's outcome classes, and the failures."""
         totals = {command: sum(counter.values()) for command, counter in self.counts.items()}
-        stopped = ", stopped early after too many hangs" if self.stopped_early else ""
+        stopped = ", stopped at a hang" if self.stopped_early else ""
         lines = [f"fuzz: {self.cases} cases ({totals['check']} check, {totals['run']} check+run) "
                  f"in {self.seconds:.1f} s ({self.cpu_seconds:.1f} s of the workers' CPU){stopped}"]
         for command, counter in self.counts.items():

@@ -94,8 +94,9 @@ def test_fuzz(shard, record_property):
     failures = "\n".join(f"case {f.case.index} ({f.case.command} of {f.case.seed} after "
                          f"{', '.join(f.case.mutations)}): {f.outcome.label}: {f.outcome.detail[:300]!r}"
                          for f in summary.failures[:20])
-    assert not summary.failures, (
-        f"{summary.format()}\n{failures}\nReproduce one with: PYTHONPATH=src python tests/fuzz/fuzz_cli.py --show INDEX")
+    if summary.failures:
+        pytest.fail(f"{summary.format()}\n{failures}\n"
+                    "Reproduce one with: PYTHONPATH=src python tests/fuzz/fuzz_cli.py --show INDEX", pytrace=False)
 
 
 def test_the_hand_runner_shows_a_case_and_counts_a_run(capsys, tmp_path):
