@@ -127,13 +127,19 @@ def _spans(toks: list[str]) -> list[tuple[int, int]]:
     return spans
 
 
-def _replace_one(rng: random.Random, text: str, keep: Callable[[str], bool], choices) -> str:
+def _replace_one(rng: random.Random, text: str, keep: Callable[[str], bool],
+                 replacement: Callable[[random.Random], str]) -> str:
+    """One token that `keep` selects, replaced by `replacement(rng)`."""
     toks = tokens(text)
     places = _positions(toks, keep)
     if not places:
         return text
-    toks[rng.choice(places)] = rng.choice(choices) if not callable(choices) else choices(rng)
+    toks[rng.choice(places)] = replacement(rng)
     return "".join(toks)
+
+
+def _one_of(choices) -> Callable[[random.Random], str]:
+    return lambda rng: rng.choice(choices)
 
 
 # -- bytes ------------------------------------------------------------------------------------
@@ -229,13 +235,13 @@ def paren_insert(rng, text):
 
 
 def paren_delete(rng, text):
-    return _replace_one(rng, text, lambda t: t in ("(", ")"), ("",))
+    return _replace_one(rng, text, lambda t: t in ("(", ")"), _one_of(("",)))
 
 
 # -- numbers ----------------------------------------------------------------------------------
 
 def number_replace(rng, text):
-    return _replace_one(rng, text, _is_number, NUMBERS)
+    return _replace_one(rng, text, _is_number, _one_of(NUMBERS))
 
 
 def number_insert(rng, text):
@@ -312,16 +318,12 @@ def repeat_huge(rng, text):
 
 def _long_name(rng) -> str:
     length = rng.choice(LONG_NAME_LENGTHS)
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(min(length, 64))) * (length // 64 + 1)
+    unit = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(64))
+    return (unit * (length // 64 + 1))[:length]
 
 
 def name_long(rng, text):
-    toks = tokens(text)
-    places = _positions(toks, _is_symbol)
-    if places:
-        at = rng.choice(places)
-        toks[at] = toks[at] + _long_name(rng)[: rng.choice(LONG_NAME_LENGTHS)]
-    return "".join(toks)
+    return _replace_one(rng, text, _is_symbol, lambda r: "x" + _long_name(r))
 
 
 def keyword_long(rng, text):
@@ -353,7 +355,7 @@ def name_control(rng, text):
 
 
 def name_unicode(rng, text):
-    return _replace_one(rng, text, _is_symbol, UNICODE_NAMES)
+    return _replace_one(rng, text, _is_symbol, _one_of(UNICODE_NAMES))
 
 
 # -- sizes ------------------------------------------------------------------------------------
@@ -410,7 +412,7 @@ def run_shape_replace(rng, text):
 # -- strings and splices ----------------------------------------------------------------------
 
 def string_replace(rng, text):
-    return _replace_one(rng, text, lambda t: t.startswith('"'), STRINGS)
+    return _replace_one(rng, text, lambda t: t.startswith('"'), _one_of(STRINGS))
 
 
 def splice(rng, text, donors: tuple[str, ...] = ()):
@@ -479,7 +481,6 @@ RUN_MUTATORS = tuple(m for m in MUTATORS if m.name in {
     "name-typo", "let-chain", "op-chain", "graph-call-chain", "splice", "string-replace",
 }) + (Mutator("size-replace", "sizes", run_size_replace, 3.0),
       Mutator("shape-replace", "sizes", run_shape_replace))
-FAMILIES = tuple(sorted({m.family for m in MUTATORS}))
 
 
 @dataclass(frozen=True)
