@@ -89,11 +89,16 @@ def judge_run(check: Outcome, run: Outcome) -> Outcome:
         return check
     if run.failed:
         return run
-    if check.label == "ok" and run.label.split("-")[1:2] and run.label.split("-")[1] in CHECK_AREAS:
+    if check.label == "ok" and _area(run.label) in CHECK_AREAS:
         return Outcome("check-accepts-run-refuses", True, f"run gave {run.label}: {run.detail}")
     if check.label != "ok" and run.label != check.label:
         return Outcome("check-run-disagree", True, f"check gave {check.label}, run {run.label}")
     return run
+
+
+def _area(label: str) -> str | None:
+    """'FORM' for 'E-FORM-011'; None for a label that is not a code."""
+    return label.split("-")[1] if label.startswith("E-") else None
 
 
 def _excerpt(text: str, limit: int = 400) -> str:
