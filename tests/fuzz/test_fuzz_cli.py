@@ -1,0 +1,135 @@
+"""The fuzzer: mutated examples and malformed files through `sexpgpu check` (and for every 50th
+case `sexpgpu run` for two steps), in-process in a worker, each with a time limit.
+
+Every case must exit 0, or exit 2 with a code and, for an error about the file's text, its
+line and column; no exit 3, no traceback, no raw control character in a message, no hang.
+SEXPGPU_FUZZ_CASES sets the number of cases (CI: 5,000, split into shards that pytest-xdist
+spreads over the cores); tests/fuzz/fuzz_cli.py runs many more by hand and groups the
+failures. The figures are printed at the end of the pytest run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fuzz_harness import FAILURE_LABELS, Outcome, classify, fuzz, judge_run
+from fuzz_mutators import MUTATORS, RUN_MUTATORS, Plan, load_seeds, make_case, shrink_for_run
+
+CASES = int(os.environ.get("SEXPGPU_FUZZ_CASES", "5000"))
+SHARDS = 8
+
+
+def test_a_case_is_a_function_of_its_index():
+    seeds, runnable = load_seeds()
+    first = [make_case(i, seeds, runnable) for i in range(200)]
+    again = [make_case(i, seeds, runnable) for i in range(200)]
+    assert first == again
+    assert len({case.text for case in first}) > 190, "cases should differ from each other"
+
+
+def test_the_cases_cover_every_mutation_and_both_commands():
+    seeds, runnable = load_seeds()
+    cases = [make_case(i, seeds, runnable) for i in range(2000)]
+    used = {name for case in cases for name in case.mutations}
+    assert used == {m.name for m in MUTATORS} | {m.name for m in RUN_MUTATORS}
+    assert {case.command for case in cases} == {"check", "run"}
+    drawn = {case.seed for case in cases}
+    assert {seed.name for seed in seeds if seed.example} <= drawn
+    assert len(drawn) >= 0.95 * len(seeds)
+    assert all(case.seed in {s.name for s in runnable} for case in cases if case.command == "run")
+
+
+def test_runnable_seeds_are_shrunk_to_two_steps():
+    seeds, runnable = load_seeds()
+    assert runnable and all(":steps 2\n" in seed.text for seed in runnable)
+    assert shrink_for_run(":steps 200\n  :passes ((eval :every 50 :batches 4))") == \
+        ":steps 2\n  :passes ((eval :every 1 :batches 1))"
+
+
+# The judge itself: each failure class is recognised from what `main` prints.
+@pytest.mark.parametrize("status, stderr, label", [
+    (0, "", "ok"),
+    (2, "case.sexp:3:7: error E-FORM-011: :steps must be at least 1, found -5.\n", "E-FORM-011"),
+    (2, "step 1/2 loss 1\ncase.sexp:9:1: error E-SHAPE-001: add: shapes (3) and (4) do not broadcast.\n",
+     "E-SHAPE-001"),
+    (2, "error E-DATA-001: no record file at 'gone.npz'.\n", "E-DATA-001"),
+    (2, "error E-SELECT-003: case.sexp has no defrun: there is nothing to run.\n", "E-SELECT-003"),
+    (3, "internal error in sexpgpu 0.1.0: RecursionError: maximum recursion depth exceeded.\n", "internal"),
+    (2, "memory: allocation failed; the run stopped.\n", "uncoded"),
+    (2, "error E-FORM-011: :steps must be at least 1.\n", "unplaced"),
+    (2, "error E-SELECT-003: exp.sexp has no defrun.\n", "unplaced"),
+    (2, "case.sexp:1:2: error E-READ-007: 'de\x1b[31mf' is not a valid symbol.\n", "raw-control"),
+    (2, "Traceback (most recent call last):\n  File x\nValueError\n", "traceback"),
+    ("escaped", "Traceback (most recent call last):\n", "traceback"),
+    (1, "", "status-1"),
+])
+def test_classify(status, stderr, label):
+    outcome = classify(status, stderr)
+    assert outcome.label == label
+    assert outcome.failed == (label in FAILURE_LABELS or label.startswith("status-"))
+
+
+@pytest.mark.parametrize("check, run, label", [
+    (Outcome("ok", False), Outcome("ok", False), "ok"),
+    (Outcome("ok", False), Outcome("E-INDEX-001", False), "E-INDEX-001"),
+    (Outcome("ok", False), Outcome("E-FORM-011", False), "check-accepts-run-refuses"),
+    (Outcome("E-FORM-011", False), Outcome("E-FORM-011", False), "E-FORM-011"),
+    (Outcome("E-FORM-011", False), Outcome("E-FORM-002", False), "check-run-disagree"),
+    (Outcome("internal", True), Outcome("ok", False), "internal"),
+])
+def test_judge_run(check, run, label):
+    assert judge_run(check, run).label == label
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_fuzz(shard, record_property):
+    """A shard takes every SHARDS-th case; the shards together run CASES cases."""
+    seeds, runnable = load_seeds()
+    cases = (make_case(index, seeds, runnable, Plan()) for index in range(shard, CASES, SHARDS))
+    summary = fuzz(cases)
+    record_property("fuzz-summary", summary.record())
+    failures = "\n".join(f"case {f.case.index} ({f.case.command} of {f.case.seed} after "
+                         f"{', '.join(f.case.mutations)}): {f.outcome.label}: {f.outcome.detail[:300]!r}"
+                         for f in summary.failures[:20])
+    if summary.failures:
+        pytest.fail(f"{summary.format()}\n{failures}\n"
+                    "Reproduce one with: PYTHONPATH=src python tests/fuzz/fuzz_cli.py --show INDEX", pytrace=False)
+
+
+def test_the_hand_runner_shows_a_case_and_counts_a_run(capsys, tmp_path):
+    """tests/fuzz/fuzz_cli.py, as docs/architecture.md shows it: --show prints a case's file,
+    and a run prints the summary and lists each failure, writing the failing files."""
+    from fuzz_cli import main
+
+    seeds, runnable = load_seeds()
+    assert main(["--show", "49"]) == 0
+    assert capsys.readouterr().out == make_case(49, seeds, runnable).text
+    status = main(["--cases", "6", "--start", "45", "--jobs", "2", "--failures-out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.startswith("fuzz: 6 cases (5 check, 1 check+run) in ")
+    written = sorted(tmp_path.iterdir())
+    assert status == (1 if written else 0)
+    assert len(written) == sum(int(line.split()[0]) for line in out.splitlines()[4:] if line.strip()[:1].isdigit())
+
+
+def test_the_minimizer_keeps_the_outcome_and_drops_the_rest(tmp_path):
+    """--minimize: a stray ')' at the end of an example shrinks to the ')' alone."""
+    from fuzz_cli import minimize
+    from fuzz_harness import Worker, worker_directory
+    from fuzz_mutators import Case
+
+    seeds, _ = load_seeds()
+    text = next(seed.text for seed in seeds if seed.name == "teacher-student") + "\n)\n"
+    case = Case(0, "check", "teacher-student", ("by-hand",), text)
+    with worker_directory(tmp_path) as workdir:
+        worker = Worker(workdir)
+        try:
+            outcome = worker.execute(case, 20)
+            smaller = minimize(worker, case, outcome, 20)
+        finally:
+            worker.stop()
+    assert outcome.label == "E-READ-002"
+    assert smaller.text.strip() == ")"
