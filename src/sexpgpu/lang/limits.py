@@ -15,5 +15,5 @@ STEPS_MAX = I32_MAX  # :steps, :every, :keep, :warmup: the step is an int32 inpu
 MICROBATCHES_MAX = 2**20  # :microbatches, and a pass's :batches
 RECORDS_MAX = 2**62  # records a run reads (steps x microbatches x batch), times :context for text
 REPEAT_MAX = 100_000  # the count of one (repeat N ...)
-NODES_MAX = 2**18  # nodes of one graph (forward, gradients and update included)
+NODES_MAX = 2**17  # nodes of one graph (forward, gradients and update included)
 CALLS_MAX = 2**18  # graph calls made while building one graph (repeat counts each call)
