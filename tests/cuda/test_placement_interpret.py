@@ -83,3 +83,20 @@ def test_placed_inputs_give_the_same_bits_and_the_concatenation_copies_nothing()
     assert placed_concatenations == 4  # parameters, gradients, and Adam's two moments
     for name, key in executable.lowered.outputs.items():
         assert torch.equal(env[key], plain[name]), name
+
+
+def test_an_output_that_widens_a_bf16_value_keeps_its_own_dtype():
+    # A bf16 product read out as float32 through a view: the cast is a load in a kernel, so the
+    # output is a copy of the product's arena buffer; placing the output there hands back bf16.
+    from sexpgpu.graph.emit import Emitter
+
+    emit = Emitter()
+    a, b = emit.input("a", "f32", (4, 8)), emit.input("b", "f32", (8, 3))
+    product = emit("matmul", emit("cast", a, dtype="bf16"), emit("cast", b, dtype="bf16"))
+    widened = emit("transpose", emit("cast", product, dtype="f32"), perm=(1, 0))  # as a weight's gradient
+    graph = emit.graph({"a": a, "b": b}, {"y": widened})
+    lowered = CudaBackend(device="cpu").lowered(graph)
+    for operand, (target, _) in placements(lowered).items():
+        assert lowered.buffers[operand].dtype == lowered.buffers[target].dtype
+    output = lowered.outputs["y"]
+    assert lowered.buffers[output].dtype == "f32"

@@ -22,6 +22,8 @@ def placements(lowered) -> dict:
     placed = {}
     for index, step in enumerate(lowered.steps):
         for operand, target, view in getattr(step, "aliases", ()):
+            if lowered.buffers[operand].dtype != lowered.buffers[target].dtype:
+                continue  # a copy that converts (a bf16 value read out as float32) must stay a copy
             kind = lowered.buffers[operand].kind
             if kind == "input" and _free_before(lowered, target, index, first_write) \
                     and last_read.get(operand, -1) <= last_read.get(target, -1):
