@@ -16,13 +16,17 @@ from __future__ import annotations
 from sexpgpu.backends.cuda.steps import TorchStep, strided
 
 
-def _window_step(lowerer, node, compute, kind: str) -> None:
-    """A step writing `compute(*tensors)` (the node's inputs as tensors) into its buffer."""
+def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) -> None:
+    """A step writing `compute(*tensors)` (the node's inputs as tensors) into its buffer.
+    With `in_float32`, bf16 inputs are widened first, so the result is rounded once, by the
+    copy into the buffer, where the interpreter rounds it (PyTorch's bf16 pooling rounds each
+    window's share apart)."""
     sources = [lowerer.addressable(source) for source in node.inputs]
     key = lowerer.result_buffer(node)
+    widen = (lambda tensor: tensor.float()) if in_float32 else (lambda tensor: tensor)
 
     def run(env):
-        env[key].copy_(compute(*[strided(env, source, view) for source, view in sources]))
+        env[key].copy_(compute(*[widen(strided(env, source, view)) for source, view in sources]))
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
     lowerer.steps.append(TorchStep(run, reads, (key,), kind))
@@ -97,7 +101,7 @@ def avg_pool2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
-    _window_step(lowerer, node, lambda x: functional.avg_pool2d(x, kernel, stride), "pooling")
+    _window_step(lowerer, node, lambda x: functional.avg_pool2d(x, kernel, stride), "pooling", in_float32=True)
 
 
 def avg_pool2d_grad(lowerer, node) -> None:
@@ -109,7 +113,7 @@ def avg_pool2d_grad(lowerer, node) -> None:
         like = g.new_empty(()).expand(shape)  # only its shape is read
         return torch.ops.aten.avg_pool2d_backward(g, like, list(kernel), list(stride), [0, 0], False, True, None)
 
-    _window_step(lowerer, node, compute, "pooling")
+    _window_step(lowerer, node, compute, "pooling", in_float32=True)
 
 
 WINDOWS = {
