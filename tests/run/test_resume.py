@@ -36,10 +36,12 @@ def short_tiny(tmp_path: Path, microbatches: int = 1, to: str | None = None) -> 
     return path
 
 
-def start(args, env=None) -> subprocess.Popen:
+def start(args, env=None, log=None) -> subprocess.Popen:
+    """A `sexpgpu` process. A long run should be given `log` (an open file for its stderr): a pipe
+    nobody reads fills with its progress lines and stops it in the middle of a write."""
     environment = dict(os.environ, **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "sexpgpu", *args], cwd=ROOT, env=environment,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=log or subprocess.PIPE, text=True)
 
 
 def kill_after(process: subprocess.Popen, condition, extra_seconds: float, timeout: float = 300) -> None:

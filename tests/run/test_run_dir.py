@@ -67,12 +67,15 @@ def test_a_fresh_run_refuses_a_checkpoint_directory_with_another_runs_checkpoint
 
 def test_a_second_process_is_kept_out_while_a_run_holds_its_directory(tmp_path):
     run_dir, file = tmp_path / "run", tiny(tmp_path, steps=10_000, every=1)
+    log = open(tmp_path / "first.err", "w")  # 10,000 steps of progress lines: a pipe would fill and stop it
     first = start(["run", str(file), "--device", "cpu", "--run-dir", str(run_dir)],
-                  env={"SEXPGPU_TEST_CHECKPOINT_SLEEP": "0.02"})
+                  env={"SEXPGPU_TEST_CHECKPOINT_SLEEP": "0.02"}, log=log)
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        # the first run holds the lock once it logs a step; a loaded CI machine may take minutes to get there
+        deadline = time.monotonic() + 600
+        while not (run_dir / "metrics.jsonl").exists() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert (run_dir / "metrics.jsonl").exists() and first.poll() is None, "the first run never got going"
         for extra in ([], ["--resume", "latest"]):
             second = sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(run_dir), *extra)
             assert second.returncode == 2, second.stderr
@@ -80,7 +83,9 @@ def test_a_second_process_is_kept_out_while_a_run_holds_its_directory(tmp_path):
         assert first.poll() is None, "the first run ended before the second was refused"
     finally:
         first.send_signal(signal.SIGINT)
-        assert first.wait(timeout=300) == 130, first.stderr.read()
+        status = first.wait(timeout=300)
+        log.close()
+        assert status == 130, (tmp_path / "first.err").read_text()[-2000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [record["step"] for record in records if "digest" in record]
     assert steps == list(range(1, len(steps) + 1)) and steps
