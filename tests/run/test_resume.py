@@ -41,7 +41,16 @@ def start(args, env=None, log=None) -> subprocess.Popen:
     nobody reads fills with its progress lines and stops it in the middle of a write."""
     environment = dict(os.environ, **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "sexpgpu", *args], cwd=ROOT, env=environment,
-                            stdout=subprocess.DEVNULL, stderr=log or subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=log or subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_as_at_a_terminal)
+
+
+def _ctrl_c_as_at_a_terminal() -> None:
+    """Ctrl-C acts in the child as at a terminal. A test run started as a background job of a
+    non-interactive shell (as a CI harness may start it) has SIGINT ignored, every child
+    inherits that, and Python then installs no handler: a test that sends it would wait for a
+    run that never hears it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def kill_after(process: subprocess.Popen, condition, extra_seconds: float, timeout: float = 300) -> None:
