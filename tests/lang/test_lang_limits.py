@@ -4,12 +4,16 @@ before its fix."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
 from sexpgpu.lang.forms import parse_experiment, select_run
 from sexpgpu.lang.reader import read_text
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MODEL = "(defgraph m (x) (linear (embedding x :vocab 256 :dim 8 :as e) :out 256 :as head))\n"
 RUN = ("(defrun r :seed 1 :data (text pydoc :context 8) :model (m x) :loss (cross-entropy y)\n"
@@ -125,3 +129,17 @@ def test_a_graph_stops_at_the_node_limit(monkeypatch):
 def test_a_pass_reads_at_most_2_to_the_62_bytes_of_text():
     text = run_with(":passes ((eval :every 1 :batches 1048576 :data (text pydoc :context 2147483647)))")
     refused(text.replace(":batch 2 :steps 1", ":batch 2147483647 :steps 1"), "(eval")
+
+
+def test_an_update_too_large_for_one_tensor_is_placed_at_the_optimizer(tmp_path, capsys):
+    # Each parameter fits the element limit; the update's flat vector of all of them does not.
+    # Found by the fuzzer (case 19727): the error had no position.
+    from sexpgpu.cli.main import main
+
+    text = (ROOT / "examples" / "char-lm.sexp").read_text().replace(":width 64", ":width 1000000")
+    path = tmp_path / "wide.sexp"
+    path.write_text(text)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    line = next(number for number, row in enumerate(text.splitlines(), 1) if ":optimizer" in row)
+    assert "E-FORM-011" in err and f"{path}:{line}:" in err

@@ -41,6 +41,7 @@ CLIP_EPSILON = 1e-6
 def build_update(params: dict, optimizer, microbatches: int):
     """(update graph, {slot: [paths]}) for `params` {path: ParamSpec}."""
     e = Emitter()
+    e.loc = optimizer.loc  # a limit the update passes (its flat vector of every parameter) is the optimizer's
     paths = sorted(params)
     slots = STATE_SLOTS[optimizer.kind]
     inputs = {}
