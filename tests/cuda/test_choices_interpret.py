@@ -17,10 +17,9 @@ from sexpgpu.backends.cuda.products import implementations  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
 from sexpgpu.plan.device import ProductShape  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
 
 
 M, N, K = 8, 6, 1024

@@ -26,12 +26,9 @@ from sexpgpu.backends.cuda.codegen.flat import FlatSpec, flat_kernel  # noqa: E4
 from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction, RowKernel, RowSpec  # noqa: E402
 from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous, unit_view  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    """Triton's interpreter for these tests only (Triton reads the variable at each launch
-    and decoration), so that the rest of a test session compiles as usual."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
 
 RNG = np.random.default_rng(20261129)
 

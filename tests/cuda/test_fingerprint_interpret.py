@@ -12,10 +12,9 @@ pytest.importorskip("triton")
 from sexpgpu.backends.cpu.fingerprint import fingerprint  # noqa: E402
 from sexpgpu.backends.cuda.fingerprint import BLOCK, fingerprints  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
 
 
 def test_the_kernel_gives_the_cpu_fingerprints():

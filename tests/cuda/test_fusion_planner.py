@@ -26,10 +26,9 @@ from sexpgpu.backends.cuda.codegen.space import broadcast_view, contiguous  # no
 from sexpgpu.graph.autodiff import gradients  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
 
 
 FUSED = CudaBackend(device="cpu", policy=FusionPolicy("on"))

@@ -25,12 +25,9 @@ from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    """Triton's interpreter for these tests only (Triton reads the variable at each launch
-    and decoration), so that the rest of a test session compiles as usual."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
 
 CPU = Interpreter()
 SMALL_CASES = [case for case in CASES if case_elements(case) <= 200]

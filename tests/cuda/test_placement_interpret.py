@@ -16,12 +16,11 @@ from sexpgpu.graph.build import Initializer, ParamSpec  # noqa: E402
 from sexpgpu.graph.optimizers import build_update  # noqa: E402
 from sexpgpu.lang.experiment import OptimizerSpec  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
+
 SHAPES = {"a/b": (5,), "a/w": (3, 5), "head": (2, 3)}
 
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def _update():

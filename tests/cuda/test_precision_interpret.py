@@ -18,6 +18,8 @@ pytest.importorskip("triton")
 
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
+
 PRECISION_RTOL = 1e-2  # a step's loss, CUDA lowering against the interpreter, in bf16
 
 # one attention block over 8 bytes, and a convolution net on 6x6 images: every product kind
@@ -46,9 +48,6 @@ RUNS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def built_run(tmp_path, name: str):

@@ -18,14 +18,12 @@ pytest.importorskip("triton")
 from random_graphs import OP_NAMES, graph_from_seed, run_seeds, summary  # noqa: E402
 from sexpgpu.graph.ops import OPS  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
+
 # SEXPGPU_DIFF_GRAPHS_INTERPRET raises the count for a longer local run.
 COUNT = int(os.environ.get("SEXPGPU_DIFF_GRAPHS_INTERPRET", len(OP_NAMES)))
 
 
-@pytest.fixture(autouse=True)
-def interpreted(monkeypatch):
-    """Triton's interpreter for these tests only (Triton reads the variable at each launch)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def test_random_graphs_match_the_interpreter(capsys):
