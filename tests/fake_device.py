@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sexpgpu.plan.cost import graph_products
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
 
 GIB = 2**30
@@ -39,6 +40,9 @@ class FakeDevice:
     def time_training_step(self, training, degree: int, inputs) -> float:
         self.measured.append(("step", degree))
         return self.step_seconds.get(degree, 1.0 / degree)
+
+    def product_shapes(self, graph) -> tuple:
+        return graph_products(graph)
 
     def product_implementations(self, shape: ProductShape) -> tuple:
         return tuple(self.product_seconds) or ("ordinary",)

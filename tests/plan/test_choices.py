@@ -26,6 +26,7 @@ from sexpgpu.plan.choices import (
     decide_strictly,
     take_pinned,
 )
+from sexpgpu.graph.stacking import stack_training
 from sexpgpu.plan.cost import CostModel, graph_products
 from sexpgpu.plan.device import DeviceProbe, Throughput
 from sexpgpu.plan.levels import How, choices_line, determinism_line
@@ -118,7 +119,7 @@ def test_strict_stacking_is_1(program):
 # --- products -------------------------------------------------------------------------
 
 def test_the_graphs_float32_products_are_found_with_their_layouts(program):
-    shapes = graph_products(program.training)
+    shapes = [shape for graph in program.training.graphs for shape in graph_products(graph)]
     assert shapes and all(shape.key().count("x") == 3 for shape in shapes)
     assert any(shape.a_transposed or shape.b_transposed for shape in shapes)  # the gradients' products
 
@@ -126,9 +127,22 @@ def test_the_graphs_float32_products_are_found_with_their_layouts(program):
 @pytest.mark.parametrize("split, expected", [(0.995, "ordinary"), (0.99, "split-k 2"), (0.98, "split-k 2")])
 def test_ordinary_is_kept_unless_another_is_at_least_1_percent_faster(program, split, expected):
     device = FakeDevice(product_seconds={"ordinary": 1.0, "transposed": 1.5, "split-k 2": split})
-    products = decide(situation(program, device), Forgetful()).products
-    assert products and set(products.values()) == {expected}
-    assert set(products) == {shape.key() for shape in graph_products(program.training)}
+    choices = decide(situation(program, device), Forgetful())
+    assert choices.products and set(choices.products.values()) == {expected}
+    assert set(choices.products) == product_keys(program, choices.stacking)
+
+
+def test_products_are_decided_for_the_graph_at_the_chosen_stacking_degree(program):
+    """A stacked run runs the stacked microbatch graph: its products are longer in M, and
+    those are the keys the backend looks up."""
+    device = FakeDevice(product_seconds={"ordinary": 1.0, "split-k 2": 0.5}, step_seconds={1: 1.0, 2: 0.1, 4: 0.9})
+    choices = decide(situation(program, device), Forgetful())
+    assert choices.stacking > 1
+    assert set(choices.products) == product_keys(program, choices.stacking) != product_keys(program, 1)
+
+
+def product_keys(program, degree: int) -> set:
+    return {shape.key() for graph in stack_training(program.training, degree).graphs for shape in graph_products(graph)}
 
 
 def test_several_gpus_take_ordinary_without_timing(program):

@@ -44,6 +44,11 @@ class TrainingGraph:
     degree: int = 1  # microbatches one call of `micro` runs as one batch (graph/stacking.py)
     source: object = field(default=None, compare=False, repr=False)  # the experiment stacking rebuilds from
 
+    @property
+    def graphs(self) -> tuple:
+        """The graphs a step runs: the microbatch graph, then the update."""
+        return (self.micro, self.update)
+
     def state_shapes(self) -> dict:
         """{"state/<slot>/<path>": shape} in the update graph's input order."""
         return {name: node.shape for name, node in self.update.inputs.items() if name.startswith("state/")}

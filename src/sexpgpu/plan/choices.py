@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.plan.cost import CostModel, graph_products
+from sexpgpu.graph.stacking import stack_training
+from sexpgpu.plan.cost import CostModel
 from sexpgpu.plan.device import DeviceProbe, Throughput
 
 ORDINARY = "ordinary"
@@ -81,6 +82,7 @@ class Situation:
     offered: tuple | None = None
     memory: object = None  # where the measured throughput is remembered (the cost file); set by `decide`
     measured_throughput: Throughput | None = None
+    decided: dict = field(default_factory=dict)  # the values decided (or pinned) so far, by record key
 
     def offered_degrees(self) -> tuple:
         """The stacking degrees this run may take here: divisors of :microbatches (only 1 when
@@ -109,11 +111,22 @@ class Situation:
                 memory.remember("cost", "throughput", asdict(self.measured_throughput))
         return self.measured_throughput
 
+    def running_training(self):
+        """The training graph the run steps through: at the stacking degree decided so far
+        (stacking is the first decision, so every later one sees the graph it is about)."""
+        return stack_training(self.training, self.decided.get("stacking", 1))
+
+    def all_product_shapes(self) -> list:
+        """The float32 products of the running graphs as this device runs them (its keys)."""
+        shapes = []
+        for graph in self.running_training().graphs:
+            shapes += [shape for shape in self.probe.product_shapes(graph) if shape not in shapes]
+        return shapes
+
     def product_shapes(self) -> list:
-        """The float32 products of the training graph that the device offers more than one
-        implementation for; the device decides which are long enough to."""
-        return [shape for shape in graph_products(self.training)
-                if len(self.probe.product_implementations(shape)) > 1]
+        """The products the device offers more than one implementation for; the device
+        decides which are long enough to."""
+        return [shape for shape in self.all_product_shapes() if len(self.probe.product_implementations(shape)) > 1]
 
 
 @dataclass(frozen=True)
@@ -191,7 +204,7 @@ def _products_key(situation: Situation) -> str:
 def _check_products(situation: Situation, recorded) -> str | None:
     if recorded is None:  # recorded before product implementations were: its run took ordinary
         return None
-    for shape in graph_products(situation.training):
+    for shape in situation.all_product_shapes():
         offered = situation.probe.product_implementations(shape)
         name = recorded.get(shape.key())
         if name is None and len(offered) > 1:
@@ -250,7 +263,7 @@ class Forgetful:
 def decide(situation: Situation, memory) -> Choices:
     """The run's own choices: each taken from `memory` when it remembers one this machine can
     take (a damaged entry is not), else made now and remembered."""
-    values = {}
+    values = situation.decided = {}
     situation.memory = memory
     for decision in DECISIONS:
         key = decision.cache_key(situation)
@@ -266,12 +279,16 @@ def decide(situation: Situation, memory) -> Choices:
 
 def decide_strictly(situation: Situation) -> Choices:
     """--deterministic: every choice by its fixed rule, nothing measured or remembered."""
-    return _record(situation, {decision.key: decision.strict(situation) for decision in DECISIONS}, strict=True)
+    values = situation.decided = {}
+    for decision in DECISIONS:
+        values[decision.key] = decision.strict(situation)
+    return _record(situation, values, strict=True)
 
 
 def take_pinned(situation: Situation, recorded: Choices, source: str) -> Choices:
     """The recorded choices as they are, or E-CHOICE-001 naming the first one this machine
     cannot take. Never another choice in its place."""
+    situation.decided = {}
     for decision in DECISIONS:
         reason = decision.check_pin(situation, recorded.value(decision.key))
         if reason is not None:
@@ -279,6 +296,7 @@ def take_pinned(situation: Situation, recorded: Choices, source: str) -> Choices
                                                f"its {decision.key}: {reason}.",
                                hint="Run with --choices fresh to choose again here (level 3), or on a machine "
                                     "that can take the recorded choices.")
+        situation.decided[decision.key] = recorded.value(decision.key)
     products = recorded.products if recorded.products is not None else _strict_products(situation)
     return replace(recorded, device=situation.probe.device_facts().line(), products=products)
 

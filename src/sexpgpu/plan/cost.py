@@ -56,20 +56,20 @@ class CostModel:
         return stacks * (max(arithmetic, traffic) + cost.nodes * LAUNCH_SECONDS)
 
 
-def graph_products(training) -> list:
-    """Each distinct float32 product of the training graphs, in graph order, as a ProductShape:
-    the operands' layouts are the transposes that feed them."""
+def graph_products(graph) -> tuple:
+    """Each distinct float32 product of a graph, in graph order, as a ProductShape with the
+    operands' layouts the transposes that feed them: the keys of a device that runs every
+    product as the graph states it (a device that folds rows names them otherwise)."""
     shapes = []
-    for graph in (training.micro, training.update):
-        for node in graph.nodes:
-            if node.op != "matmul" or node.dtype != "f32":
-                continue
-            a, b = node.inputs
-            shape = ProductShape(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], batch=_batch(node.shape),
-                                 a_transposed=a.op == "transpose", b_transposed=b.op == "transpose")
-            if shape not in shapes:
-                shapes.append(shape)
-    return shapes
+    for node in graph.nodes:
+        if node.op != "matmul" or node.dtype != "f32":
+            continue
+        a, b = node.inputs
+        shape = ProductShape(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], batch=_batch(node.shape),
+                             a_transposed=a.op == "transpose", b_transposed=b.op == "transpose")
+        if shape not in shapes:
+            shapes.append(shape)
+    return tuple(shapes)
 
 
 def _batch(shape: tuple) -> int:

@@ -85,6 +85,10 @@ class DeviceProbe(Protocol):
     def time_training_step(self, training, degree: int, inputs) -> float:
         """Seconds of one training step at this stacking degree (warm, after compilation)."""
 
+    def product_shapes(self, graph) -> tuple:
+        """The float32 products of `graph` as this device runs them, each once: the keys a
+        products map may name for it (a device may fold a product's rows, say)."""
+
     def product_implementations(self, shape: ProductShape) -> tuple:
         """The implementations this device can run for a product, 'ordinary' first
         (e.g. 'ordinary', 'transposed', 'split-k 2', 'split-k 4')."""

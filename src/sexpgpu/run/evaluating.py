@@ -62,16 +62,9 @@ class Evaluation:
 @dataclass(frozen=True)
 class PassGraphs:
     """The pass graphs in the place of a training graph, for the product decisions: a pass's
-    products are the shapes its choices are about (plan/cost.py's `graph_products` reads
-    `micro` and `update`)."""
+    products are the shapes its choices are about (plan/choices.py's Situation reads `graphs`)."""
 
-    micro: object
-    update: object
-
-
-@dataclass(frozen=True)
-class Nodes:
-    nodes: tuple
+    graphs: tuple
 
 
 def checkpoints_named(paths) -> list:
@@ -219,8 +212,8 @@ def _recorded(record: dict, path: str) -> Choices | None:
 
 def _situation(probe, built, settings: ChoiceSettings) -> Situation:
     """A pass runs unstacked, and its products are its own graphs' (PassGraphs)."""
-    nodes = tuple(node for graph in built.program.passes.values() for node in graph.nodes)
-    situation = Situation(probe, PassGraphs(Nodes(nodes), Nodes(())), False, 1, settings.node_gradients)
+    passes = PassGraphs(tuple(built.program.passes.values()))
+    situation = Situation(probe, passes, False, 1, settings.node_gradients)
     situation.offered = (1,)
     return situation
 

@@ -53,6 +53,7 @@ class CudaProbe:
         self.backend = backend
         self.torch = backend.torch
         self.device = backend.device
+        self._operands_of = (None, {})  # (shape, operands): the last product timed's
 
     # --- facts and memory -----------------------------------------------------------------------
 
@@ -120,10 +121,17 @@ class CudaProbe:
     def time_product(self, shape: ProductShape, implementation: str) -> float:
         graph = product_graph(shape)
         backend = CudaBackend(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
-        rng = np.random.default_rng(0)
-        values = {name: backend.from_host(rng.standard_normal(node.shape).astype(np.float32))
-                  for name, node in graph.inputs.items()}
+        values = self._operands(shape, graph)
         return self._median_seconds(lambda: backend.run(graph, values))
+
+    def _operands(self, shape: ProductShape, graph) -> dict:
+        """Normal operands for a shape's product, drawn on the device once and shared by its
+        implementations' timings (drawing a long product's operands on the host costs seconds)."""
+        if self._operands_of[0] != shape:
+            generator = self.torch.Generator(device=self.device).manual_seed(0)
+            self._operands_of = (shape, {name: self.torch.randn(node.shape, device=self.device, generator=generator)
+                                         for name, node in graph.inputs.items()})
+        return self._operands_of[1]
 
     def measure_throughput(self) -> Throughput:
         """float32 multiply-adds a second of a kernel that does FMA_ROUNDS of them per loaded
