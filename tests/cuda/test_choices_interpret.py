@@ -193,3 +193,30 @@ def test_the_cuda_backend_runs_a_stacked_graph_as_the_interpreter_does():
     assert got["loss"].shape == (4,)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_pinned_stacked_runs_products_are_the_keys_its_lowered_steps_look_up():
+    """The plan names each product as the backend lowers it at the pinned degree (rows folded,
+    the stacked M), so what the plan decided is what the step runs."""
+    from sexpgpu.backends.cuda.probe import CudaProbe
+    from sexpgpu.graph import compile_program
+    from sexpgpu.graph.stacking import stack_training
+    from sexpgpu.lang.forms import parse_experiment, select_run
+    from sexpgpu.lang.reader import read_text
+    from sexpgpu.plan.choices import Choices, Situation, take_pinned
+
+    from fake_device import H200
+
+    experiment = select_run(parse_experiment(read_text(STACKED_RUN, "t.sexp"), "t.sexp", ""), None)
+    program = compile_program(experiment, {"x": ((3,), "f32"), "y": ((), "i32")})
+    backend = CudaBackend(device="cpu")
+    probe = CudaProbe(backend)
+    probe.device_facts = lambda: H200  # the record's device line; a CPU has no CUDA facts to read
+    situation = Situation(probe, program.training, True, 4, "bf16", offered=(1, 2, 4))
+    situation.free_bytes = 1 << 40
+    recorded = Choices("anywhere", False, 2, 9.0, {}, None, "bf16")
+    products = take_pinned(situation, recorded, "a record").products
+    stacked = stack_training(program.training, 2)
+    lowered = {step.product.key() for graph in stacked.graphs for step in backend.lowered(graph).steps
+               if getattr(step, "product", None)}
+    assert lowered and lowered <= set(products)
