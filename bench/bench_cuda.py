@@ -1,6 +1,6 @@
 """The CUDA backend's step time against the same models in plain PyTorch, on one GPU.
 
-    PYTHONPATH=src python3 bench/bench_cuda.py [--quick] [--steps N] [--models char-lm,gpt-50m]
+    PYTHONPATH=src python3 bench/bench_cuda.py [--quick] [--steps N] [--models char-lm,gpt-50m,cnn]
                                                [--rows ours-f32,ours-bf16,eager-f32,...]
 
 For each model, in one process, the step time (forward, loss, gradients, AdamW with
@@ -14,6 +14,9 @@ clipping) of each row:
 - `eager-bf16`, `compile-bf16`: the same under torch.autocast(bfloat16);
 - `eager-f32-written`, `compile-f32-written`: the earlier peer: attention written out step by
   step and the unfused AdamW, float32.
+
+The CNN (examples/cnn.sexp) has its peer in bench/torch_models.py too: the same network with
+Adam (fused), on noise images, with `cudnn.benchmark` on for every peer.
 
 The peers run without PyTorch's deterministic-algorithms mode, as plain PyTorch does.
 Printed: each row's time, the goal ratios (peer/ours at least 1.0 against eager, ours/peer at
@@ -36,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
     "char-lm": (ROOT / "examples" / "char-lm.sexp", dict(vocab=256, context=64, width=64, heads=4, ff=256, layers=2), 16),
     "gpt-50m": (ROOT / "bench" / "gpt-50m.sexp", dict(vocab=24576, context=512, width=512, heads=8, ff=2048, layers=8), 32),
+    "cnn": (ROOT / "examples" / "cnn.sexp", dict(size=12, width=8, wide=16, classes=2), 32),
 }
 
 
@@ -118,7 +122,8 @@ GOALS = (("ours-f32", "eager-f32", 1.0), ("ours-bf16", "eager-bf16", 1.0), ("our
          ("ours-f32", "eager-f32-written", 1.0), ("ours-f32", "compile-f32-written", 1.25))
 
 
-def torch_step(options: dict, batch: int, peer: Peer):
+def torch_step(name: str, options: dict, batch: int, peer: Peer):
+    """One training step of the model in plain PyTorch, written as `peer` says."""
     import contextlib
 
     import torch
@@ -126,23 +131,55 @@ def torch_step(options: dict, batch: int, peer: Peer):
     import torch_models
 
     torch.manual_seed(0)
-    model = torch_models.CharLM(**options, sdpa=peer.idiomatic).cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=peer.idiomatic or None)
+    model, optimizer, draw = PEER_MODELS[name](torch_models, options, batch, peer)
     forward = torch.compile(model) if peer.compiled else model
-    vocab, context = options["vocab"], options["context"]
     precision = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if peer.bf16 else contextlib.nullcontext
 
     def step():
-        x = torch.randint(0, vocab, (batch, context), device="cuda")
-        y = torch.randint(0, vocab, (batch, context), device="cuda")
+        x, y = draw()
         optimizer.zero_grad(set_to_none=True)
         with precision():
-            loss = torch.nn.functional.cross_entropy(forward(x).reshape(-1, vocab), y.reshape(-1))
+            logits = forward(x)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if name != "cnn":  # the language models clip at 1.0, as their files say
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
     return step
+
+
+def language_model(torch_models, options: dict, batch: int, peer: Peer):
+    import torch
+
+    model = torch_models.CharLM(**options, sdpa=peer.idiomatic).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=peer.idiomatic or None)
+    vocab, context = options["vocab"], options["context"]
+
+    def draw():
+        return (torch.randint(0, vocab, (batch, context), device="cuda"),
+                torch.randint(0, vocab, (batch, context), device="cuda"))
+
+    return model, optimizer, draw
+
+
+def convolutional(torch_models, options: dict, batch: int, peer: Peer):
+    """examples/cnn.sexp's network with Adam (fused) at its learning rate, on noise images:
+    cudnn.benchmark is on for the peers (time_model), as a PyTorch user sets it for a CNN."""
+    import torch
+
+    size = options["size"]
+    model = torch_models.CNN(options["width"], options["wide"], options["classes"]).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, fused=peer.idiomatic or None)
+
+    def draw():
+        return (torch.randn(batch, 1, size, size, device="cuda"),
+                torch.randint(0, options["classes"], (batch,), device="cuda"))
+
+    return model, optimizer, draw
+
+
+PEER_MODELS = {"char-lm": language_model, "gpt-50m": language_model, "cnn": convolutional}
 
 
 def seconds_per_step(step, steps: int, warmup: int) -> float:
@@ -174,9 +211,11 @@ def time_model(name: str, rows: list, steps: int, warmup: int) -> dict:
     path, options, batch = MODELS[name]
     timed = {row: time_ours(path, OURS[row], steps, warmup) for row in rows if row in OURS}
     torch.use_deterministic_algorithms(False)  # the peers are plain PyTorch (TF32 stays off)
+    benchmark, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True
     for row in rows:
         if row in PEERS:
-            timed[row] = {"seconds": seconds_per_step(torch_step(options, batch, PEERS[row]), steps, warmup)}
+            timed[row] = {"seconds": seconds_per_step(torch_step(name, options, batch, PEERS[row]), steps, warmup)}
+    torch.backends.cudnn.benchmark = benchmark
     torch.use_deterministic_algorithms(True)
     return timed
 

@@ -65,3 +65,18 @@ class CharLM(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(self.final_norm(h))
+
+
+class CNN(nn.Module):
+    """examples/cnn.sexp: two 3x3 convolutions with ReLU, a max-pool, an average pool and a head."""
+
+    def __init__(self, width=8, wide=16, classes=2):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, wide, 3, padding=1)
+        self.head = nn.Linear(wide, classes)
+
+    def forward(self, x):
+        h = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        h = nn.functional.adaptive_avg_pool2d(torch.relu(self.conv2(h)), 1)
+        return self.head(h.flatten(1))
