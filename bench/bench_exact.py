@@ -1,6 +1,7 @@
 """Exact GEMM throughput on a CUDA GPU, against cuBLAS measured in the same run.
 
     PYTHONPATH=src python bench/bench_exact.py [--json results.json] [--sizes 1024 4096 8192]
+    PYTHONPATH=src python bench/bench_exact.py --cpu     # no GPU needed: exact f32 at 1024^3 on CPU
 
 TFLOP/s counts 2*M*N*K per product, as for any GEMM; every exact figure is the whole
 det_gemm call (special-value check, the default implementation, carries, the one rounding).
@@ -10,9 +11,11 @@ Rows, at each size n^3:
   spread 2^+-s        f32 values scaled by 2**e, e uniform in [-s, s): more slices per block
   outlier per row     randn rows with one element 2**60 larger: the rest lie far below it
   whole range         every exponent from 2**-149 to 2**126 in each row: the worst case
-Then DetLinear 4096x4096, batch 4096, forward + backward against nn.Linear float32, and the
+Each exact row also says what det_gemm's fast path did on its last call (rounded.py): the
+tiers it computed and the fraction of outputs it sent to the exact accumulator. Then
+DetLinear 4096x4096, batch 4096, forward + backward against nn.Linear float32, and the
 previous default (the Triton fp64 kernel) at 1024^3 for reference. Runs in about two
-minutes on an H200.
+minutes on an H200. --cpu: det_gemm f32 at 1024^3 against torch.matmul f32 on the same cores.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from sexpgpu.exact import DetLinear, backends, det_gemm
+from sexpgpu.exact import DetLinear, backends, det_gemm, rounded
 
 REPEATS = {1024: 10, 4096: 3, 8192: 2}
 
@@ -37,16 +40,28 @@ class Row:
     exact_bf16: float | None
     cublas_f32: float | None
     cublas_bf16: float | None
+    tiers: int = 0  # tiers of slice products the fast path ran (f32 call)
+    fallback: float = 0.0  # fraction of outputs that the exact accumulator computed (f32 call)
 
 
 def seconds_per_call(fn, repeats: int) -> float:
     fn()  # warm-up: compilation, allocator
-    torch.cuda.synchronize()
+    synchronize()
     started = time.perf_counter()
     for _ in range(repeats):
         fn()
-    torch.cuda.synchronize()
+    synchronize()
     return (time.perf_counter() - started) / repeats
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def fast_path_figures() -> dict:
+    stats = rounded.last_statistics
+    return {"tiers": stats.tiers, "fallback": stats.fallback / max(stats.outputs, 1)}
 
 
 def tflops(n: int, seconds: float) -> float:
@@ -88,18 +103,20 @@ def randn_row(n: int) -> Row:
     xb, wb = x.bfloat16(), w.bfloat16()
     repeats = REPEATS[n]
     cublas_repeats = min(1000, max(3, int(2e12 // (2 * n**3))))
-    return Row(n, "randn",
-               exact_f32=tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats)),
+    exact_f32 = tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats))
+    figures = fast_path_figures()
+    return Row(n, "randn", exact_f32=exact_f32,
                exact_bf16=tflops(n, seconds_per_call(lambda: det_gemm(xb, wb), repeats)),
                cublas_f32=tflops(n, seconds_per_call(lambda: x @ w.T, cublas_repeats)),
-               cublas_bf16=tflops(n, seconds_per_call(lambda: xb @ wb.T, cublas_repeats)))
+               cublas_bf16=tflops(n, seconds_per_call(lambda: xb @ wb.T, cublas_repeats)), **figures)
 
 
 def adversarial_rows(n: int) -> list[Row]:
     rows = []
     for name, make in ADVERSARIAL.items():
         x, w = make(n, 3), make(n, 4)
-        rows.append(Row(n, name, tflops(n, seconds_per_call(lambda: det_gemm(x, w), 1)), None, None, None))
+        exact_f32 = tflops(n, seconds_per_call(lambda: det_gemm(x, w), 1))
+        rows.append(Row(n, name, exact_f32, None, None, None, **fast_path_figures()))
         del x, w
     return rows
 
@@ -126,11 +143,32 @@ def previous_default(n: int = 1024) -> float:
         return tflops(n, seconds_per_call(lambda: det_gemm(x, w), 3))
 
 
+def cpu_figures(n: int = 1024) -> dict:
+    """det_gemm f32 against torch.matmul f32 on this machine's CPU cores, at n^3 (randn)."""
+    generator = torch.Generator().manual_seed(1)
+    x, w = torch.randn(n, n, generator=generator), torch.randn(n, n, generator=generator)
+    exact = seconds_per_call(lambda: det_gemm(x, w), 2)
+    figures = fast_path_figures()
+    matmul = seconds_per_call(lambda: x @ w.T, 10)
+    return {"size": n, "threads": torch.get_num_threads(), "det_gemm s": exact, "matmul s": matmul,
+            "ratio": exact / matmul, **figures}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 8192], choices=sorted(REPEATS))
+    parser.add_argument("--cpu", action="store_true", help="only the CPU row: exact f32 at 1024^3 against torch.matmul")
     args = parser.parse_args()
+    if args.cpu:
+        cpu = cpu_figures()
+        print(f"CPU ({cpu['threads']} threads) {cpu['size']}^3 f32 randn: det_gemm {cpu['det_gemm s'] * 1e3:.0f} ms, "
+              f"torch.matmul {cpu['matmul s'] * 1e3:.1f} ms: det_gemm is {cpu['ratio']:.1f}x slower "
+              f"(fast path: {cpu['tiers']} tiers, {cpu['fallback']:.2%} to the exact accumulator)")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"cpu": cpu}, f, indent=2)
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     started = time.perf_counter()
@@ -158,10 +196,12 @@ def report(rows: list[Row], linear: dict, triton_tflops: float) -> None:
         if r.data == "randn":
             print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f} {r.exact_f32 / r.cublas_f32:10.3f}x "
                   f"{r.exact_bf16:10.2f} {r.exact_bf16 / r.cublas_bf16:11.3f}x   "
-                  f"(cuBLAS f32 {r.cublas_f32:.1f}, bf16 {r.cublas_bf16:.1f})")
+                  f"(cuBLAS f32 {r.cublas_f32:.1f}, bf16 {r.cublas_bf16:.1f}; {r.tiers} tiers, "
+                  f"{r.fallback:.3%} to the exact accumulator)")
         else:
             slowdown = randn_by_size[r.size].exact_f32 / r.exact_f32
-            print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f}   ({slowdown:.1f}x slower than randn f32)")
+            print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f}   ({slowdown:.1f}x slower than randn f32; "
+                  f"{r.tiers} tiers, {r.fallback:.3%} to the exact accumulator)")
     print(f"\nworst adversarial case: {worst.data} at {worst.size}^3, "
           f"{randn_by_size[worst.size].exact_f32 / worst.exact_f32:.1f}x slower than randn f32")
     ratio = linear["nn.Linear f32"] / linear["DetLinear"]

@@ -85,6 +85,11 @@ def select(device: torch.device) -> Backend:
     )
 
 
+def forcing() -> bool:
+    """Whether some implementation is forced (then det_gemm, too, adds every product)."""
+    return bool(_forced)
+
+
 @contextlib.contextmanager
 def forced(name: str):
     """Run every exact operation inside the block with the named backend (for tests and benchmarks)."""

@@ -9,6 +9,7 @@ from .accumulator import Accumulator, empty_planes, normalise_
 from .checks import check_accumulator, check_combinable, check_gemm_operands, check_output_dtype
 from .layout import MAX_K_PER_CALL, NAN_PLANE
 from .rounding import round_planes
+from .rounded import rounded_gemm
 from .special import split_special
 
 
@@ -21,7 +22,18 @@ def det_gemm_partial(x: torch.Tensor, w: torch.Tensor) -> Accumulator:
 def det_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T for x (M, K) and w (N, K): the exact sum of products, rounded once to float32."""
     check_gemm_operands("det_gemm", x, w)
-    return round_planes(accumulate_planes(x, w), torch.float32)
+    return rounded_product(x, w, torch.float32)
+
+
+def rounded_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The exact x @ w.T rounded once into dtype: by the tiered fast path (rounded.py), which
+    falls back to the accumulator where its bound cannot prove the rounding. With an
+    implementation forced (backends.forced), the accumulator computes every output."""
+    backends.select(x.device)  # a device no implementation runs on is refused here
+    if backends.forcing():
+        return round_planes(accumulate_planes(x, w), dtype)
+    x, w, special = split_special(x, w)
+    return rounded_gemm(x, w, special, dtype, accumulate_planes)
 
 
 def det_combine(accumulators) -> Accumulator:

@@ -10,12 +10,15 @@ from torch import nn
 from .accumulator import Accumulator, normalise_
 from .checks import check_operand
 from .distributed import det_all_reduce
-from .gemm import det_combine, det_finalize, det_gemm_partial
+from .gemm import det_combine, det_finalize, det_gemm_partial, rounded_product
 from .reduce import det_sum_partial
 
 
 class DetLinear(nn.Module):
     """y = x @ weight.T + bias with the bias folded into the exact sum, so y rounds once.
+
+    The products go through det_gemm's fast path (rounded from the top slices where a bound
+    proves the rounding); K-shards and reduced gradients compose exact accumulators instead.
 
     Backward gives grad input, grad weight and grad bias as exact sums rounded once, in the
     parameters' dtype. Options beyond nn.Linear's:
@@ -64,10 +67,15 @@ class _ExactLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, k_shards, gradient_group):
         ctx.save_for_backward(x, weight)
         ctx.has_bias, ctx.gradient_group = bias is not None, gradient_group
-        acc = _sharded_product(x, weight, k_shards)
-        if bias is not None:
-            acc = _plus_row(acc, det_sum_partial(bias.unsqueeze(1), 1))
-        return det_finalize(acc, x.dtype)
+        if k_shards != 1:
+            acc = _sharded_product(x, weight, k_shards)
+            if bias is not None:
+                acc = _plus_row(acc, det_sum_partial(bias.unsqueeze(1), 1))
+            return det_finalize(acc, x.dtype)
+        if bias is not None:  # bias * 1 is one more product of the same exact sum
+            x = torch.cat([x, torch.ones((x.shape[0], 1), dtype=x.dtype, device=x.device)], 1)
+            weight = torch.cat([weight, bias.unsqueeze(1)], 1)
+        return rounded_product(x, weight, x.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -75,8 +83,10 @@ class _ExactLinear(torch.autograd.Function):
         grad_y = grad_y.to(weight.dtype)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = det_finalize(det_gemm_partial(grad_y, weight.t()), x.dtype)
-        if ctx.needs_input_grad[1]:
+            grad_x = rounded_product(grad_y, weight.t(), x.dtype)
+        if ctx.needs_input_grad[1] and ctx.gradient_group is None:
+            grad_w = rounded_product(grad_y.t(), x.t(), weight.dtype)
+        elif ctx.needs_input_grad[1]:
             grad_w = _reduced(det_gemm_partial(grad_y.t(), x.t()), ctx.gradient_group, weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = _reduced(det_sum_partial(grad_y, 0), ctx.gradient_group, weight.dtype)

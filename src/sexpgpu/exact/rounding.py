@@ -44,7 +44,7 @@ def _round_magnitude(magnitude: torch.Tensor, fmt: Format) -> torch.Tensor:
     round_bit = _bit_at(magnitude, lowest_kept - 1)
     sticky = _any_bit_below(magnitude, lowest_kept - 1)
     kept = kept + (round_bit & (sticky | (kept & 1)))
-    rounded = kept.to(torch.float64) * _power_of_two(lowest_kept + LOWEST_DIGIT_EXPONENT)
+    rounded = kept.to(torch.float64) * power_of_two(lowest_kept + LOWEST_DIGIT_EXPONENT)
     overflow = top_bit >= fmt.overflow_exponent - LOWEST_DIGIT_EXPONENT
     return torch.where(overflow, torch.full_like(rounded, float("inf")), rounded)
 
@@ -86,14 +86,19 @@ def _any_bit_below(digits: torch.Tensor, position: torch.Tensor) -> torch.Tensor
     return (in_digit | ((index > 0) & (below > 0))).to(torch.int64)
 
 
-def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+def power_of_two(exponent: torch.Tensor) -> torch.Tensor:
     """2.0**exponent, exactly, for normal fp64 exponents: built from its bits."""
     return ((exponent + 1023) << 52).view(torch.float64)
 
 
 def _apply_special(value: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
-    pos_inf, neg_inf = planes[POS_INF_PLANE] > 0, planes[NEG_INF_PLANE] > 0
-    nan = (planes[NAN_PLANE] > 0) | (pos_inf & neg_inf)
+    return apply_special_counts(value, planes[NAN_PLANE:])
+
+
+def apply_special_counts(value: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The rounded finite sums, overridden where (3, ...) counts of NaN, +inf, -inf products say so."""
+    pos_inf, neg_inf = counts[POS_INF_PLANE - NAN_PLANE] > 0, counts[NEG_INF_PLANE - NAN_PLANE] > 0
+    nan = (counts[0] > 0) | (pos_inf & neg_inf)
     value = torch.where(pos_inf, torch.full_like(value, float("inf")), value)
     value = torch.where(neg_inf, torch.full_like(value, float("-inf")), value)
     return torch.where(nan, torch.full_like(value, float("nan")), value)

@@ -1,0 +1,336 @@
+"""det_gemm's fast path: round from the top slices when a bound proves the rounding, else add every bit.
+
+Each row of x and of w gets one exponent R over all of K, with every |element| < 2**R, and is
+cut from the top down into signed slices of W bits (sign and magnitude, |digit| < 2**W):
+
+    x[m, k] = sum_{t < T} X_t[m, k] * 2**(Rx[m] - W(t+1)) + rx_T[m, k],   |rx_T[m, k]| < 2**(Rx[m] - W T)
+
+Slice pairs of equal weight t + u form a tier. Tier T's integer sums S_T = sum_{t+u=T} X_t @ W_u.T
+come from one exact integer product (the pairs are laid side by side along K), and
+
+    x @ w.T = 2**(Rx[m] + Rw[n]) * (sum_T S_T * 2**(-W(T+2)))
+
+exactly, summed over every tier. After tiers 0..T the pairs not yet summed are, grouping them
+by x's slice t (pairs t <= T, u > T - t) and by x's remainder (every t > T):
+
+    missing = sum_{t <= T} X_t 2**(Rx-W(t+1)) @ rw_{T-t}.T  +  rx_{T+1} @ w.T
+
+so, with |rw_j| < 2**(Rw - W(j+1)) and |rx_{T+1}| < 2**(Rx - W(T+1)) elementwise,
+
+    |missing[m, n]| <= 2**(Rx+Rw) * (2**(-W(T+2)) * Nx_T[m] + 2**(-W(T+1)) * nu[n])          (1)
+
+where Nx_T[m] = sum_{t <= T} sum_k |X_t[m, k]| (an exact integer) and nu[n] = sum_k |w[n, k]| / 2**Rw[n].
+Once every pair is summed, the truncation is zero. The running sum A' = sum_T S_T 2**(-W(T+2))
+is kept in float64: S_T * 2**(-W(T+2)) is exact when |S_T| < 2**53 (else its conversion errs
+by at most 2**-53 of it), and each addition errs by at most 2**-53 of its result, so
+
+    |exact / 2**(Rx+Rw) - A'| <= (1) / 2**(Rx+Rw) + 2**-52 * (sum of |A'| after each addition
+                                                              [+ |increment| where inexact])
+
+The doubled unit (2**-52 for 2**-53) and a final factor 1 + 2**-40 cover the rounding of the
+bound's own few float64 operations (nu's float64 sum gets a factor 1 + (K+1) 2**-52). Scaling by
+2**(Rx+Rw) is exact, which gives A and E with |exact - A| <= E.
+
+An output is settled when [A - E, A + E] lies strictly inside the rounding cell of q, the
+float32 (or bfloat16) that A converts to: strictly between the midpoints from q to its two
+neighbours. Every real there rounds to q, so q is the exact sum's rounding whatever A is and
+however q was obtained; the check itself proves it. Zero, infinities and the largest finite
+value's upper neighbour are handled apart: q = 0 is never settled (the two zeros and the
+smallest subnormal meet there) unless E = 0 and A = 0, an exact zero, which is +0.0; q = +-inf
+is never settled; the neighbour above the largest finite value is taken as 2**128, the
+library's overflow point. The gaps |A| - midpoint are exact float64 differences (A lies in
+q's cell, whose midpoints are multiples of A's last place or within a factor two of A).
+
+Tiers run while outputs remain unsettled, on the rows and columns that hold them; outputs
+still unsettled after every pair (exact ties, cancellation below the bound) or after
+MAX_BOUND_BITS of tiers are computed by the exact accumulator and rounded, so the result is
+the same bits as the exact path for every input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from .accumulator import normalise_
+from .block_slices import (
+    SliceProducts,
+    _bit_length,
+    fp64_products,
+    int8_reference_products,
+    int8_tensor_core_products,
+)
+from .bins_kernel import split_floats
+from .rounding import FORMATS, apply_special_counts, power_of_two, round_planes
+
+# int8 sums over 2**17 columns stay below 2**17 * 127**2 < 2**31; fp64 integer sums of 20-bit
+# slices over 2**13 columns below 2**53. A tier's pairs share one call up to those widths.
+TIER_INT8 = SliceProducts(7, 1 << 17, torch.int8, int8_tensor_core_products, exact_bits=31)
+TIER_INT8_ON_CPU = SliceProducts(7, 1 << 17, torch.int8, int8_reference_products, exact_bits=31)
+TIER_FP64 = SliceProducts(20, 1 << 13, torch.float64, fp64_products, exact_bits=53)
+
+MAX_BOUND_BITS = 160  # stop tiering once the bound is 2**-160 of the terms: the rest is cancellation
+MAX_FAST_K = 1 << 24  # beyond this K the exact path runs (tier sums stay far inside float64's range)
+SAMPLE = 4096  # outputs sampled to decide whether checking a tier is worth its cost
+UNIT = 2.0**-52  # twice float64's unit roundoff
+SLACK = 1 + 2.0**-40  # covers the rounding of the bound's own few float64 operations
+
+
+def _tier_products(device: torch.device) -> SliceProducts:
+    """int8 tensor cores where the GPU has them, else exact fp64 products of 20-bit slices."""
+    if _forced:
+        return TIERS_BY_NAME[_forced[-1]](device)
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+        return TIER_INT8
+    return TIER_FP64
+
+
+TIERS_BY_NAME = {
+    "int8": lambda device: TIER_INT8 if device.type == "cuda" else TIER_INT8_ON_CPU,
+    "fp64": lambda device: TIER_FP64,
+}
+_forced: list[str] = []
+
+
+@contextlib.contextmanager
+def forced(name: str):
+    """Use the named tier products ("int8": tensor cores, or their exact CPU stand-in; "fp64")."""
+    if name not in TIERS_BY_NAME:
+        raise ValueError(f"sexpgpu.exact: no tier products named {name!r}; they are {', '.join(TIERS_BY_NAME)}")
+    _forced.append(name)
+    try:
+        yield
+    finally:
+        _forced.pop()
+
+
+@dataclass
+class Statistics:
+    """What the last call did: for benchmarks and tests."""
+
+    tiers: int = 0  # tiers computed
+    checks: int = 0  # tiers after which outputs were checked
+    outputs: int = 0
+    fallback: int = 0  # outputs computed by the exact accumulator
+    settled_after: list[int] = field(default_factory=list)  # outputs settled at each check
+
+
+last_statistics = Statistics()
+
+
+def rounded_gemm(x: torch.Tensor, w: torch.Tensor, special, dtype: torch.dtype,
+                 exact_planes) -> torch.Tensor:
+    """x @ w.T for finite x (M, K), w (N, K), rounded once into dtype; `special` the counts of
+    non-finite products (or None); exact_planes(x, w) the exact accumulator's planes."""
+    global last_statistics
+    stats = last_statistics = Statistics(outputs=x.shape[0] * w.shape[0])
+    m, n = x.shape[0], w.shape[0]
+    if m * n == 0 or x.shape[1] > MAX_FAST_K:
+        planes = exact_planes(x, w)
+        stats.fallback = m * n
+        return round_planes(_with_special(planes, special), dtype)
+    result, pending_rows, pending_cols = _tiers(x, w, dtype, _tier_products(x.device), stats)
+    if special is not None:
+        keep = (special[:, pending_rows, pending_cols] == 0).all(0)
+        pending_rows, pending_cols = pending_rows[keep], pending_cols[keep]
+    if pending_rows.numel():
+        stats.fallback = int(pending_rows.numel())
+        result[pending_rows, pending_cols] = _exact_outputs(x, w, pending_rows, pending_cols, dtype, exact_planes)
+    return result if special is None else apply_special_counts(result, special)
+
+
+def _with_special(planes: torch.Tensor, special) -> torch.Tensor:
+    if special is not None:
+        planes[-3:] += special
+    return normalise_(planes)
+
+
+def _exact_outputs(x, w, rows, cols, dtype, exact_planes) -> torch.Tensor:
+    """The exact path for the outputs (rows[i], cols[i]): one block over the rows and columns involved."""
+    row_set, row_at = torch.unique(rows, return_inverse=True)
+    col_set, col_at = torch.unique(cols, return_inverse=True)
+    planes = normalise_(exact_planes(x[row_set], w[col_set]))
+    return round_planes(planes, dtype)[row_at, col_at]
+
+
+@dataclass
+class TopSlices:
+    """One operand cut from each row's top: slices made on demand, with their |digit| sums."""
+
+    significand: torch.Tensor  # int64 (rows, K), signed
+    exponent: torch.Tensor  # int64 (rows, K): the weight of the significand's unit
+    top: torch.Tensor  # int64 (rows,): R, every |element| of the row is below 2**R
+    count: int  # slices that hold every bit of every row
+    width: int
+    dtype: torch.dtype
+    pieces: dict = field(default_factory=dict)
+    digit_sums: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, t: torch.Tensor, products: SliceProducts) -> "TopSlices":
+        significand, exponent = split_floats(t)
+        magnitude = significand.abs()
+        nonzero = magnitude != 0
+        top_bits = exponent + _bit_length(magnitude)
+        lowest = exponent + _bit_length(magnitude & -magnitude) - 1
+        top = torch.zeros(t.shape[0], dtype=torch.int64, device=t.device)
+        if t.shape[1]:  # all-zero rows keep R = 0: any exponent would do, their slices are zero
+            highest = torch.where(nonzero, top_bits, torch.iinfo(torch.int64).min).amax(1)
+            top = torch.where(nonzero.any(1), highest, top)
+        spans = torch.where(nonzero, top[:, None] - lowest, 0)
+        width = products.slice_bits
+        count = int(((spans + width - 1) // width).max()) if spans.numel() else 0
+        return cls(significand, exponent, top, count, width, products.slice_dtype)
+
+    def piece(self, t: int) -> torch.Tensor:
+        """Slice t: the bits of weight 2**(R - W(t+1)) .. 2**(R - W t), with the element's sign."""
+        if t not in self.pieces:
+            shift = self.exponent - (self.top[:, None] - self.width * (t + 1))
+            magnitude = self.significand.abs()
+            up = magnitude << shift.clamp(0, self.width)
+            down = magnitude >> (-shift).clamp(0, 40)
+            digits = torch.where(shift >= 0, up, down) & ((1 << self.width) - 1)
+            self.digit_sums[t] = digits.sum(1)
+            self.pieces[t] = torch.where(self.significand < 0, -digits, digits).to(self.dtype)
+        return self.pieces[t]
+
+    def digit_sum_through(self, tier: int) -> torch.Tensor:
+        """Nx_T: sum over slices t <= tier of sum_k |X_t[m, k]|, exact int64."""
+        for t in range(tier + 1):
+            self.piece(t)
+        return sum(self.digit_sums[t] for t in range(tier + 1))
+
+    def scaled_norm(self) -> torch.Tensor:
+        """nu: an upper bound of sum_k |row_k| / 2**R, float64 (its summation error allowed for)."""
+        scaled = self.significand.abs().to(torch.float64) * power_of_two(self.exponent - self.top[:, None])
+        k = self.significand.shape[1]
+        return scaled.sum(1) * (1 + (k + 1) * UNIT)
+
+
+def _tier_sum(xs: TopSlices, ws: TopSlices, tier: int, rows, cols, products: SliceProducts) -> torch.Tensor:
+    """S_T = sum_{t+u=T} X_t @ W_u.T on the active rows and columns, exact int64."""
+    k = xs.significand.shape[1]
+    pairs = [(t, tier - t) for t in range(tier + 1) if t < xs.count and tier - t < ws.count]
+    pieces = [(t, u, k0) for t, u in pairs for k0 in range(0, k, products.k_block)]
+    total = torch.zeros((rows.numel(), cols.numel()), dtype=torch.int64, device=xs.top.device)
+    while pieces:
+        call, width = [], 0
+        while pieces and width + min(k - pieces[0][2], products.k_block) <= products.k_block:
+            t, u, k0 = pieces.pop(0)
+            call.append((t, u, k0))
+            width += min(k - k0, products.k_block)
+        a = torch.cat([xs.piece(t)[rows, k0:k0 + products.k_block] for t, _, k0 in call], 1)
+        b = torch.cat([ws.piece(u)[cols, k0:k0 + products.k_block] for _, u, k0 in call], 1)
+        total += products.multiply(a, b).to(torch.int64)
+    return total
+
+
+def _tiers(x, w, dtype, products: SliceProducts, stats: Statistics):
+    """The tier loop: (result with settled outputs filled, rows and columns of those still pending)."""
+    device = x.device
+    xs, ws = TopSlices.of(x, products), TopSlices.of(w, products)
+    width = products.slice_bits
+    last_tier = max(xs.count + ws.count - 2, 0)
+    nu = ws.scaled_norm()
+    result = torch.zeros((x.shape[0], w.shape[0]), dtype=dtype, device=device)
+    rows = torch.arange(x.shape[0], device=device)
+    cols = torch.arange(w.shape[0], device=device)
+    total = torch.zeros((rows.numel(), cols.numel()), dtype=torch.float64, device=device)  # A'
+    rounding = torch.zeros_like(total)  # the sum of every float64 rounding error so far
+    pending = torch.ones_like(total, dtype=torch.bool)
+    k = x.shape[1]
+    for tier in range(last_tier + 1):
+        stats.tiers += 1
+        sums = _tier_sum(xs, ws, tier, rows, cols, products)
+        increment = sums.to(torch.float64)
+        if k * (tier + 1) * ((1 << width) - 1) ** 2 >= 1 << 53:  # the conversion may round
+            rounding += (sums - increment.to(torch.int64)).abs().to(torch.float64) * 2.0 ** (-width * (tier + 2))
+        increment *= 2.0 ** (-width * (tier + 2))
+        total = _add_counting_error(total, increment, rounding)
+        final = tier == last_tier or width * (tier + 1) >= MAX_BOUND_BITS
+        if not final and not _worth_checking(xs, ws, nu, tier, rows, cols, total, rounding, pending, dtype):
+            continue
+        stats.checks += 1
+        bound = _bound(xs, nu, tier, rows, cols, rounding, exhausted=tier == last_tier)
+        done, value = settle(total, bound, _scale(xs, ws, rows, cols), dtype)
+        newly = done & pending
+        stats.settled_after.append(int(newly.sum()))
+        block = result[rows[:, None], cols[None, :]]
+        result[rows[:, None], cols[None, :]] = torch.where(newly, value, block)
+        pending &= ~done
+        if final or not bool(pending.any()):
+            break
+        keep_rows, keep_cols = pending.any(1), pending.any(0)
+        rows, cols = rows[keep_rows], cols[keep_cols]
+        total, rounding, pending = (t[keep_rows][:, keep_cols] for t in (total, rounding, pending))
+    where = pending.nonzero()
+    return result, rows[where[:, 0]], cols[where[:, 1]]
+
+
+def _add_counting_error(total: torch.Tensor, increment: torch.Tensor, rounding: torch.Tensor) -> torch.Tensor:
+    """total + increment in float64, adding the addition's exact error (Knuth's TwoSum) to rounding."""
+    result = total + increment
+    increment_part = result - total
+    error = (total - (result - increment_part)) + (increment - increment_part)
+    rounding += error.abs()
+    return result
+
+
+def _scale(xs: TopSlices, ws: TopSlices, rows, cols) -> torch.Tensor:
+    """2**(Rx[m] + Rw[n]) as float64, exact (a power of two inside float64's normal range)."""
+    return power_of_two(xs.top[rows][:, None] + ws.top[cols][None, :])
+
+
+def _bound(xs, nu, tier, rows, cols, rounding, exhausted: bool, outer: bool = True) -> torch.Tensor:
+    """E / 2**(Rx+Rw): inequality (1) of the module's docstring plus the float64 summation error,
+    for the block rows x cols (outer) or for the outputs (rows[i], cols[i])."""
+    if exhausted:
+        return rounding * SLACK
+    along_x = xs.digit_sum_through(tier)[rows].to(torch.float64) * 2.0 ** (-xs.width * (tier + 2))
+    along_w = nu[cols] * 2.0 ** (-xs.width * (tier + 1))
+    truncation = along_x[:, None] + along_w[None, :] if outer else along_x + along_w
+    return (truncation + rounding) * SLACK
+
+
+def _worth_checking(xs, ws, nu, tier, rows, cols, total, rounding, pending, dtype) -> bool:
+    """Whether at least half of a sample of pending outputs would settle now (speed only)."""
+    spots = pending.nonzero()
+    if spots.shape[0] > SAMPLE:
+        pick = torch.linspace(0, spots.shape[0] - 1, SAMPLE, device=spots.device).long()
+        spots = spots[pick]
+    r, c = spots[:, 0], spots[:, 1]
+    bound = _bound(xs, nu, tier, rows[r], cols[c], rounding[r, c], exhausted=False, outer=False)
+    scale = power_of_two(xs.top[rows[r]] + ws.top[cols[c]])
+    done, _ = settle(total[r, c], bound, scale, dtype)
+    return 2 * int(done.sum()) >= spots.shape[0]
+
+
+SMALLEST_NORMAL = 2.0**-126
+INTEGER_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
+
+
+def settle(scaled_total: torch.Tensor, scaled_bound: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    """(settled, value): where every real within bound of total rounds to one value of dtype.
+
+    total and bound are in units of `scale` (a power of two); see the module's docstring.
+    """
+    total, bound = scaled_total * scale, scaled_bound * scale
+    candidate = total.to(torch.float32).to(dtype)
+    magnitude = candidate.abs()
+    bits = magnitude.view(INTEGER_VIEW[dtype])
+    below = (bits - 1).view(dtype).to(torch.float64)
+    above = (bits + 1).view(dtype).to(torch.float64)
+    overflow_point = torch.tensor(2.0 ** FORMATS[dtype].overflow_exponent, dtype=torch.float64, device=total.device)
+    above = torch.where(torch.isinf(above), overflow_point, above)
+    kept = magnitude.to(torch.float64)
+    size = total.abs()
+    inside = ((size - (kept + below) / 2) > bound) & (((kept + above) / 2 - size) > bound)
+    ordinary = inside & (magnitude != 0) & torch.isfinite(magnitude)
+    exact = bound == 0
+    exact_zero = exact & (total == 0)
+    value = torch.where(exact_zero, torch.zeros((), dtype=dtype, device=total.device), candidate)
+    if dtype == torch.float32:  # an exact total converts with one rounding (not so into bfloat16)
+        ordinary |= exact & (magnitude >= SMALLEST_NORMAL) & torch.isfinite(magnitude)
+    return ordinary | exact_zero, value
