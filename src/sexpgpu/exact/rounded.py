@@ -298,7 +298,8 @@ def _worth_checking(xs, ws, nu, tier, rows, cols, total, rounding, pending, dtyp
     """Whether at least half of a sample of pending outputs would settle now (speed only)."""
     spots = pending.nonzero()
     if spots.shape[0] > SAMPLE:
-        pick = torch.linspace(0, spots.shape[0] - 1, SAMPLE, device=spots.device).long()
+        # integer spacing: a float32 linspace rounds N - 1 up to N once N passes 2**24
+        pick = torch.arange(SAMPLE, device=spots.device) * (spots.shape[0] - 1) // (SAMPLE - 1)
         spots = spots[pick]
     r, c = spots[:, 0], spots[:, 1]
     bound = _bound(xs, nu, tier, rows[r], cols[c], rounding[r, c], exhausted=False, outer=False)
