@@ -36,9 +36,11 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
+from sexpgpu.backends.cuda import attention_wide
 from sexpgpu.backends.cuda.codegen.bits import add, load_bf16, max_nan, round_bf16, store_bf16
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
+MAX_FUSED_WIDTH = 128  # wider heads run attention_wide.py: the tiles would not fit in registers
 
 
 @triton.jit
@@ -190,19 +192,15 @@ def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, sta
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
     seen = queries < TQ
-    query_t = _load_operand(Q + q_base + queries[None, :] * sqt + e[:, None] * sqe,
-                            seen[None, :] & (e[:, None] < E), BF16, NATIVE)
+    query = _load_operand(Q + q_base + queries[:, None] * sqt + e[None, :] * sqe,
+                          seen[:, None] & (e[None, :] < E), BF16, NATIVE)
     lse = tl.load(LSE + stat_base + queries, mask=seen, other=0.0)
     delta = tl.load(DELTA + stat_base + queries, mask=seen, other=0.0)
-    p_t = tl.exp(_scores_t(k, query_t, keys, queries, TQ, TK, scale, BF16, CAUSAL) - lse[None, :])
+    p_t = tl.exp(_scores_t(k, tl.trans(query), keys, queries, TQ, TK, scale, BF16, CAUSAL) - lse[None, :])
     g = _load_operand(G + g_base + queries[:, None] * sgt + ev[None, :] * sge,
                       seen[:, None] & (ev[None, :] < EV), BF16, NATIVE)
     dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16)
-    g_t = _load_operand(G + g_base + queries[None, :] * sgt + ev[:, None] * sge,
-                        seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
-    ds_t = p_t * (_dot(v, g_t, BF16) - delta[None, :])
-    query = _load_operand(Q + q_base + queries[:, None] * sqt + e[None, :] * sqe,
-                          seen[:, None] & (e[None, :] < E), BF16, NATIVE)
+    ds_t = p_t * (_dot(v, tl.trans(g), BF16) - delta[None, :])
     dk += _dot(_operand(ds_t, BF16, NATIVE), query, BF16)
     return dk, dv
 
@@ -260,14 +258,12 @@ def _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
     seen = cols < TK
-    key_t = _load_operand(K + k_base + cols[None, :] * skt + e[:, None] * ske,
-                          seen[None, :] & (e[:, None] < E), BF16, NATIVE)
-    p = tl.exp(_scores(q, key_t, rows, cols, TQ, TK, scale, BF16, CAUSAL) - lse[:, None])
+    key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
+                        seen[:, None] & (e[None, :] < E), BF16, NATIVE)
+    p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, CAUSAL) - lse[:, None])
     value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
                             seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
     ds = p * (_dot(g, value_t, BF16) - delta[:, None])
-    key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
-                        seen[:, None] & (e[None, :] < E), BF16, NATIVE)
     return dq + _dot(_operand(ds, BF16, NATIVE), key, BF16)
 
 
@@ -361,11 +357,13 @@ def run_forward(q, k, v, out, lse, scale: float, causal: bool) -> None:
     """out = attention(q, k, v) and lse = the log-sum-exp of each query's scores, for
     4-d (lead, heads, T, E) views; lse is float32 (lead, heads, TQ) contiguous."""
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
+    if max(width, value_width) > MAX_FUSED_WIDTH:
+        return attention_wide.forward(q, k, v, out, lse, scale, causal)
     tile = blocks("forward", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     grid = (triton.cdiv(queries, tile.m), lead * heads)
     forward[grid](q, k, v, out, lse, *_strides(q, k, v, out), heads, queries, keys, scale, width, value_width,
-                  block_e, block_ev, tile.m, tile.n, bf16, native, causal, out.dtype == q.dtype and bf16,
+                  block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
                   **_launch_options(tile, native))
 
 
@@ -380,6 +378,8 @@ def run_row_delta(out, g, delta) -> None:
 
 def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) -> None:
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
+    if max(width, value_width) > MAX_FUSED_WIDTH:
+        return attention_wide.backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
     tile = blocks("backward", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     grid = (triton.cdiv(keys, tile.n), lead * heads)
@@ -390,6 +390,8 @@ def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) 
 
 def run_backward_q(q, k, v, g, lse, delta, dq, scale: float, causal: bool) -> None:
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
+    if max(width, value_width) > MAX_FUSED_WIDTH:
+        return attention_wide.backward_q(q, k, v, g, lse, delta, dq, scale, causal)
     tile = blocks("backward", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     grid = (triton.cdiv(queries, tile.m), lead * heads)
