@@ -89,16 +89,25 @@ class OurStep:
         self.state.optimizer = {name: value for name, value in updated.items() if name.startswith("state/")}
 
     def product_flops(self) -> int:
-        """Flops of the products of one step: 2 M N K for each, batches included."""
+        """Flops of the products of one step: 2 M N K for each, batches included; the fused
+        attention counts the products of the composition it stands for (two forward, four
+        backward: dP and dQ with attention_grad_q, dK and dV with attention_grad_kv), the
+        masked half of a causal one included, as before it was fused."""
         total = 0
         for node in self.built.program.training.micro.nodes:
             if node.op == "matmul":
                 total += 2 * int(np.prod(node.shape)) * node.inputs[0].shape[-1]
+            elif node.op in ATTENTION_PRODUCTS:
+                q, k = node.inputs[:2]
+                total += ATTENTION_PRODUCTS[node.op] * 2 * int(np.prod(q.shape[:-1])) * k.shape[-2] * q.shape[-1]
         return total
 
     def profile(self) -> dict:
         micro = self.built.program.training.micro
         return self.backend.profile(micro, self.micro_inputs())
+
+
+ATTENTION_PRODUCTS = {"attention_core": 2, "attention_grad_q": 2, "attention_grad_kv": 2}  # products of width E
 
 
 @dataclass(frozen=True)

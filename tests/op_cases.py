@@ -107,6 +107,11 @@ CASES = [
     ("max_pool2d_pick", [(F, (2, 2, 5, 5), "spread"), (F, (2, 2, 5, 5), "normal")], {"kernel": (3, 3), "stride": (2, 2)}),
     ("avg_pool2d", [(F, (2, 2, 5, 6), "normal")], {"kernel": (2, 3), "stride": (1, 2)}),
     ("avg_pool2d_grad", [(F, (2, 2, 4, 2), "normal")], {"kernel": (2, 3), "stride": (1, 2), "input_shape": (2, 2, 5, 6)}),
+    ("attention_core", [(F, (2, 3, 4), "normal"), (F, (2, 5, 4), "normal"), (F, (2, 5, 3), "normal")],
+     {"scale": 0.5, "causal": False}),
+    ("attention_core", [(F, (2, 4, 3), "normal")] * 3, {"scale": 0.7, "causal": True}),
+    # more keys than a block of the interpreted kernels (16), an odd length, heads
+    ("attention_core", [(F, (2, 2, 19, 4), "normal")] * 3, {"scale": 0.5, "causal": True}),
 ]
 CASES = [OpCase(*case) for case in CASES]
 
@@ -141,6 +146,10 @@ FORWARD_CASES = [
     ("cast", [("i32", (3, 4), "labels:9")], {"dtype": "f32"}),
     ("sum", [("i32", (3, 4), "labels:9")], {"axes": (1,), "keep": False}),
     ("add", [("i32", (3, 4), "labels:9"), ("i32", (4,), "labels:9")], {}),
+    # any o: the CUDA lowering then computes the forward's statistics itself
+    ("attention_grad_q", [(F, (2, 4, 3), "normal")] * 2 + [(F, (2, 4, 2), "normal")] * 3, {"scale": 0.6, "causal": True}),
+    ("attention_grad_kv", [(F, (2, 3, 4), "normal"), (F, (2, 5, 4), "normal"), (F, (2, 5, 3), "normal")]
+     + [(F, (2, 3, 3), "normal")] * 2, {"scale": 0.5, "causal": False}),
 ]
 FORWARD_CASES = [OpCase(*case) for case in FORWARD_CASES]
 

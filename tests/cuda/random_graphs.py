@@ -454,6 +454,33 @@ def _avg_pool2d_grad(b: _Builder):
     return b.add(b.e("avg_pool2d_grad", b.fresh(b.dtype, pooled), input_shape=x.shape, **window), False)
 
 
+def _attention_inputs(b: _Builder, count: int) -> tuple:
+    """`count` fresh float32 inputs of q, k, v, o, g and the attributes; float32 in a bf16
+    graph too, whose other ops then leave them alone (bf16 attention has its own envelope,
+    tests/cuda/test_attention_interpret.py)."""
+    sizes = [size for size in b.profile.dims if size <= b.profile.matmul_inner]
+    lead = b.shape(0, 2)
+    queries, keys, width, value_width = (b.choice(sizes) for _ in range(4))
+    causal = bool(b.rng.random() < 0.5)
+    keys = queries if causal else keys
+    shapes = [lead + (queries, width), lead + (keys, width), lead + (keys, value_width)] + [lead + (queries, value_width)] * 2
+    attrs = {"scale": float(b.rng.uniform(0.1, 1.0)), "causal": causal}
+    return tuple(b.fresh("f32", shape) for shape in shapes[:count]), attrs
+
+
+def _attention_core(b: _Builder):
+    inputs, attrs = _attention_inputs(b, 3)
+    return b.add(b.e("attention_core", *inputs, **attrs), False)
+
+
+def _attention_cotangent(op: str):
+    def make(b: _Builder):
+        inputs, attrs = _attention_inputs(b, 5)
+        return b.add(b.e(op, *inputs, **attrs), False)
+
+    return make
+
+
 _DRAW_PARAMS = {
     "normal": {"mean": 0.5, "std": 2.0},
     "uniform": {"low": -1.0, "high": 3.0},
@@ -517,6 +544,9 @@ GENERATORS = {
     "max_pool2d_grad": _max_pool2d_grad,
     "max_pool2d_pick": _max_pool2d_pick,
     "avg_pool2d_grad": _avg_pool2d_grad,
+    "attention_core": _attention_core,
+    "attention_grad_q": _attention_cotangent("attention_grad_q"),
+    "attention_grad_kv": _attention_cotangent("attention_grad_kv"),
 }
 OP_NAMES = tuple(sorted(OPS))
 ATTEMPTS = 20

@@ -266,7 +266,7 @@ def test_every_node_of_a_whole_bf16_microbatch_graph_follows_its_policy(name):
     micro = compile_program(replace(experiment, runs={**experiment.runs, run.name: run})).training.micro
     counts = {"product": 0, "cast": 0}
     for node in micro.nodes:
-        if POLICIES[node.op] is PRODUCT:
+        if POLICIES[node.op].kind == "product":
             assert node.dtype == "bf16" and {source.dtype for source in node.inputs} == {"bf16"}, node
             counts["product"] += 1
         elif node.op == "cast":

@@ -9,9 +9,9 @@ emits IR through the op table. Derived ops are compositions:
 - linear = x @ transpose(w) + b, w (OUT, IN) `(glorot-uniform)`, b (OUT) `zeros`;
 - embedding = gather(table, ids), table (V, D) `(normal :mean 0 :std 1)`;
 - layernorm = layernorm(x) * gain + bias, gain `ones`, bias `zeros`;
-- attention: q k v = x @ transpose(wq wk wv), split into heads, scores = q @ k^T * (1/sqrt(d)),
-  where(causal_mask, scores, -inf), softmax, @ v, heads merged, @ transpose(wo); each
-  w (D, D) `(glorot-uniform)`;
+- attention: q k v = x @ transpose(wq wk wv), split into heads, attention_core(q, k, v) with
+  scale 1/sqrt(d) (one op of the table: softmax(where(causal_mask, q @ k^T * scale, -inf)) @ v,
+  those steps in that order), heads merged, @ transpose(wo); each w (D, D) `(glorot-uniform)`;
 - gelu = (x * 0.5) * (1 + erf(x * (1/sqrt 2))), the erf form;
 - dropout = (x * cast(keep)) / (1 - p), keep = bernoulli(1 - p) drawn with the salt; the
   identity in passes;
@@ -366,14 +366,7 @@ def _attention(b, frame, x, heads, as_, causal, init):
     weights = [_weight(b, inner, name, (width, width), init, x) for name in ("wq", "wk", "wv", "wo")]
     with b.e.at(scope=inner.scope):
         q, k, v = (_split_heads(b, _times_transposed(b, x, w), heads) for w in weights[:3])
-        rank = q.rank
-        swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-        scores = b.emit("matmul", q, b.emit("transpose", k, perm=swap))
-        scores = b.emit("mul", scores, b.const(1.0 / math.sqrt(width // heads), like=scores))
-        if causal:
-            mask = b.emit("causal_mask", size=x.shape[-2])
-            scores = b.emit("where", mask, scores, b.const(float("-inf"), like=scores))
-        mixed = b.emit("matmul", b.emit("softmax", scores, axis=rank - 1), v)
+        mixed = b.emit("attention_core", q, k, v, scale=1.0 / math.sqrt(width // heads), causal=causal)
         return _times_transposed(b, _merge_heads(b, mixed), weights[3])
 
 

@@ -19,11 +19,13 @@ Ops are grouped by kind, in the order of this file:
 - index: gather (rows of a table), scatter_add (its transpose), one_hot
 - movement: reshape transpose slice pad concat broadcast
 - contract: matmul (batched, leading dims broadcast)
+- attention: attention_core (scaled dot-product attention over (..., T, E)) and its two
+  cotangent ops attention_grad_q, attention_grad_kv
 - window (NCHW images): conv2d and its two cotangents conv2d_input_grad conv2d_weight_grad,
   max_pool2d max_pool2d_grad max_pool2d_pick, avg_pool2d avg_pool2d_grad
 
-Derived operations of the language (mean, mse, linear, attention, dropout, ...) are
-compositions built by build.py; their gradients come from these rules.
+Derived operations of the language (mean, mse, linear, dropout, ...) are compositions
+(the `attention` layer around its attention_core) built by build.py; their gradients come from these rules.
 """
 
 from __future__ import annotations
@@ -708,6 +710,81 @@ def _vjp_matmul(e, node, g):
 
 
 _register("matmul", "contract", _infer_matmul, _vjp_matmul, 2)
+
+
+# --- attention -------------------------------------------------------------------------------------------------
+# Scaled dot-product attention over the last two axes, one op so that a backend may fuse it:
+# - attention_core(q, k, v): q (..., TQ, E), k (..., TK, E), v (..., TK, EV), the same leading
+#   axes, no broadcasting -> (..., TQ, EV): softmax(where(mask, (q @ k^T) * scale, -inf)) @ v,
+#   the steps of the composition it replaces, in their order; attrs scale (float) and causal
+#   (bool; the mask is causal_mask(T), which needs TQ == TK; without it every key is seen).
+# - attention_grad_q(q, k, v, o, g) -> (..., TQ, E) and attention_grad_kv(q, k, v, o, g) ->
+#   (..., TK, E + EV), dk then dv along the last axis: the cotangents of q, k and v for the
+#   cotangent g of the output o. With P the forward's probabilities, dP = g @ v^T,
+#   D = rowsum(g * o) (equal to rowsum(dP * P) when o is the forward's output) and
+#   dS = P * (dP - D): dq = (dS @ k) * scale, dk = (dS^T @ q) * scale, dv = P^T @ g.
+# The interpreter's orders and bf16 rounding points are in backends/cpu/op_kernels.py.
+
+
+def _attention_operands(op: str, q, k, v, attrs) -> dict:
+    for node, name in ((q, "q"), (k, "k"), (v, "v")):
+        _require_dtype(op, node, FLOAT_DTYPES, f"its {name}")
+        if node.rank < 2:
+            raise OpError("E-SHAPE-001", f"{op}: {name} needs (... T E), got {dims_text(node.shape)}.")
+    _same_dtype(op, (q, k, v))
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise OpError("E-SHAPE-001", f"{op}: q {dims_text(q.shape)}, k {dims_text(k.shape)} and v {dims_text(v.shape)} "
+                                     "need the same leading axes, q and k the same width, k and v the same length.")
+    causal, scale = bool(attrs["causal"]), float(attrs["scale"])
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise OpError("E-SHAPE-001", f"{op}: a causal mask needs as many queries as keys, got {q.shape[-2]} and {k.shape[-2]}.")
+    if not math.isfinite(scale):
+        raise OpError("E-GRAPH-003", f"{op}: :scale must be a finite number, found {scale}.")
+    return {"causal": causal, "scale": scale}
+
+
+def _infer_attention_core(inputs, attrs):
+    q, k, v = inputs
+    canonical = _attention_operands("attention", q, k, v, attrs)
+    return q.dtype, q.shape[:-1] + v.shape[-1:], canonical
+
+
+def _attention_cotangent_operands(op: str, inputs, attrs) -> dict:
+    q, k, v, o, g = inputs
+    canonical = _attention_operands(op, q, k, v, attrs)
+    _same_dtype(op, inputs)
+    expected = q.shape[:-1] + v.shape[-1:]
+    if o.shape != expected or g.shape != expected:
+        raise OpError("E-SHAPE-001", f"{op}: the output and its cotangent must be {dims_text(expected)}, "
+                                     f"got {dims_text(o.shape)} and {dims_text(g.shape)}.")
+    return canonical
+
+
+def _infer_attention_grad_q(inputs, attrs):
+    canonical = _attention_cotangent_operands("attention_grad_q", inputs, attrs)
+    return inputs[0].dtype, inputs[0].shape, canonical
+
+
+def _infer_attention_grad_kv(inputs, attrs):
+    canonical = _attention_cotangent_operands("attention_grad_kv", inputs, attrs)
+    k, v = inputs[1], inputs[2]
+    return k.dtype, k.shape[:-1] + (k.shape[-1] + v.shape[-1],), canonical
+
+
+def _vjp_attention_core(e, node, g):
+    q, k, v = node.inputs
+    attrs = dict(node.attrs)
+    grad_q = e("attention_grad_q", q, k, v, node, g, **attrs)
+    grad_kv = e("attention_grad_kv", q, k, v, node, g, **attrs)
+    axis, width = k.rank - 1, k.shape[-1]
+    grad_k = e("slice", grad_kv, axis=axis, start=0, stop=width)
+    grad_v = e("slice", grad_kv, axis=axis, start=width, stop=grad_kv.shape[-1])
+    return grad_q, grad_k, grad_v
+
+
+_register("attention_core", "attention", _infer_attention_core, _vjp_attention_core, 3)
+_register("attention_grad_q", "attention", _infer_attention_grad_q, None, 5)
+_register("attention_grad_kv", "attention", _infer_attention_grad_kv, None, 5)
 
 
 # --- window --------------------------------------------------------------------------------------------------

@@ -8,7 +8,11 @@ before autodiff) by the table `POLICIES`, one policy an op:
 - `product` (matmul, conv2d and its two cotangents): each float32 operand is cast to bf16,
   the op sums in float32 and rounds its result once to bf16 (every backend's bf16 product,
   as cuBLAS and cuDNN give it), and one cast widens the result back to float32 for its
-  readers. Each product casts its own operands, even a value another product reads too:
+  readers. `attention` (attention_core; its cotangent ops are made by autodiff, after this
+  rewrite) is such a product of q, k and v: its scores are a bf16 product's result, its
+  softmax runs in float32, its probabilities are rounded to bf16 where they meet v, and its
+  output is rounded once to bf16 (op_kernels.py gives the steps). Each product casts its own
+  operands, even a value another product reads too:
   so every bf16 value has one reader, and the cotangents of a value read by several
   products (attention's q, k and v of one input) are summed in float32, not in bf16.
 - `float32`: the op reads and writes what the graph gives it, float32 where the model is
@@ -40,6 +44,8 @@ class Policy:
 
 
 PRODUCT = Policy("product", "bf16 operands, float32 sums, the result rounded to bf16 and widened")
+ATTENTION = Policy("product", "bf16 q, k, v; float32 softmax statistics and sums; the output rounded to bf16 and "
+                              "widened")
 STATISTIC = Policy("float32", "a normalisation, its statistics or the loss: float32")
 ARITHMETIC = Policy("float32", "elementwise arithmetic: computed and stored in float32")
 MOVES = Policy("float32", "moves, picks or makes values: keeps its input's dtype (float32)")
@@ -47,7 +53,7 @@ MOVES = Policy("float32", "moves, picks or makes values: keeps its input's dtype
 _KIND_POLICY = {
     "source": MOVES, "draw": MOVES, "unary": ARITHMETIC, "binary": ARITHMETIC, "compare": ARITHMETIC,
     "select": ARITHMETIC, "reduce": STATISTIC, "normalize": STATISTIC, "loss": STATISTIC,
-    "index": MOVES, "movement": MOVES, "contract": PRODUCT,
+    "index": MOVES, "movement": MOVES, "contract": PRODUCT, "attention": ATTENTION,
 }
 _OP_POLICY = {
     "conv2d": PRODUCT, "conv2d_input_grad": PRODUCT, "conv2d_weight_grad": PRODUCT,
@@ -87,7 +93,7 @@ class _Rewrite:
 
     def _rewrite(self, node):
         inputs = tuple(self.mapped[id(source)] for source in node.inputs)
-        if POLICIES[node.op] is PRODUCT and node.dtype == "f32":
+        if POLICIES[node.op].kind == "product" and node.dtype == "f32":
             product = self.e(node.op, *(self.e("cast", source, dtype="bf16") for source in inputs), **node.attrs)
             return self.e("cast", product, dtype="f32")
         if all(new is old for new, old in zip(inputs, node.inputs)):

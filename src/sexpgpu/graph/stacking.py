@@ -251,6 +251,8 @@ def _mixes(node, input_kinds: list, kind: str) -> bool:
         return True
     if node.op == "transpose" and attrs["perm"][0] != 0:
         return True
+    if OPS[node.op].kind == "attention" and node.rank <= 2:
+        return True  # the first axis is the positions every query reads
     if node.op in ("gather",) and input_kinds[0] == "stacked":
         return True  # rows picked from the stacked batch by one microbatch's indices
     return node.op == "scatter_add"

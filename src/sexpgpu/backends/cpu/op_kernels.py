@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cpu import folds
+from sexpgpu.backends.cpu.arith import round_bf16
 from sexpgpu.backends.cpu.conv import WINDOW_KERNELS
 from sexpgpu.backends.cpu.draws import draw
 from sexpgpu.errors import SexpgpuError
@@ -131,8 +132,10 @@ def _exp_of_shifted(x, m):
 
 
 def _softmax(node, args, m):
-    (x,) = args
-    axis = node.attrs["axis"]
+    return _softmax_along(args[0], node.attrs["axis"], m)
+
+
+def _softmax_along(x, axis: int, m):
     exps = _exp_of_shifted(x - folds.reduce_max(x, (axis,), keep=True), m)
     return exps / folds.reduce_sum(exps, (axis,), keep=True)
 
@@ -161,6 +164,68 @@ def _cross_entropy(node, args, m):
     _check_ids(labels, logits.shape[-1], "cross-entropy label", node)
     picked = np.take_along_axis(_log_softmax_over(logits, logits.ndim - 1, m), labels[..., None].astype(np.intp), -1)
     return -picked[..., 0]
+
+
+# --- attention ---------------------------------------------------------------------------------
+# attention_core is the composition the `attention` layer was built from, step for step, so
+# its bits are those of the nodes it replaces: scores = q @ k^T (a product: for a bf16 node
+# its float32 sum is rounded to bf16, as a bf16 matmul node rounds), scores * scale, the
+# causal mask's -inf, softmax along the keys, and probabilities @ v (for a bf16 node the
+# probabilities are rounded to bf16 first, as the cast before a bf16 product rounds them).
+# The cotangent ops recompute the probabilities the same way and follow ops.py's formula:
+# dP = g @ v^T, D = rowsum(g * o) (a fold over the output's width), dS = P * (dP - D), all in
+# float32; a bf16 node rounds dS and P where they enter a product (dS @ k, dS^T @ q, P^T @ g),
+# and the scale multiplies the folded products of dS.
+
+
+def _rounds(node, m) -> bool:
+    return m.rounds_bf16 and node.dtype == "bf16"
+
+
+def _as_operand(x, node, m):
+    """x as a product of a bf16 node reads it: rounded to bf16."""
+    return round_bf16(x) if _rounds(node, m) else x
+
+
+def _swap(x):
+    return np.swapaxes(x, -1, -2)
+
+
+def _attention_probabilities(node, q, k, m):
+    scores = _as_operand(folds.matmul(q, _swap(k)), node, m)
+    scores = scores * scores.dtype.type(node.attrs["scale"])
+    if node.attrs["causal"]:
+        size = scores.shape[-1]
+        scores = np.where(np.tril(np.ones((size, size), dtype=bool)), scores, scores.dtype.type(-np.inf))
+    return _softmax_along(scores, scores.ndim - 1, m)
+
+
+def _attention_core(node, args, m):
+    q, k, v = args
+    return folds.matmul(_as_operand(_attention_probabilities(node, q, k, m), node, m), v)
+
+
+def _attention_score_cotangent(node, args, m):
+    """(P, dS) of the formula above."""
+    q, k, v, o, g = args
+    probabilities = _attention_probabilities(node, q, k, m)
+    delta = folds.reduce_sum(g * o, (g.ndim - 1,), keep=True)
+    return probabilities, probabilities * (folds.matmul(g, _swap(v)) - delta)
+
+
+def _attention_grad_q(node, args, m):
+    _, score_grad = _attention_score_cotangent(node, args, m)
+    scale = score_grad.dtype.type(node.attrs["scale"])
+    return folds.matmul(_as_operand(score_grad, node, m), args[1]) * scale
+
+
+def _attention_grad_kv(node, args, m):
+    probabilities, score_grad = _attention_score_cotangent(node, args, m)
+    q, g = args[0], args[4]
+    scale = score_grad.dtype.type(node.attrs["scale"])
+    grad_k = folds.matmul(_swap(_as_operand(score_grad, node, m)), q) * scale
+    grad_v = folds.matmul(_swap(_as_operand(probabilities, node, m)), g)
+    return np.concatenate([grad_k, grad_v], axis=-1)
 
 
 # --- index ------------------------------------------------------------------------------------------
@@ -249,6 +314,9 @@ KERNELS = {
     "concat": lambda node, args, m: np.concatenate(args, axis=node.attrs["axis"]),
     "broadcast": lambda node, args, m: np.broadcast_to(args[0], node.shape),
     "matmul": lambda node, args, m: folds.matmul(*args),
+    "attention_core": _attention_core,
+    "attention_grad_q": _attention_grad_q,
+    "attention_grad_kv": _attention_grad_kv,
 }
 for _name in _NUMPY_BINARY:
     KERNELS[_name] = _numpy_binary(_name)

@@ -64,6 +64,7 @@ class Lowerer:
         self.buffers: dict = {}
         self.capturable = True
         self._output_of: dict = {}  # node -> buffer key for its first output name
+        self.shared: dict = {}  # buffers steps hand one another beside the nodes' values (attention's statistics)
 
     # --- buffers ------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Ops that read or write memory in ways an elementwise kernel does not: products (cuBLAS
-through PyTorch), gathers and their scatters, pads, concatenations, and draws.
+through PyTorch), gathers and their scatters, pads, concatenations, and draws; with the
+window ops (windows.py) and the fused attention (attention.py).
 
 Products: float32 operands give an ordinary GEMM with TF32 and reduced-precision
 reductions off (device.py), bf16 operands a GEMM accumulating in float32 rounded once to
@@ -225,10 +226,12 @@ def _salt_on_host(env: dict, source: str, view) -> np.ndarray:
     return strided(env, source, view).cpu().numpy()
 
 
+from sexpgpu.backends.cuda.attention import ATTENTION  # noqa: E402
 from sexpgpu.backends.cuda.windows import WINDOWS  # noqa: E402
 
 SPECIAL = {
     **WINDOWS,
+    **ATTENTION,
     "matmul": matmul,
     "gather": gather,
     "scatter_add": scatter_add,

@@ -1,0 +1,88 @@
+"""The fused attention kernels (backends/cuda/codegen/attention.py) alone, on one GPU: their
+error against a float64 reference, two runs giving the same bits, and their time against
+PyTorch's F.scaled_dot_product_attention, forward and backward, at gpt-50m's shape.
+
+    PYTHONPATH=src python3 bench/bench_attention.py [--shape B,H,T,E] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from sexpgpu.backends.cuda.codegen.attention import run_backward_kv, run_backward_q, run_forward, run_row_delta
+
+
+def fused(q, k, v, g, causal: bool):
+    """(out, dq, dk, dv) of the fused kernels."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    lead = q.shape[:-1]
+    out, lse, delta = torch.empty_like(q), q.new_empty(lead, dtype=torch.float32), q.new_empty(lead, dtype=torch.float32)
+    run_forward(q, k, v, out, lse, scale, causal)
+    run_row_delta(out, g, delta)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
+    run_backward_q(q, k, v, g, lse, delta, dq, scale, causal)
+    return out, dq, dk, dv
+
+
+def reference(q, k, v, g, causal: bool):
+    """float64 autograd through softmax(q k^T * scale) v."""
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
+    out.backward(g.double())
+    return out.detach(), q64.grad, k64.grad, v64.grad
+
+
+def errors(shape, dtype, causal: bool) -> dict:
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, g = (torch.randn(shape, device="cuda", generator=generator).to(dtype) for _ in range(4))
+    got, again = fused(q, k, v, g, causal), fused(q, k, v, g, causal)
+    same = all(torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                           b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)) for a, b in zip(got, again))
+    want = reference(q, k, v, g, causal)
+    found = {name: float((a.double() - b).abs().max() / b.abs().max()) for name, a, b in zip(("out", "dq", "dk", "dv"), got, want)}
+    return dict(found, same_bits=same)
+
+
+def milliseconds(call, repeats: int) -> float:
+    for _ in range(3):
+        call()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        call()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / repeats
+
+
+def timings(shape, dtype, repeats: int) -> dict:
+    q, k, v, g = (torch.randn(shape, device="cuda").to(dtype) for _ in range(4))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+
+    def sdpa():
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+        out.backward(g)
+
+    return {"fused fwd+bwd ms": milliseconds(lambda: fused(q, k, v, g, True), repeats),
+            "sdpa fwd+bwd ms": milliseconds(sdpa, repeats)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="32,8,512,64")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    shape = tuple(int(size) for size in args.shape.split(","))
+    for dtype in (torch.float32, torch.bfloat16):
+        for test_shape, causal in (((2, 3, 257, 64), True), ((2, 3, 200, 20), False), ((1, 2, 333, 128), True),
+                                   ((2, 2, 100, 256), False)):
+            print(f"{str(dtype):15} {test_shape} causal={causal}: {errors(test_shape, dtype, causal)}")
+        print(f"{str(dtype):15} {shape}: {timings(shape, dtype, args.repeats)}")
+
+
+if __name__ == "__main__":
+    main()

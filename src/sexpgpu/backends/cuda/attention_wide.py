@@ -1,0 +1,59 @@
+"""Attention for heads wider than the fused kernels take (codegen/attention.py,
+MAX_FUSED_WIDTH): the same formula, with the same operands, statistics and rounding points,
+through PyTorch on 4-d (lead, heads, T, E) tensors. Every sum is a cuBLAS float32 product
+(TF32 off) or a PyTorch reduction, none with atomics, so the bits repeat; the scores are
+held in memory (lead x heads x TQ x TK floats), as the fused kernels avoid.
+"""
+
+from __future__ import annotations
+
+
+def _operand(x, bf16: bool):
+    """A float32 value as a bf16 product's operand reads it: rounded to bf16 (and widened)."""
+    return x.bfloat16().float() if bf16 else x
+
+
+def _probabilities(q, k, lse, scale: float, causal: bool):
+    """(exp(s - lse), s) with s the masked scores; lse None: computed from s."""
+    import torch
+
+    bf16 = q.dtype == torch.bfloat16
+    scores = _operand(torch.matmul(q.float(), k.float().transpose(-1, -2)), bf16) * scale
+    if causal:
+        size = scores.shape[-1]
+        mask = torch.ones((size, size), dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, -1) if lse is None else lse.view(scores.shape[:-1])
+    return torch.exp(scores - lse.unsqueeze(-1)), lse
+
+
+def forward(q, k, v, out, lse, scale: float, causal: bool) -> None:
+    import torch
+
+    probabilities, found = _probabilities(q, k, None, scale, causal)
+    lse.view(found.shape).copy_(found)
+    out.copy_(torch.matmul(_operand(probabilities, q.dtype == torch.bfloat16), v.float()))
+
+
+def _score_cotangent(q, k, v, g, lse, delta, scale: float, causal: bool):
+    import torch
+
+    probabilities, _ = _probabilities(q, k, lse, scale, causal)
+    products = torch.matmul(g.float(), v.float().transpose(-1, -2))
+    return probabilities, probabilities * (products - delta.view(products.shape[:-1]).unsqueeze(-1))
+
+
+def backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) -> None:
+    import torch
+
+    bf16 = q.dtype == torch.bfloat16
+    probabilities, score_grad = _score_cotangent(q, k, v, g, lse, delta, scale, causal)
+    dk.copy_(torch.matmul(_operand(score_grad, bf16).transpose(-1, -2), q.float()) * scale)
+    dv.copy_(torch.matmul(_operand(probabilities, bf16).transpose(-1, -2), g.float()))
+
+
+def backward_q(q, k, v, g, lse, delta, dq, scale: float, causal: bool) -> None:
+    import torch
+
+    _, score_grad = _score_cotangent(q, k, v, g, lse, delta, scale, causal)
+    dq.copy_(torch.matmul(_operand(score_grad, q.dtype == torch.bfloat16), k.float()) * scale)

@@ -1,0 +1,400 @@
+"""Fused scaled dot-product attention in Triton, forward and backward, in a fixed order.
+
+Operands are 4-d views (lead, heads, T, E) with any strides; the row statistics (the
+log-sum-exp of each query's scores, and D = rowsum(dO * O) for the backward) are float32
+(lead, heads, T) contiguous. Four kernels:
+
+- `forward`: one program per (query block, lead and head). It walks the key blocks from the
+  first in increasing order (a causal program stops at its last query), keeping the online
+  softmax's running maximum m, running sum l and unnormalised output: for each block
+  s = (q k^T) * scale, masked to -inf, m' = max(m, max s), l = l exp(m - m') + sum exp(s - m'),
+  acc = acc exp(m - m') + exp(s - m') v. It stores acc / l and lse = m + log l.
+- `row_delta`: D = rowsum(dO * O) per query, one program per (query block, lead and head).
+- `backward_kv`: one program per (key block, lead and head), walking the query blocks that
+  see it in increasing order: P = exp(s - lse), dV += P^T dO, dS = P (dO v^T - D),
+  dK += dS^T q; dK is scaled once at the end.
+- `backward_q`: one program per (query block, lead and head), walking key blocks as the
+  forward does: dQ += dS k, scaled once at the end.
+
+Each output element is written by one program, whose sums run over blocks in an order fixed
+by the shapes and the block sizes (functions of the shapes and dtype alone), and within a
+block by `tl.dot`'s fixed reduction: no atomics, so every run gives the same bits. bf16
+operands reach the products as bf16 (float32 accumulation); the scores are rounded to bf16
+as the interpreter's bf16 product rounds them, and the probabilities and dS are rounded to
+bf16 where they enter a product. Statistics and sums stay float32. Float32 products run with
+IEEE float32 multiply-adds (no TF32).
+
+Under Triton's interpreter (CPU tensors), bf16 values are widened to float32 through their
+bits before a product (its products are then exact, the sum float32, as on the GPU), and
+loops whose bounds depend on the program are `while` loops, which the interpreter can run.
+As in generated kernels (compile.py), no @triton.jit function of triton.language.standard
+(tl.sum, tl.max, tl.zeros) is called: reductions are tl.reduce with bits.py's combiners.
+"""
+
+from typing import NamedTuple
+
+import triton
+import triton.language as tl
+
+from sexpgpu.backends.cuda import attention_wide
+from sexpgpu.backends.cuda.codegen.bits import add, load_bf16, max_nan, round_bf16, store_bf16
+
+NEG_INF = tl.constexpr(float("-inf"))
+MAX_FUSED_WIDTH = 128  # wider heads run attention_wide.py: the tiles would not fit in registers
+
+
+@triton.jit
+def _operand(x, BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """A float32 value as a product's operand: rounded to bf16 for a bf16 op (a bfloat16
+    tensor where the dot takes one)."""
+    if BF16:
+        if NATIVE:
+            return store_bf16(x)
+        else:
+            return round_bf16(x)
+    else:
+        return x
+
+
+@triton.jit
+def _load_operand(pointers, mask, BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """Stored values as a product's operand: as stored, or widened where the dot cannot take bf16."""
+    value = tl.load(pointers, mask=mask, other=0.0)
+    if BF16 and not NATIVE:
+        return load_bf16(value)
+    else:
+        return value
+
+
+@triton.jit
+def _load_float(pointers, mask, BF16: tl.constexpr):
+    value = tl.load(pointers, mask=mask, other=0.0)
+    if BF16:
+        return load_bf16(value)
+    else:
+        return value
+
+
+@triton.jit
+def _dot(a, b, BF16: tl.constexpr):
+    if BF16:
+        return tl.dot(a, b)
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _scores(a, b, rows, cols, TQ, TK, scale, BF16: tl.constexpr, CAUSAL: tl.constexpr):
+    """(a b) * scale over (rows, cols) of queries and keys, -inf where masked; a is the
+    operand whose rows are `rows` (q, or k for the transposed tile)."""
+    s = _dot(a, b, BF16)
+    if BF16:
+        s = round_bf16(s)
+    s = s * scale
+    valid = (rows[:, None] < TQ) & (cols[None, :] < TK)
+    if CAUSAL:
+        valid = valid & (cols[None, :] <= rows[:, None])
+    return tl.where(valid, s, NEG_INF)
+
+
+@triton.jit
+def _scores_t(a, b, keys, queries, TQ, TK, scale, BF16: tl.constexpr, CAUSAL: tl.constexpr):
+    """The transposed tile: (k q^T) * scale over (keys, queries), -inf where masked."""
+    s = _dot(a, b, BF16)
+    if BF16:
+        s = round_bf16(s)
+    s = s * scale
+    valid = (keys[:, None] < TK) & (queries[None, :] < TQ)
+    if CAUSAL:
+        valid = valid & (keys[:, None] <= queries[None, :])
+    return tl.where(valid, s, NEG_INF)
+
+
+@triton.jit
+def _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
+                   E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    cols = start_n + tl.arange(0, BLOCK_N)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    key_t = _load_operand(K + k_base + cols[None, :] * skt + e[:, None] * ske,
+                          (cols[None, :] < TK) & (e[:, None] < E), BF16, NATIVE)
+    s = _scores(q, key_t, rows, cols, TQ, TK, scale, BF16, CAUSAL)
+    m_new = tl.maximum(m_i, tl.reduce(s, 1, max_nan))
+    m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a row with nothing seen yet keeps l = 0
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.reduce(p, 1, add)
+    value = _load_operand(V + v_base + cols[:, None] * svt + ev[None, :] * sve,
+                          (cols[:, None] < TK) & (ev[None, :] < EV), BF16, NATIVE)
+    acc = acc * alpha[:, None] + _dot(_operand(p, BF16, NATIVE), value, BF16)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def forward(Q, K, V, O, LSE, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve, so0, so1, sot, soe,
+            HEADS, TQ, TK, scale, E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
+            CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    lead = tl.program_id(1).to(tl.int64)
+    batch, head = lead // HEADS, lead % HEADS
+    rows = start_m + tl.arange(0, BLOCK_M)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    q = _load_operand(Q + batch * sq0 + head * sq1 + rows[:, None] * sqt + e[None, :] * sqe,
+                      (rows[:, None] < TQ) & (e[None, :] < E), BF16, NATIVE)
+    k_base, v_base = batch * sk0 + head * sk1, batch * sv0 + head * sv1
+    m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_EV], 0.0, tl.float32)
+    stop = TK
+    if CAUSAL:
+        stop = tl.minimum(TK, start_m + BLOCK_M)
+    if NATIVE:
+        for start_n in range(0, stop, BLOCK_N):
+            m_i, l_i, acc = _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve,
+                                           TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+    else:
+        start_n = 0
+        while start_n < stop:
+            m_i, l_i, acc = _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve,
+                                           TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+            start_n += BLOCK_N
+    out = acc / l_i[:, None]
+    out_mask = (rows[:, None] < TQ) & (ev[None, :] < EV)
+    out_pointers = O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe
+    if OUT_BF16:
+        tl.store(out_pointers, store_bf16(out), mask=out_mask)
+    else:
+        tl.store(out_pointers, out, mask=out_mask)
+    tl.store(LSE + lead * TQ + rows, m_i + tl.log(l_i), mask=rows < TQ)
+
+
+@triton.jit
+def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, TQ, EV: tl.constexpr,
+              BLOCK_EV: tl.constexpr, BLOCK_M: tl.constexpr, BF16: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    lead = tl.program_id(1).to(tl.int64)
+    batch, head = lead // HEADS, lead % HEADS
+    ev = tl.arange(0, BLOCK_EV)
+    mask = (rows[:, None] < TQ) & (ev[None, :] < EV)
+    o = _load_float(O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe, mask, BF16)
+    g = _load_float(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge, mask, BF16)
+    tl.store(DELTA + lead * TQ + rows, tl.reduce(o * g, 1, add), mask=rows < TQ)
+
+
+@triton.jit
+def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, stat_base, sqt, sqe, sgt, sge,
+              TQ, TK, scale, E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+              BLOCK_M: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    queries = start_m + tl.arange(0, BLOCK_M)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    seen = queries < TQ
+    query = _load_operand(Q + q_base + queries[:, None] * sqt + e[None, :] * sqe,
+                          seen[:, None] & (e[None, :] < E), BF16, NATIVE)
+    lse = tl.load(LSE + stat_base + queries, mask=seen, other=0.0)
+    delta = tl.load(DELTA + stat_base + queries, mask=seen, other=0.0)
+    p_t = tl.exp(_scores_t(k, tl.trans(query), keys, queries, TQ, TK, scale, BF16, CAUSAL) - lse[None, :])
+    g = _load_operand(G + g_base + queries[:, None] * sgt + ev[None, :] * sge,
+                      seen[:, None] & (ev[None, :] < EV), BF16, NATIVE)
+    dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16)
+    ds_t = p_t * (_dot(v, tl.trans(g), BF16) - delta[None, :])
+    dk += _dot(_operand(ds_t, BF16, NATIVE), query, BF16)
+    return dk, dv
+
+
+@triton.jit
+def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve,
+                sg0, sg1, sgt, sge, sdk0, sdk1, sdkt, sdke, sdv0, sdv1, sdvt, sdve, HEADS, TQ, TK, scale,
+                E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
+                CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    lead = tl.program_id(1).to(tl.int64)
+    batch, head = lead // HEADS, lead % HEADS
+    keys = start_n + tl.arange(0, BLOCK_N)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    key_mask = keys[:, None] < TK
+    k = _load_operand(K + batch * sk0 + head * sk1 + keys[:, None] * skt + e[None, :] * ske,
+                      key_mask & (e[None, :] < E), BF16, NATIVE)
+    v = _load_operand(V + batch * sv0 + head * sv1 + keys[:, None] * svt + ev[None, :] * sve,
+                      key_mask & (ev[None, :] < EV), BF16, NATIVE)
+    dk = tl.full([BLOCK_N, BLOCK_E], 0.0, tl.float32)
+    dv = tl.full([BLOCK_N, BLOCK_EV], 0.0, tl.float32)
+    q_base, g_base, stat_base = batch * sq0 + head * sq1, batch * sg0 + head * sg1, lead * TQ
+    first = 0
+    if CAUSAL:
+        first = (start_n // BLOCK_M) * BLOCK_M
+    if NATIVE:
+        for start_m in range(first, TQ, BLOCK_M):
+            dk, dv = _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, stat_base, sqt, sqe,
+                               sgt, sge, TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_M, BF16, NATIVE, CAUSAL)
+    else:
+        start_m = first
+        while start_m < TQ:
+            dk, dv = _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, stat_base, sqt, sqe,
+                               sgt, sge, TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_M, BF16, NATIVE, CAUSAL)
+            start_m += BLOCK_M
+    dk = dk * scale
+    dk_pointers = DK + batch * sdk0 + head * sdk1 + keys[:, None] * sdkt + e[None, :] * sdke
+    dv_pointers = DV + batch * sdv0 + head * sdv1 + keys[:, None] * sdvt + ev[None, :] * sdve
+    dk_mask, dv_mask = key_mask & (e[None, :] < E), key_mask & (ev[None, :] < EV)
+    if OUT_BF16:
+        tl.store(dk_pointers, store_bf16(dk), mask=dk_mask)
+        tl.store(dv_pointers, store_bf16(dv), mask=dv_mask)
+    else:
+        tl.store(dk_pointers, dk, mask=dk_mask)
+        tl.store(dv_pointers, dv, mask=dv_mask)
+
+
+@triton.jit
+def _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
+             E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+             BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    cols = start_n + tl.arange(0, BLOCK_N)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    seen = cols < TK
+    key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
+                        seen[:, None] & (e[None, :] < E), BF16, NATIVE)
+    p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, CAUSAL) - lse[:, None])
+    value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
+                            seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
+    ds = p * (_dot(g, value_t, BF16) - delta[:, None])
+    return dq + _dot(_operand(ds, BF16, NATIVE), key, BF16)
+
+
+@triton.jit
+def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve,
+               sg0, sg1, sgt, sge, sdq0, sdq1, sdqt, sdqe, HEADS, TQ, TK, scale,
+               E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
+               CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    lead = tl.program_id(1).to(tl.int64)
+    batch, head = lead // HEADS, lead % HEADS
+    rows = start_m + tl.arange(0, BLOCK_M)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    row_mask = rows < TQ
+    q = _load_operand(Q + batch * sq0 + head * sq1 + rows[:, None] * sqt + e[None, :] * sqe,
+                      row_mask[:, None] & (e[None, :] < E), BF16, NATIVE)
+    g = _load_operand(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge,
+                      row_mask[:, None] & (ev[None, :] < EV), BF16, NATIVE)
+    lse = tl.load(LSE + lead * TQ + rows, mask=row_mask, other=0.0)
+    delta = tl.load(DELTA + lead * TQ + rows, mask=row_mask, other=0.0)
+    k_base, v_base = batch * sk0 + head * sk1, batch * sv0 + head * sv1
+    dq = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
+    stop = TK
+    if CAUSAL:
+        stop = tl.minimum(TK, start_m + BLOCK_M)
+    if NATIVE:
+        for start_n in range(0, stop, BLOCK_N):
+            dq = _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK,
+                          scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+    else:
+        start_n = 0
+        while start_n < stop:
+            dq = _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK,
+                          scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+            start_n += BLOCK_N
+    dq = dq * scale
+    pointers = DQ + batch * sdq0 + head * sdq1 + rows[:, None] * sdqt + e[None, :] * sdqe
+    mask = row_mask[:, None] & (e[None, :] < E)
+    if OUT_BF16:
+        tl.store(pointers, store_bf16(dq), mask=mask)
+    else:
+        tl.store(pointers, dq, mask=mask)
+
+
+# --- launching ----------------------------------------------------------------------------------------------
+
+
+class Blocks(NamedTuple):
+    m: int  # queries a program (or a step of the key-block loop) takes
+    n: int  # keys a program (or a step of the query-block loop) takes
+    warps: int
+    stages: int
+
+
+def _power_of_two(size: int, least: int = 16) -> int:
+    return max(least, 1 << (max(size, 1) - 1).bit_length())
+
+
+def blocks(kind: str, bf16: bool, width: int, native: bool) -> Blocks:
+    """The tiles of a kernel: functions of the kernel, the dtype and the padded head width
+    alone, so a shape always runs the same sums. Under the interpreter, small tiles (many
+    blocks, partial ones included, on small test shapes)."""
+    if not native:
+        return Blocks(16, 16, 1, 1)
+    wide = width > 64
+    if kind == "forward":
+        return Blocks(128, 64, 8, 2) if bf16 and not wide else Blocks(64, 64 if bf16 else 32, 4, 2)
+    return Blocks(64, 64, 4, 2) if bf16 and not wide else Blocks(64 if bf16 else 32, 32, 4, 1)
+
+
+def _strides(*tensors) -> list:
+    return [stride for tensor in tensors for stride in tensor.stride()]
+
+
+def _launch_options(tile: Blocks, native: bool) -> dict:
+    options = {"num_warps": tile.warps, "num_stages": tile.stages} if native else {}
+    return dict(options, enable_fp_fusion=False)
+
+
+def _sizes(q, v) -> tuple:
+    """(E, EV, padded E, padded EV, bf16, native) of 4-d operands."""
+    import torch
+
+    width, value_width = q.shape[-1], v.shape[-1]
+    return width, value_width, _power_of_two(width), _power_of_two(value_width), q.dtype == torch.bfloat16, q.is_cuda
+
+
+def run_forward(q, k, v, out, lse, scale: float, causal: bool) -> None:
+    """out = attention(q, k, v) and lse = the log-sum-exp of each query's scores, for
+    4-d (lead, heads, T, E) views; lse is float32 (lead, heads, TQ) contiguous."""
+    width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
+    if max(width, value_width) > MAX_FUSED_WIDTH:
+        return attention_wide.forward(q, k, v, out, lse, scale, causal)
+    tile = blocks("forward", bf16, max(block_e, block_ev), native)
+    lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    grid = (triton.cdiv(queries, tile.m), lead * heads)
+    forward[grid](q, k, v, out, lse, *_strides(q, k, v, out), heads, queries, keys, scale, width, value_width,
+                  block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
+                  **_launch_options(tile, native))
+
+
+def run_row_delta(out, g, delta) -> None:
+    """delta = rowsum(out * g) in float32, (lead, heads, TQ) contiguous."""
+    _, value_width, _, block_ev, bf16, native = _sizes(g, g)
+    rows = 16 if not native else max(16, min(128, 8192 // block_ev))
+    lead, heads, queries = out.shape[0], out.shape[1], out.shape[2]
+    row_delta[(triton.cdiv(queries, rows), lead * heads)](out, g, delta, *_strides(out, g), heads, queries,
+                                                           value_width, block_ev, rows, bf16, enable_fp_fusion=False)
+
+
+def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) -> None:
+    width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
+    if max(width, value_width) > MAX_FUSED_WIDTH:
+        return attention_wide.backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
+    tile = blocks("backward", bf16, max(block_e, block_ev), native)
+    lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    grid = (triton.cdiv(keys, tile.n), lead * heads)
+    backward_kv[grid](q, k, v, g, lse, delta, dk, dv, *_strides(q, k, v, g, dk, dv), heads, queries, keys, scale,
+                      width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
+                      **_launch_options(tile, native))
+
+
+def run_backward_q(q, k, v, g, lse, delta, dq, scale: float, causal: bool) -> None:
+    width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
+    if max(width, value_width) > MAX_FUSED_WIDTH:
+        return attention_wide.backward_q(q, k, v, g, lse, delta, dq, scale, causal)
+    tile = blocks("backward", bf16, max(block_e, block_ev), native)
+    lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    grid = (triton.cdiv(queries, tile.m), lead * heads)
+    backward_q[grid](q, k, v, g, lse, delta, dq, *_strides(q, k, v, g, dq), heads, queries, keys, scale,
+                     width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
+                     **_launch_options(tile, native))
