@@ -277,6 +277,33 @@ def test_an_unwritable_cache_says_so_and_the_choices_stand(program, home):
     assert any("cannot be written" in note for note in cache.notes)
 
 
+def test_two_runs_measuring_at_once_both_take_the_choice_remembered_first(program, home):
+    """The second run looked before the first remembered, measured otherwise, and takes the
+    first one's choice when it comes to remember its own: both runs, and later ones, agree."""
+    first_device = FakeDevice(product_seconds={"ordinary": 1.0, "split-k 2": 0.5})
+    second_device = FakeDevice(product_seconds={"ordinary": 1.0, "split-k 2": 2.0})
+    first, second = cache_for(first_device, program), cache_for(second_device, program)
+    second.lookup("choices", "primed")  # reads the cache while it is still empty
+    chosen_first = decide(situation(program, first_device), first)
+    chosen_second = decide(situation(program, second_device), second)
+    assert set(chosen_first.products.values()) == {"split-k 2"}
+    assert chosen_second.products == chosen_first.products
+    again = decide(situation(program, second_device), cache_for(second_device, program))
+    assert again.products == chosen_first.products
+
+
+def test_a_key_remembered_by_another_run_meanwhile_is_the_one_taken(program, home):
+    first, second = cache_for(FakeDevice(), program), cache_for(FakeDevice(), program)
+    assert first.lookup("choices", "stacking/x") is None and second.lookup("choices", "stacking/x") is None
+    assert first.remember("choices", "stacking/x", 2) == 2
+    assert second.remember("choices", "stacking/x", 4) == 2
+    assert any("remembered its choice first" in note for note in second.notes)
+    assert second.remember("choices", "stacking/y", 4) == 4  # and the first run's entries are kept beside it
+    later = cache_for(FakeDevice(), program)
+    assert (later.lookup("choices", "stacking/x"), later.lookup("choices", "stacking/y")) == (2, 4)
+    assert second.remember("choices", "stacking/x", 4, acceptable=lambda value: value != 2) == 4  # unusable here
+
+
 # --- pins -----------------------------------------------------------------------------
 
 def recorded(program, device, **changes):

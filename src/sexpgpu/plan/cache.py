@@ -11,13 +11,17 @@ and any generator's graphs; the key adds the decision and its candidates (the st
 degrees that fit, the product shapes).
 
 Files are written whole to a temporary file and renamed into place, so a reader sees the old
-file or the new one. A file that cannot be read as this shape is ignored, and the run says
+file or the new one. A writer holds an advisory lock while it reads the file
+afresh and adds its entry, and the first entry for a key stays: two runs that measure the same
+thing at once both take the first one remembered (`.lock` in the cache directory), so they and every later run agree. A file that cannot be read as this shape is ignored, and the run says
 so; an unset HOME or a cache that cannot be written is said too, and the run goes on: it only
 loses level 1 against a later run, whose measurement may choose otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -97,17 +101,29 @@ class ChoiceCache:
             self.taken.append(key)
         return value
 
-    def remember(self, file: str, key: str, value) -> None:
+    def remember(self, file: str, key: str, value, acceptable=lambda value: True):
+        """Remember value under key and return the value in effect: the one another run on
+        this machine remembered first, if `acceptable` takes it, else this one."""
         self.made.append(key)
         if self.root is None:
-            return
-        entries = self._entries(file)
-        entries[_digest([self.identity, key])] = {"identity": self.identity, "key": key, "value": value}
+            return value
+        digest = _digest([self.identity, key])
         try:
-            _write_atomically(self.path(file), {"format": FORMAT, "entries": entries})
+            with _locked(self.root):
+                entries = self._files[file] = self._read(self.path(file))
+                earlier = entries.get(digest)
+                if isinstance(earlier, dict) and earlier.get("key") == key and earlier.get("value") is not None \
+                        and acceptable(earlier["value"]):
+                    if earlier["value"] != value:
+                        self._note(f"{key.split('/')[0]}: another run on this machine remembered its choice first, "
+                                   "and this run takes it")
+                    return earlier["value"]
+                entries[digest] = {"identity": self.identity, "key": key, "value": value}
+                _write_atomically(self.path(file), {"format": FORMAT, "entries": entries})
         except OSError as error:
             self._note(f"the cache {self.path(file)} cannot be written ({error.strerror or error}): "
                        "nothing measured now is remembered")
+        return value
 
     def _entries(self, file: str) -> dict:
         if file not in self._files:
@@ -140,6 +156,18 @@ def open_cache(facts: DeviceFacts, training, generators=()) -> ChoiceCache:
         cache.notes.append("HOME is unset, so there is no ~/.cache/sexpgpu: every choice is measured now "
                            "and nothing is remembered")
     return cache
+
+
+@contextlib.contextmanager
+def _locked(root: str):
+    """The cache's exclusive advisory lock (`<root>/.lock`), for the read-add-write of one entry."""
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".lock"), "a", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _write_atomically(path: str, content: dict) -> None:

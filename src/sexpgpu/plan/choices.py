@@ -104,11 +104,12 @@ class Situation:
         if self.measured_throughput is None:
             memory = self.memory or Forgetful()
             remembered = memory.lookup("cost", "throughput")
-            if isinstance(remembered, dict) and set(remembered) == {"flops_per_second", "bytes_per_second"}:
+            if _is_throughput(remembered):
                 self.measured_throughput = Throughput(**remembered)
             else:
                 self.measured_throughput = self.probe.measure_throughput()
-                memory.remember("cost", "throughput", asdict(self.measured_throughput))
+                kept = memory.remember("cost", "throughput", asdict(self.measured_throughput), _is_throughput)
+                self.measured_throughput = Throughput(**kept)
         return self.measured_throughput
 
     def running_training(self):
@@ -235,6 +236,10 @@ def _check_node_gradients(situation: Situation, dtype) -> str | None:
     return (f"gradients between nodes were {dtype}, and SEXPGPU_NODE_GRADIENTS says {situation.node_gradients}")
 
 
+def _is_throughput(value) -> bool:
+    return isinstance(value, dict) and set(value) == {"flops_per_second", "bytes_per_second"}
+
+
 def _fixed(value) -> Callable:
     return lambda situation: value
 
@@ -256,8 +261,8 @@ class Forgetful:
     def lookup(self, file: str, key: str):
         return None
 
-    def remember(self, file: str, key: str, value) -> None:
-        return None
+    def remember(self, file: str, key: str, value, acceptable=None):
+        return value
 
 
 def decide(situation: Situation, memory) -> Choices:
@@ -272,8 +277,9 @@ def decide(situation: Situation, memory) -> Choices:
             values[decision.key] = remembered
             continue
         values[decision.key] = decision.make(situation)
-        if decision.remembered:
-            memory.remember(decision.remembered, f"{decision.key}/{key}", values[decision.key])
+        if decision.remembered:  # another run may have remembered first: every run takes that one
+            values[decision.key] = memory.remember(decision.remembered, f"{decision.key}/{key}", values[decision.key],
+                                                   lambda value: decision.check_pin(situation, value) is None)
     return _record(situation, values, strict=False)
 
 
