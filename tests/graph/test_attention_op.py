@@ -78,3 +78,35 @@ def test_the_attention_layer_emits_one_attention_core_per_layer():
     counts = micro.op_counts()
     assert counts["attention_core"] >= 1 and "causal_mask" not in counts
     assert counts["attention_grad_q"] == counts["attention_grad_kv"] == counts["attention_core"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_composed_graph_gives_the_interpreters_bits_for_every_attention_op(causal):
+    """graph/attention_parts.py writes float32 attention ops out as ops.py's formula: the
+    interpreter gives the same bits for the graph and its composition, forward and cotangents."""
+    from sexpgpu.graph.attention_parts import ATTENTION_OPS, composed_attention
+
+    rng = np.random.default_rng(9)
+    shapes = {"q": (2, 3, 6, 4), "k": (2, 3, 6, 4), "v": (2, 3, 6, 5), "g": (2, 3, 6, 5)}
+    e = Emitter()
+    inputs = {name: e.input(name, "f32", shape) for name, shape in shapes.items()}
+    q, k, v, g = inputs.values()
+    attrs = {"scale": 0.5, "causal": causal}
+    out = e("attention_core", q, k, v, **attrs)
+    graph = e.graph(inputs, {"out": out, "dq": e("attention_grad_q", q, k, v, out, g, **attrs),
+                             "dkv": e("attention_grad_kv", q, k, v, out, g, **attrs)})
+    composed = composed_attention(graph)
+    assert not {node.op for node in composed.nodes} & set(ATTENTION_OPS)
+    values = {name: random_array(rng, "f32", shape, "normal") for name, shape in shapes.items()}
+    want, got = CPU.run(graph, values), CPU.run(composed, values)
+    for name in want:
+        assert want[name].view(np.uint32).tolist() == got[name].view(np.uint32).tolist(), name
+
+
+def test_a_graph_without_float32_attention_is_kept_as_it_is():
+    from sexpgpu.graph.attention_parts import composed_attention
+
+    e = Emitter()
+    x = e.input("x", "f32", (2, 3))
+    graph = e.graph({"x": x}, {"y": e("exp", x)})
+    assert composed_attention(graph) is graph
