@@ -84,6 +84,22 @@ def _dot(a, b, BF16: tl.constexpr):
 
 
 @triton.jit
+def _store_result(pointers, value, mask, OUT_BF16: tl.constexpr):
+    """A float32 result stored as the output's dtype (bf16: rounded to nearest even)."""
+    if OUT_BF16:
+        tl.store(pointers, store_bf16(value), mask=mask)
+    else:
+        tl.store(pointers, value, mask=mask)
+
+
+@triton.jit
+def _program_head(HEADS):
+    """(lead, batch, head) of this program: axis 1 walks batch * heads."""
+    lead = tl.program_id(1).to(tl.int64)
+    return lead, lead // HEADS, lead % HEADS
+
+
+@triton.jit
 def _scores(a, b, rows, cols, TQ, TK, scale, BF16: tl.constexpr, CAUSAL: tl.constexpr):
     """(a b) * scale over (rows, cols) of queries and keys, -inf where masked; a is the
     operand whose rows are `rows` (q, or k for the transposed tile)."""
@@ -137,8 +153,7 @@ def forward(Q, K, V, O, LSE, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, s
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
             CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
-    lead = tl.program_id(1).to(tl.int64)
-    batch, head = lead // HEADS, lead % HEADS
+    lead, batch, head = _program_head(HEADS)
     rows = start_m + tl.arange(0, BLOCK_M)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -164,10 +179,7 @@ def forward(Q, K, V, O, LSE, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, s
     out = acc / l_i[:, None]
     out_mask = (rows[:, None] < TQ) & (ev[None, :] < EV)
     out_pointers = O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe
-    if OUT_BF16:
-        tl.store(out_pointers, store_bf16(out), mask=out_mask)
-    else:
-        tl.store(out_pointers, out, mask=out_mask)
+    _store_result(out_pointers, out, out_mask, OUT_BF16)
     tl.store(LSE + lead * TQ + rows, m_i + tl.log(l_i), mask=rows < TQ)
 
 
@@ -175,8 +187,7 @@ def forward(Q, K, V, O, LSE, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, s
 def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, TQ, EV: tl.constexpr,
               BLOCK_EV: tl.constexpr, BLOCK_M: tl.constexpr, BF16: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    lead = tl.program_id(1).to(tl.int64)
-    batch, head = lead // HEADS, lead % HEADS
+    lead, batch, head = _program_head(HEADS)
     ev = tl.arange(0, BLOCK_EV)
     mask = (rows[:, None] < TQ) & (ev[None, :] < EV)
     o = _load_float(O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe, mask, BF16)
@@ -212,8 +223,7 @@ def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, sq0, sq1, sqt, sqe, sk0, sk1, sk
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
                 CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
-    lead = tl.program_id(1).to(tl.int64)
-    batch, head = lead // HEADS, lead % HEADS
+    lead, batch, head = _program_head(HEADS)
     keys = start_n + tl.arange(0, BLOCK_N)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -242,12 +252,8 @@ def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, sq0, sq1, sqt, sqe, sk0, sk1, sk
     dk_pointers = DK + batch * sdk0 + head * sdk1 + keys[:, None] * sdkt + e[None, :] * sdke
     dv_pointers = DV + batch * sdv0 + head * sdv1 + keys[:, None] * sdvt + ev[None, :] * sdve
     dk_mask, dv_mask = key_mask & (e[None, :] < E), key_mask & (ev[None, :] < EV)
-    if OUT_BF16:
-        tl.store(dk_pointers, store_bf16(dk), mask=dk_mask)
-        tl.store(dv_pointers, store_bf16(dv), mask=dv_mask)
-    else:
-        tl.store(dk_pointers, dk, mask=dk_mask)
-        tl.store(dv_pointers, dv, mask=dv_mask)
+    _store_result(dk_pointers, dk, dk_mask, OUT_BF16)
+    _store_result(dv_pointers, dv, dv_mask, OUT_BF16)
 
 
 @triton.jit
@@ -274,8 +280,7 @@ def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, sk
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
                CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
-    lead = tl.program_id(1).to(tl.int64)
-    batch, head = lead // HEADS, lead % HEADS
+    lead, batch, head = _program_head(HEADS)
     rows = start_m + tl.arange(0, BLOCK_M)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -304,10 +309,7 @@ def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, sk
     dq = dq * scale
     pointers = DQ + batch * sdq0 + head * sdq1 + rows[:, None] * sdqt + e[None, :] * sdqe
     mask = row_mask[:, None] & (e[None, :] < E)
-    if OUT_BF16:
-        tl.store(pointers, store_bf16(dq), mask=mask)
-    else:
-        tl.store(pointers, dq, mask=mask)
+    _store_result(pointers, dq, mask, OUT_BF16)
 
 
 # --- launching ----------------------------------------------------------------------------------------------
