@@ -12,7 +12,8 @@ Rows, at each size n^3:
   outlier per row     randn rows with one element 2**60 larger: the rest lie far below it
   whole range         every exponent from 2**-149 to 2**126 in each row: the worst case
 Each exact row also says what det_gemm's fast path did on its last call (rounded.py): the
-tiers it computed and the fraction of outputs it sent to the exact accumulator. Then
+share of outputs the float64 product settled, the outputs refined by pair sums, the tiers it
+computed and the fraction of outputs it sent to the exact accumulator. Then
 DetLinear 4096x4096, batch 4096, forward + backward against nn.Linear float32, and the
 previous default (the Triton fp64 kernel) at 1024^3 for reference. Runs in about two
 minutes on an H200. --cpu: det_gemm f32 at 1024^3 against torch.matmul f32 on the same cores.
@@ -42,6 +43,8 @@ class Row:
     cublas_bf16: float | None
     tiers: int = 0  # tiers of slice products the fast path ran (f32 call)
     fallback: float = 0.0  # fraction of outputs that the exact accumulator computed (f32 call)
+    float64: float = 0.0  # fraction of outputs that the float64 product settled (f32 call)
+    pairs: int = 0  # outputs refined by pair sums (f32 call)
 
 
 def seconds_per_call(fn, repeats: int) -> float:
@@ -61,7 +64,15 @@ def synchronize() -> None:
 
 def fast_path_figures() -> dict:
     stats = rounded.last_statistics
-    return {"tiers": stats.tiers, "fallback": stats.fallback / max(stats.outputs, 1)}
+    outputs = max(stats.outputs, 1)
+    return {"tiers": stats.tiers, "fallback": stats.fallback / outputs,
+            "float64": stats.float64_settled / outputs, "pairs": stats.pairs}
+
+
+def path_text(figures: dict) -> str:
+    """What the fast path did, from fast_path_figures' keys."""
+    return (f"float64 product settled {figures['float64']:.3%}, {figures['pairs']} pair sums, "
+            f"{figures['tiers']} tiers, {figures['fallback']:.3%} to the exact accumulator")
 
 
 def tflops(n: int, seconds: float) -> float:
@@ -164,7 +175,7 @@ def main() -> None:
         cpu = cpu_figures()
         print(f"CPU ({cpu['threads']} threads) {cpu['size']}^3 f32 randn: det_gemm {cpu['det_gemm s'] * 1e3:.0f} ms, "
               f"torch.matmul {cpu['matmul s'] * 1e3:.1f} ms: det_gemm is {cpu['ratio']:.1f}x slower "
-              f"(fast path: {cpu['tiers']} tiers, {cpu['fallback']:.2%} to the exact accumulator)")
+              f"(fast path: {path_text(cpu)})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"cpu": cpu}, f, indent=2)
@@ -196,12 +207,11 @@ def report(rows: list[Row], linear: dict, triton_tflops: float) -> None:
         if r.data == "randn":
             print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f} {r.exact_f32 / r.cublas_f32:10.3f}x "
                   f"{r.exact_bf16:10.2f} {r.exact_bf16 / r.cublas_bf16:11.3f}x   "
-                  f"(cuBLAS f32 {r.cublas_f32:.1f}, bf16 {r.cublas_bf16:.1f}; {r.tiers} tiers, "
-                  f"{r.fallback:.3%} to the exact accumulator)")
+                  f"(cuBLAS f32 {r.cublas_f32:.1f}, bf16 {r.cublas_bf16:.1f}; {path_text(asdict(r))})")
         else:
             slowdown = randn_by_size[r.size].exact_f32 / r.exact_f32
             print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f}   ({slowdown:.1f}x slower than randn f32; "
-                  f"{r.tiers} tiers, {r.fallback:.3%} to the exact accumulator)")
+                  f"{path_text(asdict(r))})")
     print(f"\nworst adversarial case: {worst.data} at {worst.size}^3, "
           f"{randn_by_size[worst.size].exact_f32 / worst.exact_f32:.1f}x slower than randn f32")
     ratio = linear["nn.Linear f32"] / linear["DetLinear"]

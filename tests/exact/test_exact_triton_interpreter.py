@@ -12,12 +12,20 @@ pytest.importorskip("triton")
 HERE = Path(__file__).resolve().parent
 
 
-def test_triton_kernel_in_the_interpreter_gives_the_cpu_digits():
+def interpreted(script: str) -> subprocess.CompletedProcess:
     environment = dict(os.environ, TRITON_INTERPRET="1")
     environment["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [environment.get("PYTHONPATH")])])
-    done = subprocess.run(
-        [sys.executable, str(HERE / "exact_interpreter_check.py")],
-        env=environment, capture_output=True, text=True, timeout=600,
-    )
+    return subprocess.run([sys.executable, str(HERE / script)], env=environment, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_triton_kernel_in_the_interpreter_gives_the_cpu_digits():
+    done = interpreted("exact_interpreter_check.py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("same:") == 7
+
+
+def test_pair_kernel_in_the_interpreter_holds_its_bound():
+    done = interpreted("pair_kernel_check.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("within the bound:") == 4

@@ -1,4 +1,12 @@
-"""det_gemm's fast path: round from the top slices when a bound proves the rounding, else add every bit.
+"""det_gemm's fast path: round wherever a bound proves the rounding, else add every bit.
+
+Three stages, each rounding the outputs its bound settles and handing on the rest:
+1. one float64 product with a bound that holds for any summation order (float64_stage.py);
+2. compensated dot products of the few outputs left, from their own rows (pair_sums.py);
+3. when more than a PAIR_SHARE of the outputs are left (data that cancel), the tiers below
+   on the block of their rows and columns; then the exact accumulator for what remains.
+
+The tiers: round from the top slices.
 
 Each row of x and of w gets one exponent R over all of K, with every |element| < 2**R, and is
 cut from the top down into signed slices of W bits (sign and magnitude, |digit| < 2**W):
@@ -63,6 +71,8 @@ from .block_slices import (
     int8_tensor_core_products,
 )
 from .bins_kernel import split_floats
+from .float64_stage import float64_product
+from .pair_sums import pair_sums
 from .rounding import FORMATS, apply_special_counts, power_of_two, round_planes
 
 # int8 sums over 2**17 columns stay below 2**17 * 127**2 < 2**31; fp64 integer sums of 20-bit
@@ -74,13 +84,15 @@ TIER_FP64 = SliceProducts(20, 1 << 13, torch.float64, fp64_products, exact_bits=
 MAX_BOUND_BITS = 160  # stop tiering once the bound is 2**-160 of the terms: the rest is cancellation
 MAX_FAST_K = 1 << 24  # beyond this K the exact path runs (tier sums stay far inside float64's range)
 SAMPLE = 4096  # outputs sampled to decide whether checking a tier is worth its cost
+PAIR_SHARE = 1 / 8  # at most this share of the outputs left after the float64 product go to pair_sums
+PAIR_MINIMUM = 1 << 12  # ... or at most this many
 UNIT = 2.0**-52  # twice float64's unit roundoff
 SLACK = 1 + 2.0**-40  # covers the rounding of the bound's own few float64 operations
 
 
 def _tier_products(device: torch.device) -> SliceProducts:
     """int8 tensor cores where the GPU has them, else exact fp64 products of 20-bit slices."""
-    if _forced:
+    if _forced and _forced[-1] in TIERS_BY_NAME:
         return TIERS_BY_NAME[_forced[-1]](device)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
         return TIER_INT8
@@ -91,14 +103,18 @@ TIERS_BY_NAME = {
     "int8": lambda device: TIER_INT8 if device.type == "cuda" else TIER_INT8_ON_CPU,
     "fp64": lambda device: TIER_FP64,
 }
+FLOAT64_ONLY = "float64"  # the float64 stages alone: every output they leave goes to pair_sums
 _forced: list[str] = []
 
 
 @contextlib.contextmanager
 def forced(name: str):
-    """Use the named tier products ("int8": tensor cores, or their exact CPU stand-in; "fp64")."""
-    if name not in TIERS_BY_NAME:
-        raise ValueError(f"sexpgpu.exact: no tier products named {name!r}; they are {', '.join(TIERS_BY_NAME)}")
+    """Force a path, for tests and benchmarks: the tiers alone with the named tier products
+    ("int8": tensor cores, or their exact CPU stand-in; "fp64"), or "float64": the float64
+    product and pair_sums for every output it leaves, never the tiers."""
+    if name not in (*TIERS_BY_NAME, FLOAT64_ONLY):
+        known = ", ".join((*TIERS_BY_NAME, FLOAT64_ONLY))
+        raise ValueError(f"sexpgpu.exact: no tier products named {name!r}; they are {known}")
     _forced.append(name)
     try:
         yield
@@ -110,6 +126,9 @@ def forced(name: str):
 class Statistics:
     """What the last call did: for benchmarks and tests."""
 
+    float64_settled: int = 0  # outputs settled by the float64 product
+    pairs: int = 0  # outputs sent to pair_sums
+    pairs_settled: int = 0  # ... and settled there
     tiers: int = 0  # tiers computed
     checks: int = 0  # tiers after which outputs were checked
     outputs: int = 0
@@ -131,7 +150,10 @@ def rounded_gemm(x: torch.Tensor, w: torch.Tensor, special, dtype: torch.dtype,
         planes = exact_planes(x, w)
         stats.fallback = m * n
         return round_planes(_with_special(planes, special), dtype)
-    result, pending_rows, pending_cols = _tiers(x, w, dtype, _tier_products(x.device), stats)
+    if _forced and _forced[-1] in TIERS_BY_NAME:
+        result, pending_rows, pending_cols = _tiers(x, w, dtype, _tier_products(x.device), stats)
+    else:
+        result, pending_rows, pending_cols = _float64_stages(x, w, dtype, stats)
     if special is not None:
         keep = (special[:, pending_rows, pending_cols] == 0).all(0)
         pending_rows, pending_cols = pending_rows[keep], pending_cols[keep]
@@ -139,6 +161,41 @@ def rounded_gemm(x: torch.Tensor, w: torch.Tensor, special, dtype: torch.dtype,
         stats.fallback = int(pending_rows.numel())
         result[pending_rows, pending_cols] = _exact_outputs(x, w, pending_rows, pending_cols, dtype, exact_planes)
     return result if special is None else apply_special_counts(result, special)
+
+
+def _float64_stages(x, w, dtype, stats: Statistics):
+    """Stages 1 to 3 of the module's docstring: (result with settled outputs filled, rows and
+    columns of those still pending)."""
+    first = float64_product(x, w)
+    one = torch.ones((), dtype=torch.float64, device=x.device)
+    done, value = settle(first.total, first.bound, one, dtype)
+    stats.float64_settled = int(done.sum())
+    result = torch.where(done, value, torch.zeros((), dtype=dtype, device=x.device))
+    pending = ~done
+    del first.total, first.bound, done, value
+    rows, cols = pending.nonzero(as_tuple=True)
+    share = max(PAIR_MINIMUM, int(PAIR_SHARE * pending.numel()))
+    if rows.numel() > share and not (_forced and _forced[-1] == FLOAT64_ONLY):
+        return _tiers_on_block(x, w, dtype, result, pending, stats)
+    stats.pairs = int(rows.numel())
+    refined, bound = pair_sums(x, w, rows, cols, first.x_norm, first.w_norm)
+    done, value = settle(refined, bound, one, dtype)
+    stats.pairs_settled = int(done.sum())
+    result[rows[done], cols[done]] = value[done]
+    return result, rows[~done], cols[~done]
+
+
+def _tiers_on_block(x, w, dtype, result, pending, stats: Statistics):
+    """Stage 3: the tiers on the rows and columns that hold pending outputs."""
+    row_set, col_set = pending.any(1).nonzero()[:, 0], pending.any(0).nonzero()[:, 0]
+    block, tier_rows, tier_cols = _tiers(x[row_set], w[col_set], dtype, _tier_products(x.device), stats)
+    still = torch.zeros_like(block, dtype=torch.bool)
+    still[tier_rows, tier_cols] = True
+    wanted = pending[row_set[:, None], col_set[None, :]]
+    current = result[row_set[:, None], col_set[None, :]]
+    result[row_set[:, None], col_set[None, :]] = torch.where(wanted & ~still, block, current)
+    left = (wanted & still).nonzero()
+    return result, row_set[left[:, 0]], col_set[left[:, 1]]
 
 
 def _with_special(planes: torch.Tensor, special) -> torch.Tensor:

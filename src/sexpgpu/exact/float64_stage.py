@@ -1,0 +1,69 @@
+"""det_gemm's first stage: x @ w.T in float64, rounded wherever a bound for any summation order proves it.
+
+A bf16 or f32 value is exact in float64, and so is the product of two: at most 48 significant
+bits, of weight between 2**-298 and 2**256, inside float64's normal range. A float64 matrix
+product of such operands therefore errs only in its additions. In whatever order or tree a
+BLAS library adds, with or without fused multiply-adds, on scalar or tensor cores, an output
+whose products each pass through at most D additions errs by at most
+
+    gamma(D) * sum_k |x[m, k] * w[n, k]|,      gamma(D) = D u / (1 - D u),               (1)
+
+where u = 2**-52 is twice float64's unit roundoff, so that faithful additions are covered as
+well as correctly rounded ones. K is cut into chunks of CHUNK columns, each chunk's product
+added into the result in turn (addmm), so no product passes through more than
+CHUNK + chunks + 1 additions, however the library splits a chunk. By Cauchy-Schwarz the sum
+in (1) is at most ||x[m]|| ||w[n]||: two vectors instead of a second matrix product. The
+norms are float64 sums of exact squares, raised to cover their own rounding (a sum of K
+non-negative terms errs by at most gamma(K) of itself), and a factor 1 + 2**-40 covers the
+rounding of the bound's few operations.
+
+An output is settled when every real within the bound of the float64 result rounds to one
+value (rounded.settle): that value is then the exact sum's rounding, whatever the library
+did. The outputs left over are near zero (their float32 cell is narrower than the bound),
+next to a rounding boundary, or the result of cancellation; pair_sums.py refines them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+CHUNK = 1024  # columns of K a float64 product sums before the next is added: the bound's depth
+UNIT = 2.0**-52  # twice float64's unit roundoff
+SLACK = 1 + 2.0**-40  # covers the rounding of the bound's own few float64 operations
+
+
+def gamma(additions: int) -> float:
+    """gamma(D) of inequality (1): the relative error of D additions, for D u < 1/2."""
+    return additions * UNIT / (1 - additions * UNIT)
+
+
+@dataclass
+class Float64Product:
+    """The stage's float64 results for all of x @ w.T, and what later stages reuse."""
+
+    total: torch.Tensor  # float64 (M, N), within `bound` of the exact sum
+    bound: torch.Tensor  # float64 (M, N)
+    x_norm: torch.Tensor  # float64 (M,): at least ||x[m]||_2
+    w_norm: torch.Tensor  # float64 (N,)
+
+
+def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> Float64Product:
+    """x @ w.T in float64 for finite bf16 or f32 x (M, K) and w (N, K), with its error bound."""
+    x64, w64 = x.to(torch.float64), w.to(torch.float64)
+    k = x.shape[1]
+    total = torch.zeros((x.shape[0], w.shape[0]), dtype=torch.float64, device=x.device)
+    for k0 in range(0, k, chunk):
+        total.addmm_(x64[:, k0 : k0 + chunk], w64[:, k0 : k0 + chunk].t())
+    chunks = -(-k // chunk)
+    x_norm, w_norm = upper_norms(x64), upper_norms(w64)
+    bound = torch.outer(x_norm, w_norm).mul_(gamma(min(k, chunk) + chunks + 1) * SLACK)
+    return Float64Product(total, bound, x_norm, w_norm)
+
+
+def upper_norms(rows64: torch.Tensor) -> torch.Tensor:
+    """An upper bound of each row's Euclidean norm: squares are exact, their float64 sum is raised
+    by gamma(K) to cover its rounding, and SLACK covers the square root's."""
+    squares = rows64.square().sum(1)
+    return squares.mul_(1 + gamma(max(rows64.shape[1], 1))).sqrt_().mul_(SLACK)
