@@ -25,7 +25,8 @@ def test_triton_kernel_in_the_interpreter_gives_the_cpu_digits():
     assert done.stdout.count("same:") == 7
 
 
-def test_pair_kernel_in_the_interpreter_holds_its_bound():
-    done = interpreted("pair_kernel_check.py")
+def test_float64_stage_kernels_in_the_interpreter():
+    done = interpreted("float64_kernels_check.py")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("within the bound:") == 4
+    counts = [done.stdout.count(line) for line in ("within the bound:", "settled as rounded.settle:", "same digits:")]
+    assert counts == [4, 2, 4], done.stdout

@@ -43,10 +43,14 @@ def gamma(additions: int) -> float:
 class Float64Product:
     """The stage's float64 results for all of x @ w.T, and what later stages reuse."""
 
-    total: torch.Tensor  # float64 (M, N), within `bound` of the exact sum
-    bound: torch.Tensor  # float64 (M, N)
+    total: torch.Tensor  # float64 (M, N), within bound() of the exact sum
     x_norm: torch.Tensor  # float64 (M,): at least ||x[m]||_2
     w_norm: torch.Tensor  # float64 (N,)
+    factor: float  # gamma(D) * SLACK
+
+    def bound(self) -> torch.Tensor:
+        """(x_norm[m] * w_norm[n]) * factor, float64 (M, N): inequality (1)."""
+        return torch.outer(self.x_norm, self.w_norm).mul_(self.factor)
 
 
 def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> Float64Product:
@@ -57,9 +61,7 @@ def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> Flo
     for k0 in range(0, k, chunk):
         total.addmm_(x64[:, k0 : k0 + chunk], w64[:, k0 : k0 + chunk].t())
     chunks = -(-k // chunk)
-    x_norm, w_norm = upper_norms(x64), upper_norms(w64)
-    bound = torch.outer(x_norm, w_norm).mul_(gamma(min(k, chunk) + chunks + 1) * SLACK)
-    return Float64Product(total, bound, x_norm, w_norm)
+    return Float64Product(total, upper_norms(x64), upper_norms(w64), gamma(min(k, chunk) + chunks + 1) * SLACK)
 
 
 def upper_norms(rows64: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accumulator import normalise_
+from .layout import MAX_K_PER_CALL
 from .block_slices import (
     SliceProducts,
     _bit_length,
@@ -71,7 +72,7 @@ from .block_slices import (
     int8_tensor_core_products,
 )
 from .bins_kernel import split_floats
-from .float64_stage import float64_product
+from .float64_stage import Float64Product, float64_product
 from .pair_sums import pair_sums
 from .rounding import FORMATS, apply_special_counts, power_of_two, round_planes
 
@@ -167,22 +168,32 @@ def _float64_stages(x, w, dtype, stats: Statistics):
     """Stages 1 to 3 of the module's docstring: (result with settled outputs filled, rows and
     columns of those still pending)."""
     first = float64_product(x, w)
-    one = torch.ones((), dtype=torch.float64, device=x.device)
-    done, value = settle(first.total, first.bound, one, dtype)
+    done, result = _settled_product(first, dtype)
     stats.float64_settled = int(done.sum())
-    result = torch.where(done, value, torch.zeros((), dtype=dtype, device=x.device))
     pending = ~done
-    del first.total, first.bound, done, value
+    del first.total, done
     rows, cols = pending.nonzero(as_tuple=True)
     share = max(PAIR_MINIMUM, int(PAIR_SHARE * pending.numel()))
     if rows.numel() > share and not (_forced and _forced[-1] == FLOAT64_ONLY):
         return _tiers_on_block(x, w, dtype, result, pending, stats)
     stats.pairs = int(rows.numel())
     refined, bound = pair_sums(x, w, rows, cols, first.x_norm, first.w_norm)
-    done, value = settle(refined, bound, one, dtype)
+    done, value = settle(refined, bound, torch.ones((), dtype=torch.float64, device=x.device), dtype)
     stats.pairs_settled = int(done.sum())
     result[rows[done], cols[done]] = value[done]
     return result, rows[~done], cols[~done]
+
+
+def _settled_product(first: Float64Product, dtype: torch.dtype):
+    """(settled, result with the settled values, +0.0 elsewhere) for the float64 product: one
+    fused pass on CUDA for float32 results (settle_kernel.py), else settle on the formed bound."""
+    if first.total.device.type == "cuda" and dtype == torch.float32:
+        from .settle_kernel import settle_float32  # Triton is imported only where it runs
+
+        return settle_float32(first.total, first.x_norm, first.w_norm, first.factor)
+    one = torch.ones((), dtype=torch.float64, device=first.total.device)
+    done, value = settle(first.total, first.bound(), one, dtype)
+    return done, torch.where(done, value, torch.zeros((), dtype=dtype, device=value.device))
 
 
 def _tiers_on_block(x, w, dtype, result, pending, stats: Statistics):
@@ -205,11 +216,25 @@ def _with_special(planes: torch.Tensor, special) -> torch.Tensor:
 
 
 def _exact_outputs(x, w, rows, cols, dtype, exact_planes) -> torch.Tensor:
-    """The exact path for the outputs (rows[i], cols[i]): one block over the rows and columns involved."""
+    """The exact path for the outputs (rows[i], cols[i]): on CUDA each output from its own row and
+    column (triton_kernel.accumulate_pairs); elsewhere one block over the rows and columns involved."""
+    if x.device.type == "cuda":
+        return round_planes(_pair_planes(x, w, rows, cols), dtype)
     row_set, row_at = torch.unique(rows, return_inverse=True)
     col_set, col_at = torch.unique(cols, return_inverse=True)
     planes = normalise_(exact_planes(x[row_set], w[col_set]))
     return round_planes(planes, dtype)[row_at, col_at]
+
+
+def _pair_planes(x, w, rows, cols) -> torch.Tensor:
+    """Normalised (WIDTH, P) planes of the listed outputs, K carried in calls of MAX_K_PER_CALL."""
+    from .triton_kernel import accumulate_pairs  # Triton is imported only where it runs
+
+    planes = None
+    for k0 in range(0, max(x.shape[1], 1), MAX_K_PER_CALL):
+        part = accumulate_pairs(x[:, k0 : k0 + MAX_K_PER_CALL], w[:, k0 : k0 + MAX_K_PER_CALL], rows, cols)
+        planes = normalise_(part if planes is None else planes.add_(part))
+    return planes
 
 
 @dataclass

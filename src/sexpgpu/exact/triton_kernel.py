@@ -49,6 +49,52 @@ def _store_digit(out_ptr, plane_size, offsets, mask, acc, digit: tl.constexpr):
     tl.store(out_ptr + digit * plane_size + offsets, (acc * scale).to(tl.int64), mask=mask)
 
 
+@triton.jit
+def _peel_product(rest, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17):
+    """Add one exact product (or a tile of them) into the 18 digit registers, top digit first."""
+    rest, a17 = _peel(rest, a17, 17)
+    rest, a16 = _peel(rest, a16, 16)
+    rest, a15 = _peel(rest, a15, 15)
+    rest, a14 = _peel(rest, a14, 14)
+    rest, a13 = _peel(rest, a13, 13)
+    rest, a12 = _peel(rest, a12, 12)
+    rest, a11 = _peel(rest, a11, 11)
+    rest, a10 = _peel(rest, a10, 10)
+    rest, a9 = _peel(rest, a9, 9)
+    rest, a8 = _peel(rest, a8, 8)
+    rest, a7 = _peel(rest, a7, 7)
+    rest, a6 = _peel(rest, a6, 6)
+    rest, a5 = _peel(rest, a5, 5)
+    rest, a4 = _peel(rest, a4, 4)
+    rest, a3 = _peel(rest, a3, 3)
+    rest, a2 = _peel(rest, a2, 2)
+    rest, a1 = _peel(rest, a1, 1)
+    a0 += rest  # a product's lowest bit is 2**-298 or above: what is left is a multiple of 2**-320
+    return a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17
+
+
+@triton.jit
+def _store_digits(out_ptr, plane_size, offsets, mask, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17):
+    _store_digit(out_ptr, plane_size, offsets, mask, a0, 0)
+    _store_digit(out_ptr, plane_size, offsets, mask, a1, 1)
+    _store_digit(out_ptr, plane_size, offsets, mask, a2, 2)
+    _store_digit(out_ptr, plane_size, offsets, mask, a3, 3)
+    _store_digit(out_ptr, plane_size, offsets, mask, a4, 4)
+    _store_digit(out_ptr, plane_size, offsets, mask, a5, 5)
+    _store_digit(out_ptr, plane_size, offsets, mask, a6, 6)
+    _store_digit(out_ptr, plane_size, offsets, mask, a7, 7)
+    _store_digit(out_ptr, plane_size, offsets, mask, a8, 8)
+    _store_digit(out_ptr, plane_size, offsets, mask, a9, 9)
+    _store_digit(out_ptr, plane_size, offsets, mask, a10, 10)
+    _store_digit(out_ptr, plane_size, offsets, mask, a11, 11)
+    _store_digit(out_ptr, plane_size, offsets, mask, a12, 12)
+    _store_digit(out_ptr, plane_size, offsets, mask, a13, 13)
+    _store_digit(out_ptr, plane_size, offsets, mask, a14, 14)
+    _store_digit(out_ptr, plane_size, offsets, mask, a15, 15)
+    _store_digit(out_ptr, plane_size, offsets, mask, a16, 16)
+    _store_digit(out_ptr, plane_size, offsets, mask, a17, 17)
+
+
 @triton.jit(do_not_specialize=["M", "N"])
 def _kulisch_gemm(
     x_ptr, w_ptr, out_ptr, M, N, K,
@@ -84,47 +130,47 @@ def _kulisch_gemm(
     while k < K:
         xv = tl.load(x_row + k * stride_xk, mask=row_ok, other=0.0).to(tl.float64)
         wv = tl.load(w_row + k * stride_wk, mask=col_ok, other=0.0).to(tl.float64)
-        rest = xv[:, None] * wv[None, :]
-        rest, a17 = _peel(rest, a17, 17)
-        rest, a16 = _peel(rest, a16, 16)
-        rest, a15 = _peel(rest, a15, 15)
-        rest, a14 = _peel(rest, a14, 14)
-        rest, a13 = _peel(rest, a13, 13)
-        rest, a12 = _peel(rest, a12, 12)
-        rest, a11 = _peel(rest, a11, 11)
-        rest, a10 = _peel(rest, a10, 10)
-        rest, a9 = _peel(rest, a9, 9)
-        rest, a8 = _peel(rest, a8, 8)
-        rest, a7 = _peel(rest, a7, 7)
-        rest, a6 = _peel(rest, a6, 6)
-        rest, a5 = _peel(rest, a5, 5)
-        rest, a4 = _peel(rest, a4, 4)
-        rest, a3 = _peel(rest, a3, 3)
-        rest, a2 = _peel(rest, a2, 2)
-        rest, a1 = _peel(rest, a1, 1)
-        a0 += rest  # a product's lowest bit is 2**-298 or above: what is left is a multiple of 2**-320
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(xv[:, None] * wv[None, :], a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
         k += 1
     offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    plane_size = M.to(tl.int64) * N
-    _store_digit(out_ptr, plane_size, offsets, mask, a0, 0)
-    _store_digit(out_ptr, plane_size, offsets, mask, a1, 1)
-    _store_digit(out_ptr, plane_size, offsets, mask, a2, 2)
-    _store_digit(out_ptr, plane_size, offsets, mask, a3, 3)
-    _store_digit(out_ptr, plane_size, offsets, mask, a4, 4)
-    _store_digit(out_ptr, plane_size, offsets, mask, a5, 5)
-    _store_digit(out_ptr, plane_size, offsets, mask, a6, 6)
-    _store_digit(out_ptr, plane_size, offsets, mask, a7, 7)
-    _store_digit(out_ptr, plane_size, offsets, mask, a8, 8)
-    _store_digit(out_ptr, plane_size, offsets, mask, a9, 9)
-    _store_digit(out_ptr, plane_size, offsets, mask, a10, 10)
-    _store_digit(out_ptr, plane_size, offsets, mask, a11, 11)
-    _store_digit(out_ptr, plane_size, offsets, mask, a12, 12)
-    _store_digit(out_ptr, plane_size, offsets, mask, a13, 13)
-    _store_digit(out_ptr, plane_size, offsets, mask, a14, 14)
-    _store_digit(out_ptr, plane_size, offsets, mask, a15, 15)
-    _store_digit(out_ptr, plane_size, offsets, mask, a16, 16)
-    _store_digit(out_ptr, plane_size, offsets, mask, a17, 17)
+    _store_digits(out_ptr, M.to(tl.int64) * N, offsets, mask, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
+
+
+@triton.jit(do_not_specialize=["P", "K"])
+def _kulisch_pairs(
+    x_ptr, w_ptr, rows_ptr, cols_ptr, out_ptr, P, K,
+    stride_xm, stride_xk, stride_wn, stride_wk, BLOCK: tl.constexpr,
+):
+    pairs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    listed = pairs < P
+    x_row = x_ptr + tl.load(rows_ptr + pairs, mask=listed, other=0).to(tl.int64) * stride_xm
+    w_row = w_ptr + tl.load(cols_ptr + pairs, mask=listed, other=0).to(tl.int64) * stride_wn
+    a0 = tl.zeros((BLOCK,), tl.float64)
+    a1 = tl.zeros((BLOCK,), tl.float64)
+    a2 = tl.zeros((BLOCK,), tl.float64)
+    a3 = tl.zeros((BLOCK,), tl.float64)
+    a4 = tl.zeros((BLOCK,), tl.float64)
+    a5 = tl.zeros((BLOCK,), tl.float64)
+    a6 = tl.zeros((BLOCK,), tl.float64)
+    a7 = tl.zeros((BLOCK,), tl.float64)
+    a8 = tl.zeros((BLOCK,), tl.float64)
+    a9 = tl.zeros((BLOCK,), tl.float64)
+    a10 = tl.zeros((BLOCK,), tl.float64)
+    a11 = tl.zeros((BLOCK,), tl.float64)
+    a12 = tl.zeros((BLOCK,), tl.float64)
+    a13 = tl.zeros((BLOCK,), tl.float64)
+    a14 = tl.zeros((BLOCK,), tl.float64)
+    a15 = tl.zeros((BLOCK,), tl.float64)
+    a16 = tl.zeros((BLOCK,), tl.float64)
+    a17 = tl.zeros((BLOCK,), tl.float64)
+    k = 0
+    while k < K:
+        xv = tl.load(x_row + k * stride_xk, mask=listed, other=0.0).to(tl.float64)
+        wv = tl.load(w_row + k * stride_wk, mask=listed, other=0.0).to(tl.float64)
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(xv * wv, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
+        k += 1
+    _store_digits(out_ptr, P.to(tl.int64), pairs.to(tl.int64), listed, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
 
 
 def accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -142,4 +188,21 @@ def accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         x, w, planes, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS,
     )
+    return planes
+
+
+PAIRS_BLOCK = 128
+
+
+def accumulate_pairs(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The exact x[rows[i]] . w[cols[i]] as int64 planes (WIDTH, P), unnormalised, special planes
+    zero: `accumulate`'s contract for a list of outputs, for finite operands and K <= MAX_K_PER_CALL."""
+    x, w = x.to(torch.float32), w.to(torch.float32)
+    count = rows.numel()
+    planes = torch.zeros((WIDTH, count), dtype=torch.int64, device=x.device)
+    if count:
+        _kulisch_pairs[(triton.cdiv(count, PAIRS_BLOCK),)](
+            x, w, rows.contiguous(), cols.contiguous(), planes, count, x.shape[1],
+            x.stride(0), x.stride(1), w.stride(0), w.stride(1), BLOCK=PAIRS_BLOCK, num_warps=4,
+        )
     return planes

@@ -1,0 +1,72 @@
+"""Where det_gemm's time goes on a CUDA GPU: each stage of the fast path timed on its own.
+
+    PYTHONPATH=src python bench/profile_exact.py [--size 8192] [--dtype float32|bfloat16]
+
+randn operands of size n^3. The stages are those of rounded.py: the float64 conversion and
+product (chunked addmm), the norms, the settling pass, the pending list, the pair sums and
+their settling, the exact fallback for what is left. Beside them: cuBLAS float64 and float32
+(TF32 off) products of the same size, the floor and the peer. Each figure is the median of
+five calls after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from sexpgpu.exact import det_gemm, rounded
+from sexpgpu.exact.float64_stage import CHUNK, float64_product, upper_norms
+from sexpgpu.exact.pair_sums import pair_sums
+
+
+def milliseconds(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    n, dtype = args.size, getattr(torch, args.dtype)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(n, n, device="cuda", generator=generator).to(dtype)
+    w = torch.randn(n, n, device="cuda", generator=generator).to(dtype)
+    x64, w64 = x.double(), w.double()
+    first = float64_product(x, w)
+    done, _ = rounded._settled_product(first, torch.float32)
+    rows, cols = (~done).nonzero(as_tuple=True)
+    flops = 2 * n**3
+    figures = {
+        "cuBLAS float64 x @ w.T, one call": milliseconds(lambda: x64 @ w64.T),
+        "cuBLAS float32 x @ w.T (TF32 off)": milliseconds(lambda: x.float() @ w.float().T),
+        "float64 conversion of x and w": milliseconds(lambda: (x.double(), w.double())),
+        f"float64 product in chunks of {CHUNK} (addmm)": milliseconds(lambda: float64_product(x, w)),
+        "norms of x and w": milliseconds(lambda: (upper_norms(x64), upper_norms(w64))),
+        "settling the float64 product": milliseconds(lambda: rounded._settled_product(first, torch.float32)),
+        "the pending list (nonzero)": milliseconds(lambda: (~done).nonzero(as_tuple=True)),
+        f"pair sums of the {rows.numel()} pending outputs": milliseconds(
+            lambda: pair_sums(x, w, rows, cols, first.x_norm, first.w_norm)),
+        "exact digits of the same outputs (accumulate_pairs)": milliseconds(
+            lambda: rounded._pair_planes(x, w, rows, cols)),
+        "det_gemm, whole": milliseconds(lambda: det_gemm(x, w)),
+    }
+    print(f"{torch.cuda.get_device_name()}, {n}^3 {args.dtype} randn; {rounded.last_statistics}")
+    for name, ms in figures.items():
+        print(f"  {name:<56} {ms:9.3f} ms  {flops / ms / 1e9:8.2f} TFLOP/s-equivalent")
+
+
+if __name__ == "__main__":
+    main()

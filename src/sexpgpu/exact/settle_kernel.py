@@ -1,0 +1,62 @@
+"""The float64 product's settling on CUDA in one pass: rounded.settle's test, fused with the bound.
+
+For each output it reads the float64 total and the two norms, forms the bound
+(x_norm[m] * w_norm[n]) * factor exactly as Float64Product.bound does, and writes the float32
+value and whether it is settled. The test is rounded.settle's, step for step, for float32
+results (bfloat16 results take the torch path): the same comparisons of exact float64
+differences, so both give the same outputs (tested). Contraction is off: the bound's product
+and the midpoints are rounded as in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 32
+BLOCK_N = 64
+NUM_WARPS = 4
+
+
+@triton.jit(do_not_specialize=["M", "N"])
+def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N, factor,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside_rows, inside_cols = rows < M, cols < N
+    mask = inside_rows[:, None] & inside_cols[None, :]
+    at = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    total = tl.load(total_ptr + at, mask=mask, other=0.0)
+    x_norm = tl.load(x_norm_ptr + rows, mask=inside_rows, other=0.0)
+    w_norm = tl.load(w_norm_ptr + cols, mask=inside_cols, other=0.0)
+    bound = (x_norm[:, None] * w_norm[None, :]) * factor
+    candidate = total.to(tl.float32)
+    magnitude = tl.abs(candidate)
+    bits = magnitude.to(tl.int32, bitcast=True)
+    below = (bits - 1).to(tl.float32, bitcast=True).to(tl.float64)
+    above = (bits + 1).to(tl.float32, bitcast=True).to(tl.float64)
+    above = tl.where(above == float("inf"), 3.402823669209385e38, above)  # 2**128, the overflow point
+    kept = magnitude.to(tl.float64)
+    size = tl.abs(total)
+    inside = ((size - (kept + below) / 2) > bound) & (((kept + above) / 2 - size) > bound)
+    finite = magnitude < float("inf")
+    exact = bound == 0
+    exact_zero = exact & (total == 0)
+    ordinary = (inside & (magnitude != 0) & finite) | (exact & (magnitude >= 1.1754943508222875e-38) & finite)
+    done = ordinary | exact_zero
+    tl.store(value_ptr + at, tl.where(done & ~exact_zero, candidate, 0.0), mask=mask)
+    tl.store(done_ptr + at, done.to(tl.int8), mask=mask)
+
+
+def settle_float32(total: torch.Tensor, x_norm: torch.Tensor, w_norm: torch.Tensor, factor: float):
+    """(settled, value) as rounded.settle gives them for float32, with the bound formed in-kernel;
+    value is +0.0 where not settled."""
+    m, n = total.shape
+    value = torch.empty((m, n), dtype=torch.float32, device=total.device)
+    done = torch.empty((m, n), dtype=torch.int8, device=total.device)
+    if m and n:
+        grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+        _settle_float32[grid](total, x_norm, w_norm, value, done, m, n, factor,
+                              BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    return done.view(torch.bool), value
