@@ -12,26 +12,17 @@ five calls after a warm-up.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
+from bench_numerics import gpu_seconds
 
 from sexpgpu.exact import det_gemm, rounded
 from sexpgpu.exact.float64_stage import CHUNK, float64_product, upper_norms
 from sexpgpu.exact.pair_sums import pair_sums
 
 
-def milliseconds(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def milliseconds(fn) -> float:
+    return gpu_seconds(fn, repeat=5) * 1e3
 
 
 def main() -> None:
