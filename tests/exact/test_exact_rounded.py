@@ -16,7 +16,7 @@ from adversarial import KINDS
 from exact_oracle import BFLOAT16, BINARY32, oracle_gemm, same_bits
 from exact_random import wide_random
 from exact_strategies import gemm_operands
-from sexpgpu.exact import DetLinear, det_finalize, det_gemm, det_gemm_partial, rounded
+from sexpgpu.exact import DetLinear, det_finalize, det_gemm, det_gemm_partial, det_sum_partial, rounded
 from sexpgpu.exact.gemm import accumulate_planes
 from sexpgpu.exact.rounding import round_planes
 
@@ -185,4 +185,5 @@ def test_det_linear_takes_the_fast_path_with_the_same_bits(tiers, dtype):
     assert same_bits(y, det_finalize(det_gemm_partial(torch.cat([x, ones], 1), torch.cat([weight, bias[:, None]], 1)), dtype))
     assert same_bits(xi.grad, det_finalize(det_gemm_partial(grad_y, weight.t()), dtype))
     assert same_bits(layer.weight.grad, det_finalize(det_gemm_partial(grad_y.t(), x.t()), dtype))
-    assert rounded.last_statistics.outputs == 4 * 9  # the weight gradient went through rounded.py
+    assert same_bits(layer.bias.grad, det_finalize(det_sum_partial(grad_y, 0), dtype))
+    assert rounded.last_statistics.outputs == 4  # the bias gradient, the last sum, went through rounded.py

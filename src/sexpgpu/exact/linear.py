@@ -11,7 +11,7 @@ from .accumulator import Accumulator, normalise_
 from .checks import check_operand
 from .distributed import det_all_reduce
 from .gemm import det_combine, det_finalize, det_gemm_partial, rounded_product
-from .reduce import det_sum_partial
+from .reduce import det_sum, det_sum_partial
 
 
 class DetLinear(nn.Module):
@@ -88,7 +88,9 @@ class _ExactLinear(torch.autograd.Function):
             grad_w = rounded_product(grad_y.t(), x.t(), weight.dtype)
         elif ctx.needs_input_grad[1]:
             grad_w = _reduced(det_gemm_partial(grad_y.t(), x.t()), ctx.gradient_group, weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.has_bias and ctx.needs_input_grad[2] and ctx.gradient_group is None:
+            grad_b = det_sum(grad_y, 0, dtype=weight.dtype)
+        elif ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = _reduced(det_sum_partial(grad_y, 0), ctx.gradient_group, weight.dtype)
         return grad_x, grad_w, grad_b, None, None
 

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_P = 16
-BLOCK_K = 64
+BLOCK_P = 64
+BLOCK_K = 16  # lanes a TwoSum tree joins afterwards: few levels of small torch operations
 NUM_WARPS = 4
 
 

@@ -8,9 +8,8 @@ import torch
 
 from .accumulator import Accumulator
 from .checks import check_dim, check_operand, check_output_dtype
-from .gemm import accumulate_planes
+from .gemm import accumulate_planes, rounded_product
 from .layout import WIDTH
-from .rounding import round_planes
 
 
 def det_sum_partial(x: torch.Tensor, dim: int) -> Accumulator:
@@ -24,14 +23,20 @@ def det_sum(x: torch.Tensor, dim: int, keepdim: bool = False, dtype: torch.dtype
     check_operand("det_sum", "x", x)
     dtype = x.dtype if dtype is None else dtype
     check_output_dtype("det_sum", dtype)
-    total = round_planes(_sum_planes("det_sum", x, dim), dtype)
+    rows, flat = _flat_rows("det_sum", x, dim)
+    ones = torch.ones((1, flat.shape[1]), dtype=x.dtype, device=x.device)
+    total = rounded_product(flat, ones, dtype).reshape(rows.shape[:-1])  # det_gemm's fast path
     return total.unsqueeze(dim % x.dim()) if keepdim else total
 
 
 def _sum_planes(fn: str, x: torch.Tensor, dim: int) -> torch.Tensor:
     # A sum is a product with a row of ones: (P, K) @ (1, K).T, exact like any other.
-    dim = check_dim(fn, x, dim)
-    rows = x.movedim(dim, -1)
-    flat = rows.reshape(math.prod(rows.shape[:-1]), rows.shape[-1])
+    rows, flat = _flat_rows(fn, x, dim)
     ones = torch.ones((1, flat.shape[1]), dtype=x.dtype, device=x.device)
     return accumulate_planes(flat, ones).reshape(WIDTH, *rows.shape[:-1])
+
+
+def _flat_rows(fn: str, x: torch.Tensor, dim: int):
+    """(x with dim moved last, the same as a (P, K) matrix)."""
+    rows = x.movedim(check_dim(fn, x, dim), -1)
+    return rows, rows.reshape(math.prod(rows.shape[:-1]), rows.shape[-1])

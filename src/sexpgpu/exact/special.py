@@ -13,7 +13,7 @@ import torch
 
 def split_special(x: torch.Tensor, w: torch.Tensor):
     """(x, w with non-finite elements zeroed, (3, M, N) counts of NaN/+inf/-inf products or None)."""
-    if bool(torch.isfinite(x).all()) and bool(torch.isfinite(w).all()):
+    if bool(torch.isfinite(x).all() & torch.isfinite(w).all()):  # one synchronisation
         return x, w, None
     counts = torch.stack(_special_counts(_classes(x), _classes(w))).to(torch.int64)
     return _zero_nonfinite(x), _zero_nonfinite(w), counts
