@@ -29,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--trace", action="store_true", help="also print the CUDA kernels of one det_gemm call")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     n, dtype = args.size, getattr(torch, args.dtype)
@@ -57,6 +58,21 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, {n}^3 {args.dtype} randn; {rounded.last_statistics}")
     for name, ms in figures.items():
         print(f"  {name:<56} {ms:9.3f} ms  {flops / ms / 1e9:8.2f} TFLOP/s-equivalent")
+    if args.trace:
+        print_trace(lambda: det_gemm(x, w))
+
+
+def print_trace(fn) -> None:
+    """The kernels and host calls of one call, by total time: where the fixed costs are."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+        fn()
+        torch.cuda.synchronize()
+    print(trace.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    print(trace.key_averages().table(sort_by="cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":
