@@ -159,7 +159,7 @@ def rounded_gemm(x: torch.Tensor, w: torch.Tensor, special, dtype: torch.dtype,
         keep = (special[:, pending_rows, pending_cols] == 0).all(0)
         pending_rows, pending_cols = pending_rows[keep], pending_cols[keep]
     if pending_rows.numel():
-        stats.fallback = int(pending_rows.numel())
+        stats.fallback = pending_rows.numel()
         result[pending_rows, pending_cols] = _exact_outputs(x, w, pending_rows, pending_cols, dtype, exact_planes)
     return result if special is None else apply_special_counts(result, special)
 
@@ -167,21 +167,24 @@ def rounded_gemm(x: torch.Tensor, w: torch.Tensor, special, dtype: torch.dtype,
 def _float64_stages(x, w, dtype, stats: Statistics):
     """Stages 1 to 3 of the module's docstring: (result with settled outputs filled, rows and
     columns of those still pending)."""
+    # Each count below is the size of a list the next step needs anyway: the only waits for
+    # the GPU are the pending list and the list of outputs the pair sums leave.
     first = float64_product(x, w)
     done, result = _settled_product(first, dtype)
-    stats.float64_settled = int(done.sum())
     pending = ~done
     del first.total, done
     rows, cols = pending.nonzero(as_tuple=True)
+    stats.float64_settled = pending.numel() - rows.numel()
     share = max(PAIR_MINIMUM, int(PAIR_SHARE * pending.numel()))
     if rows.numel() > share and not (_forced and _forced[-1] == FLOAT64_ONLY):
         return _tiers_on_block(x, w, dtype, result, pending, stats)
-    stats.pairs = int(rows.numel())
+    stats.pairs = rows.numel()
     refined, bound = pair_sums(x, w, rows, cols, first.x_norm, first.w_norm)
     done, value = settle(refined, bound, torch.ones((), dtype=torch.float64, device=x.device), dtype)
-    stats.pairs_settled = int(done.sum())
-    result[rows[done], cols[done]] = value[done]
-    return result, rows[~done], cols[~done]
+    result[rows, cols] = torch.where(done, value, result[rows, cols])
+    left = (~done).nonzero()[:, 0]
+    stats.pairs_settled = stats.pairs - left.numel()
+    return result, rows[left], cols[left]
 
 
 def _settled_product(first: Float64Product, dtype: torch.dtype):

@@ -140,10 +140,14 @@ def _kulisch_gemm(
 @triton.jit(do_not_specialize=["P", "K"])
 def _kulisch_pairs(
     x_ptr, w_ptr, rows_ptr, cols_ptr, out_ptr, P, K,
-    stride_xm, stride_xk, stride_wn, stride_wk, BLOCK: tl.constexpr,
+    stride_xm, stride_xk, stride_wn, stride_wk, BLOCK: tl.constexpr, K_PART: tl.constexpr,
 ):
+    # Program (i, j) adds columns [j K_PART, (j + 1) K_PART) of its BLOCK outputs into planes
+    # slab j: a few outputs then still keep many programs busy, not one walking all of K.
     pairs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     listed = pairs < P
+    part = tl.program_id(1)
+    out_ptr += part.to(tl.int64) * 18 * P  # WIDTH planes less the three special ones, per slab
     x_row = x_ptr + tl.load(rows_ptr + pairs, mask=listed, other=0).to(tl.int64) * stride_xm
     w_row = w_ptr + tl.load(cols_ptr + pairs, mask=listed, other=0).to(tl.int64) * stride_wn
     a0 = tl.zeros((BLOCK,), tl.float64)
@@ -164,8 +168,9 @@ def _kulisch_pairs(
     a15 = tl.zeros((BLOCK,), tl.float64)
     a16 = tl.zeros((BLOCK,), tl.float64)
     a17 = tl.zeros((BLOCK,), tl.float64)
-    k = 0
-    while k < K:
+    k = part * K_PART
+    end = tl.minimum(k + K_PART, K)
+    while k < end:
         xv = tl.load(x_row + k * stride_xk, mask=listed, other=0.0).to(tl.float64)
         wv = tl.load(w_row + k * stride_wk, mask=listed, other=0.0).to(tl.float64)
         a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(xv * wv, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
@@ -192,17 +197,22 @@ def accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 PAIRS_BLOCK = 128
+PAIRS_K_PART = 256  # columns of K one program adds; the slabs' digits are summed afterwards
 
 
 def accumulate_pairs(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """The exact x[rows[i]] . w[cols[i]] as int64 planes (WIDTH, P), unnormalised, special planes
     zero: `accumulate`'s contract for a list of outputs, for finite operands and K <= MAX_K_PER_CALL."""
     x, w = x.to(torch.float32), w.to(torch.float32)
-    count = rows.numel()
-    planes = torch.zeros((WIDTH, count), dtype=torch.int64, device=x.device)
+    count, k = rows.numel(), x.shape[1]
+    parts = max(triton.cdiv(k, PAIRS_K_PART), 1)
+    slabs = torch.zeros((parts, DIGITS, count), dtype=torch.int64, device=x.device)
     if count:
-        _kulisch_pairs[(triton.cdiv(count, PAIRS_BLOCK),)](
-            x, w, rows.contiguous(), cols.contiguous(), planes, count, x.shape[1],
-            x.stride(0), x.stride(1), w.stride(0), w.stride(1), BLOCK=PAIRS_BLOCK, num_warps=4,
+        _kulisch_pairs[(triton.cdiv(count, PAIRS_BLOCK), parts)](
+            x, w, rows.contiguous(), cols.contiguous(), slabs, count, k,
+            x.stride(0), x.stride(1), w.stride(0), w.stride(1), BLOCK=PAIRS_BLOCK, K_PART=PAIRS_K_PART,
+            num_warps=4,
         )
+    planes = torch.zeros((WIDTH, count), dtype=torch.int64, device=x.device)
+    planes[:DIGITS] = slabs.sum(0)  # a slab's digits sum 256 parts below 2**32; 2**11 slabs stay below 2**51
     return planes
