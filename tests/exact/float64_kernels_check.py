@@ -92,6 +92,7 @@ def check_pair_digits(name, x, w) -> bool:
 
 triton_kernel.PAIRS_BLOCK = 2  # several programs, the last one partly masked
 triton_kernel.PAIRS_K_PART = 32  # several slabs of K, the last one short
+triton_kernel.PAIRS_SLAB_ELEMENTS = 2 * 18 * 5  # several batches of outputs
 results = [check(*case) for case in cases()]
 results += [check_settle(*case) for case in settle_cases()]
 results += [check_pair_digits(*case) for case in cases()]

@@ -87,6 +87,7 @@ MAX_FAST_K = 1 << 24  # beyond this K the exact path runs (tier sums stay far in
 SAMPLE = 4096  # outputs sampled to decide whether checking a tier is worth its cost
 PAIR_SHARE = 1 / 8  # at most this share of the outputs left after the float64 product go to pair_sums
 PAIR_MINIMUM = 1 << 12  # ... or at most this many
+PAIR_FALLBACK_LIMIT = 1 << 18  # the exact fallback takes outputs one by one up to this many
 UNIT = 2.0**-52  # twice float64's unit roundoff
 SLACK = 1 + 2.0**-40  # covers the rounding of the bound's own few float64 operations
 
@@ -219,9 +220,10 @@ def _with_special(planes: torch.Tensor, special) -> torch.Tensor:
 
 
 def _exact_outputs(x, w, rows, cols, dtype, exact_planes) -> torch.Tensor:
-    """The exact path for the outputs (rows[i], cols[i]): on CUDA each output from its own row and
-    column (triton_kernel.accumulate_pairs); elsewhere one block over the rows and columns involved."""
-    if x.device.type == "cuda":
+    """The exact path for the outputs (rows[i], cols[i]): on CUDA, when they are not too many, each
+    from its own row and column (triton_kernel.accumulate_pairs); else one block over the rows
+    and columns involved, whose tiled kernels do more work per output but run at GEMM speed."""
+    if x.device.type == "cuda" and rows.numel() <= PAIR_FALLBACK_LIMIT:
         return round_planes(_pair_planes(x, w, rows, cols), dtype)
     row_set, row_at = torch.unique(rows, return_inverse=True)
     col_set, col_at = torch.unique(cols, return_inverse=True)

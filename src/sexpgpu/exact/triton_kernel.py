@@ -198,6 +198,7 @@ def accumulate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 PAIRS_BLOCK = 128
 PAIRS_K_PART = 256  # columns of K one program adds; the slabs' digits are summed afterwards
+PAIRS_SLAB_ELEMENTS = 1 << 26  # int64 digits of slabs held at once (512 MB)
 
 
 def accumulate_pairs(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -206,13 +207,16 @@ def accumulate_pairs(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, cols:
     x, w = x.to(torch.float32), w.to(torch.float32)
     count, k = rows.numel(), x.shape[1]
     parts = max(triton.cdiv(k, PAIRS_K_PART), 1)
-    slabs = torch.zeros((parts, DIGITS, count), dtype=torch.int64, device=x.device)
-    if count:
-        _kulisch_pairs[(triton.cdiv(count, PAIRS_BLOCK), parts)](
-            x, w, rows.contiguous(), cols.contiguous(), slabs, count, k,
-            x.stride(0), x.stride(1), w.stride(0), w.stride(1), BLOCK=PAIRS_BLOCK, K_PART=PAIRS_K_PART,
-            num_warps=4,
-        )
     planes = torch.zeros((WIDTH, count), dtype=torch.int64, device=x.device)
-    planes[:DIGITS] = slabs.sum(0)  # a slab's digits sum 256 parts below 2**32; 2**11 slabs stay below 2**51
+    step = max(PAIRS_BLOCK, PAIRS_SLAB_ELEMENTS // (parts * DIGITS))
+    for start in range(0, count, step):
+        batch = min(step, count - start)
+        slabs = torch.zeros((parts, DIGITS, batch), dtype=torch.int64, device=x.device)
+        _kulisch_pairs[(triton.cdiv(batch, PAIRS_BLOCK), parts)](
+            x, w, rows[start : start + batch].contiguous(), cols[start : start + batch].contiguous(), slabs,
+            batch, k, x.stride(0), x.stride(1), w.stride(0), w.stride(1), BLOCK=PAIRS_BLOCK,
+            K_PART=PAIRS_K_PART, num_warps=4,
+        )
+        # a slab's digits sum 256 parts below 2**32; 2**11 slabs of them stay below 2**51
+        planes[:DIGITS, start : start + batch] = slabs.sum(0)
     return planes
