@@ -12,21 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from test_choosing import choices_of, line, sexpgpu  # noqa: F401  (the fixture)
+from test_choosing import choices_of, home, line, sexpgpu  # noqa: F401  (home and sexpgpu: the fixtures)
 from test_cli import EXAMPLES, metrics
 
 from fake_device import H200, FakeDevice
 
 ENGINES = {"engine 0 knobs": 1.0, "engine 7 knobs 2=1": 0.5, "engine 12 knobs 5=3 14=2": 0.8}
 CONVOLUTIONS = 5  # conv1 forward and weight cotangent; conv2 forward, input and weight cotangents
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    for name in ("SEXPGPU_CHOICES", "SEXPGPU_DETERMINISTIC", "SEXPGPU_NODE_GRADIENTS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
 @pytest.fixture
