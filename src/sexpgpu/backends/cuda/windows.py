@@ -57,7 +57,7 @@ def _engine_step(lowerer, node, engine: str) -> None:
         plan.run(first, second, env[key], env[writes[1]] if len(writes) > 1 else None)
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.steps.append(TorchStep(run, reads, writes, "convolution"))
+    lowerer.steps.append(TorchStep(run, reads, writes, "convolution", engine=engine))
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
