@@ -61,8 +61,7 @@ def main() -> int:
         for key in convolutions_of(path, precision):
             offered = probe.convolution_engines(key)
             plans = cudnn_engines.plans_for(key, probe._device_index())
-            count = plans.graph.get_execution_plan_count() if plans.graph is not None else 0
-            print(f"  {key.key()}: {len(offered)} offered of {count} plans"
+            print(f"  {key.key()}: {len(offered)} offered of {plans.plan_count} plans"
                   + (f" ({plans.declined})" if plans.declined else ""))
             timed = offered if args.all else offered[:CONVOLUTION_CANDIDATES]
             seconds = {engine: probe.time_convolution(key, engine) for engine in timed}

@@ -83,8 +83,8 @@ def test_each_role_and_dtype_is_offered_deterministic_engines(engines):
         key = key_of(case)
         offered = engines.offered(key, torch.cuda.current_device())
         plans = engines.plans_for(key, torch.cuda.current_device())
-        print(f"{key.key()}: {len(offered)} offered of {plans.graph.get_execution_plan_count() if plans.graph else 0} "
-              f"plans{' (' + plans.declined + ')' if plans.declined else ''}: {', '.join(offered)}")
+        print(f"{key.key()}: {len(offered)} offered of {plans.plan_count} plans"
+              f"{' (' + plans.declined + ')' if plans.declined else ''}: {', '.join(offered)}")
         assert all(ENGINE.match(text) and parse_engine(text).text() == text for text in offered)
     for case in LARGER:
         assert engines.offered(key_of(case), torch.cuda.current_device()), key_of(case).key()

@@ -9,8 +9,10 @@ convolutions run PyTorch's cuDNN lowering (windows.py).
 For a convolution (plan/convolutions.py's ConvolutionKey) a frontend graph of one
 conv_fprop, conv_dgrad or conv_wgrad node is built over NCHW tensors in contiguous layout
 (the layout of the lowering's buffers), float32 compute and the key's dtype for the
-operands. Its plans are cuDNN's heuristics, mode A then the fallback list, in their order.
-A plan is offered when it is one of cuDNN's own engines (not one of the frontend's Python
+operands. Its plans are cuDNN's heuristics, mode A then the fallback list, in their order;
+each mode's list is asked of a graph of its own, so that each plan's notes are read at its
+own index (a frontend that appends a second mode's plans to one list may read them at the
+first mode's). A plan is offered when it is one of cuDNN's own engines (not one of the frontend's Python
 engines), it carries none of the notes below, and it builds here:
 
 - NONDETERMINISTIC: it may sum in an order that changes from call to call;
@@ -76,15 +78,24 @@ def frontend_version() -> str | None:
     return getattr(module, "__version__", None) if module is not None else None
 
 
+@dataclass(frozen=True)
+class Graph:
+    """One heuristics mode's frontend graph of a convolution."""
+
+    graph: object
+    operands: tuple  # the graph's tensors: (first input, second input, result), the node's order
+    mode: str
+
+
 @dataclass
 class Plans:
-    """One convolution's frontend graph with its offered plans built."""
+    """One convolution's frontend graphs with their offered plans built."""
 
     key: ConvolutionKey
-    graph: object = None
-    operands: tuple = ()  # the graph's tensors: (first input, second input, result), the node's order
     handle: object = None
-    indices: dict = field(default_factory=dict)  # engine text -> plan index, in the heuristics' order
+    graphs: list = field(default_factory=list)  # one Graph a heuristics mode that cuDNN answered
+    indices: dict = field(default_factory=dict)  # engine text -> (Graph, plan index), in the heuristics' order
+    plan_count: int = 0  # plans the heuristics listed, offered or not
     declined: str = ""  # why cuDNN offers nothing for this convolution, when it does not
 
 
@@ -110,21 +121,31 @@ def _build(key: ConvolutionKey, device_index: int) -> Plans:
 
     with torch.cuda.device(device_index):
         plans.handle = _handle(cudnn, device_index)
-        try:
-            plans.graph, plans.operands = _graph(cudnn, key, plans.handle)
-            plans.graph.validate()
-            plans.graph.build_operation_graph()
-            plans.graph.deselect_numeric_notes([getattr(cudnn.numerical_note, name) for name in _left_out_numerics(key)])
-            plans.graph.deselect_behavior_notes([getattr(cudnn.behavior_note, name) for name in LEFT_OUT_BEHAVIOURS])
-            plans.graph.create_execution_plans([getattr(cudnn.heur_mode, name) for name in HEURISTICS])
-        except Exception as error:  # cuDNN declines the graph: no engine, PyTorch's lowering runs it
-            plans.declined = f"{type(error).__name__}: {error}"
-            return plans
-        for index in range(plans.graph.get_execution_plan_count()):
-            text = _offered_plan(cudnn, plans.graph, index)
-            if text is not None and text not in plans.indices:
-                plans.indices[text] = index
+        for mode in HEURISTICS:
+            try:
+                graph = _planned(cudnn, key, plans.handle, mode)
+            except Exception as error:  # cuDNN declines the graph in this mode: it has no plans from it
+                plans.declined += f"{'; ' if plans.declined else ''}{mode}: {type(error).__name__}: {error}"
+                continue
+            plans.graphs.append(graph)
+            count = graph.graph.get_execution_plan_count()
+            plans.plan_count += count
+            for index in range(count):
+                text = _offered_plan(cudnn, graph.graph, index)
+                if text is not None and text not in plans.indices:
+                    plans.indices[text] = (graph, index)
     return plans
+
+
+def _planned(cudnn, key: ConvolutionKey, handle, mode: str) -> Graph:
+    """The key's graph with the heuristics' plans of one mode, the left-out notes deselected."""
+    graph, operands = _graph(cudnn, key, handle)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.deselect_numeric_notes([getattr(cudnn.numerical_note, name) for name in _left_out_numerics(key)])
+    graph.deselect_behavior_notes([getattr(cudnn.behavior_note, name) for name in LEFT_OUT_BEHAVIOURS])
+    graph.create_execution_plans([getattr(cudnn.heur_mode, mode)])
+    return Graph(graph, operands, mode)
 
 
 def _left_out_numerics(key: ConvolutionKey) -> tuple:
@@ -199,8 +220,9 @@ def contiguous(shape) -> list:
 class Prepared:
     """One engine of one convolution, built: what a lowering step runs."""
 
-    plans: Plans
+    graph: Graph
     index: int
+    handle: object
     workspace_bytes: int
 
     def run(self, first, second, result, workspace) -> None:
@@ -208,19 +230,19 @@ class Prepared:
         PyTorch's current stream (so a CUDA graph capture records it)."""
         import torch
 
-        cudnn = frontend()
-        cudnn.set_stream(self.plans.handle, torch.cuda.current_stream().cuda_stream)
-        pack = dict(zip(self.plans.operands, (first, second, result)))
-        self.plans.graph.execute_plan_at_index(pack, workspace if self.workspace_bytes else None, index=self.index,
-                                               handle=self.plans.handle)
+        frontend().set_stream(self.handle, torch.cuda.current_stream().cuda_stream)
+        pack = dict(zip(self.graph.operands, (first, second, result)))
+        self.graph.graph.execute_plan_at_index(pack, workspace if self.workspace_bytes else None, index=self.index,
+                                               handle=self.handle)
 
 
 def prepared(key: ConvolutionKey, engine: str, device_index: int) -> Prepared:
     """The built plan of `engine` for `key`; a ValueError when it is not offered here (the
     plan checks a pin against `offered` before handing an engine over)."""
     plans = plans_for(key, device_index)
-    index = plans.indices.get(engine)
-    if index is None:
+    found = plans.indices.get(engine)
+    if found is None:
         why = plans.declined or unavailable() or f"offered: {', '.join(plans.indices) or 'none'}"
         raise ValueError(f"convolution {key.key()}: cuDNN does not offer '{engine}' here ({why})")
-    return Prepared(plans, index, int(plans.graph.get_workspace_size_plan_at_index(index)))
+    graph, index = found
+    return Prepared(graph, index, plans.handle, int(graph.graph.get_workspace_size_plan_at_index(index)))
