@@ -117,9 +117,7 @@ def _build(key: ConvolutionKey, device_index: int) -> Plans:
     if cudnn is None:
         plans.declined = unavailable() or ""
         return plans
-    import torch
-
-    with torch.cuda.device(device_index):
+    with on_device(device_index):
         plans.handle = _handle(cudnn, device_index)
         for mode in HEURISTICS:
             try:
@@ -146,6 +144,27 @@ def _planned(cudnn, key: ConvolutionKey, handle, mode: str) -> Graph:
     graph.deselect_behavior_notes([getattr(cudnn.behavior_note, name) for name in LEFT_OUT_BEHAVIOURS])
     graph.create_execution_plans([getattr(cudnn.heur_mode, mode)])
     return Graph(graph, operands, mode)
+
+
+def current_device() -> int:
+    """The CUDA device the lowering runs on (PyTorch's current one)."""
+    import torch
+
+    return torch.cuda.current_device()
+
+
+def on_device(device_index: int):
+    """A context in which the frontend's handle and plans are made for that device."""
+    import torch
+
+    return torch.cuda.device(device_index)
+
+
+def current_stream() -> int:
+    """PyTorch's current stream, the one a CUDA graph capture records."""
+    import torch
+
+    return torch.cuda.current_stream().cuda_stream
 
 
 def _left_out_numerics(key: ConvolutionKey) -> tuple:
@@ -228,9 +247,7 @@ class Prepared:
     def run(self, first, second, result, workspace) -> None:
         """result = the convolution of (first, second): contiguous device tensors, written on
         PyTorch's current stream (so a CUDA graph capture records it)."""
-        import torch
-
-        frontend().set_stream(self.handle, torch.cuda.current_stream().cuda_stream)
+        frontend().set_stream(self.handle, current_stream())
         pack = dict(zip(self.graph.operands, (first, second, result)))
         self.graph.graph.execute_plan_at_index(pack, workspace if self.workspace_bytes else None, index=self.index,
                                                handle=self.handle)

@@ -41,11 +41,9 @@ def _engine_step(lowerer, node, engine: str) -> None:
     """The convolution run by the chosen engine: its inputs as contiguous tensors (the
     layout the engine's plan was built for; a view that is not one is copied), its result
     written in place, its workspace an arena buffer the step alone writes."""
-    import torch
+    from sexpgpu.backends.cuda import cudnn_engines
 
-    from sexpgpu.backends.cuda.cudnn_engines import prepared
-
-    plan = prepared(convolution_key(node), engine, torch.cuda.current_device())
+    plan = cudnn_engines.prepared(convolution_key(node), engine, cudnn_engines.current_device())
     sources = [lowerer.addressable(source) for source in node.inputs]
     key = lowerer.result_buffer(node)
     writes = (key,)
