@@ -26,6 +26,10 @@ class numerical_note(enum.IntEnum):
     REDUCED_PRECISION_REDUCTION = 2
     FFT = 3
     NONDETERMINISTIC = 4
+    WINOGRAD = 5
+    WINOGRAD_TILE_4x4 = 6
+    WINOGRAD_TILE_6x6 = 7
+    WINOGRAD_TILE_13x13 = 8
 
 
 class behavior_note(enum.IntEnum):

@@ -37,6 +37,8 @@ PLANS = {
         Plan(20_801, {}),  # one of the frontend's own Python engines
         Plan(4, {}, builds=False),
         Plan(12, {14: 2, 5: 3}, numerics=(numerical_note.TENSOR_CORE,)),  # TF32 for float32
+        Plan(5, {}, numerics=(numerical_note.WINOGRAD_TILE_4x4,)),  # a transform that rounds otherwise
+        Plan(6, {}, numerics=(numerical_note.FFT,)),
     ],
     "FALLBACK": [Plan(7, {2: 1, 1: 0}, workspace=1000), Plan(0, {})],
 }
@@ -76,7 +78,7 @@ def test_only_deterministic_float32_built_cudnn_engines_are_offered_in_the_heuri
     assert cudnn_engines.offered(f32, 0) == ("engine 7 knobs 1=0 2=1", "engine 0 knobs")
     bf16 = replace(f32, dtype="bf16")  # tensor cores keep float32 sums for bf16: offered
     assert cudnn_engines.offered(bf16, 0) == ("engine 7 knobs 1=0 2=1", "engine 12 knobs 5=3 14=2", "engine 0 knobs")
-    assert cudnn_engines.plans_for(f32, 0).plan_count == 8
+    assert cudnn_engines.plans_for(f32, 0).plan_count == 10
 
 
 def test_a_convolution_cudnn_declines_is_offered_nothing_and_says_why():

@@ -116,6 +116,13 @@ def test_strict_takes_the_first_engine_offered_and_times_nothing(program):
     assert device.measured == []
 
 
+def test_several_gpus_take_the_first_engine_without_timing(program):
+    device = FakeDevice(convolution_seconds=ENGINES)
+    ask = Situation(device, program.training, program.stackable, 1, "bf16", gpus=2)
+    assert set(decide(ask, Forgetful()).convolutions.values()) == {"engine 0 knobs 2=0"}
+    assert timed(device) == []
+
+
 def test_a_convolution_offered_no_engine_has_none(program):
     """cuDNN may offer a convolution nothing that passes the filters: the backend runs it
     PyTorch's way, and the map leaves it out."""

@@ -246,11 +246,16 @@ def _make_convolutions(situation: Situation) -> dict:
     device, else the fastest of the first CONVOLUTION_CANDIDATES offered, timed once and
     remembered (an earlier engine wins a tie). Each is remembered on its own ("engines":
     keyed by the device and the convolution, not by the run's graphs), so a convolution
-    met again in another model is not timed again."""
+    met again in another model is not timed again. On several GPUs each would time its own
+    and might choose otherwise, so every one takes the first offered, untimed, as products
+    take ordinary there."""
     memory = situation.memory or Forgetful()
     chosen = {}
     for key in situation.convolution_keys():
         offered = situation.probe.convolution_engines(key)
+        if situation.gpus > 1:
+            chosen[key.key()] = offered[0]
+            continue
         cache_key = f"convolutions/{key.key()}"
         remembered = memory.lookup("engines", cache_key)
         if remembered in offered:

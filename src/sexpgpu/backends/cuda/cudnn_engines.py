@@ -19,6 +19,8 @@ engines), it carries none of the notes below, and it builds here:
 - DOWN_CONVERT_INPUTS, and TENSOR_CORE for float32: its inputs are rounded (to TF32 for a
   float32 convolution), which the rest of the backend never does (device.py: TF32 off);
 - REDUCED_PRECISION_REDUCTION: a bf16 convolution would sum in bf16, not float32;
+- FFT and WINOGRAD (any tile): their transforms round otherwise than a sum of products, so
+  the result would differ from the interpreter's by more than the order of a sum;
 - RUNTIME_COMPILATION (a behaviour note): its kernel is compiled when the plan is built,
   which takes seconds a plan and puts the runtime compiler's version in the bits.
 
@@ -36,7 +38,8 @@ from sexpgpu.plan.convolutions import ConvolutionKey, engine_of
 
 FRONTEND = "nvidia-cudnn-frontend"
 BACKEND_ENGINES = 10_000  # the frontend's engine ids below this are cuDNN's; above, its Python engines
-LEFT_OUT_NUMERICS = ("NONDETERMINISTIC", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION")
+LEFT_OUT_NUMERICS = ("NONDETERMINISTIC", "DOWN_CONVERT_INPUTS", "REDUCED_PRECISION_REDUCTION", "FFT", "WINOGRAD",
+                     "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13")
 LEFT_OUT_F32 = ("TENSOR_CORE",)
 LEFT_OUT_BEHAVIOURS = ("RUNTIME_COMPILATION",)
 HEURISTICS = ("A", "FALLBACK")
@@ -140,10 +143,15 @@ def _planned(cudnn, key: ConvolutionKey, handle, mode: str) -> Graph:
     graph, operands = _graph(cudnn, key, handle)
     graph.validate()
     graph.build_operation_graph()
-    graph.deselect_numeric_notes([getattr(cudnn.numerical_note, name) for name in _left_out_numerics(key)])
-    graph.deselect_behavior_notes([getattr(cudnn.behavior_note, name) for name in LEFT_OUT_BEHAVIOURS])
+    graph.deselect_numeric_notes(_notes(cudnn.numerical_note, _left_out_numerics(key)))
+    graph.deselect_behavior_notes(_notes(cudnn.behavior_note, LEFT_OUT_BEHAVIOURS))
     graph.create_execution_plans([getattr(cudnn.heur_mode, mode)])
     return Graph(graph, operands, mode)
+
+
+def _notes(kind, names) -> list:
+    """The notes of these names that this frontend knows (a note it lacks no plan carries)."""
+    return [getattr(kind, name) for name in names if hasattr(kind, name)]
 
 
 def current_device() -> int:
@@ -178,7 +186,7 @@ def _offered_plan(cudnn, graph, index: int) -> str | None:
         engine, knobs = graph.get_engine_and_knobs_at_index(index)
         if not 0 <= int(engine) < BACKEND_ENGINES:
             return None
-        left_out = [getattr(cudnn.behavior_note, name) for name in LEFT_OUT_BEHAVIOURS]
+        left_out = _notes(cudnn.behavior_note, LEFT_OUT_BEHAVIOURS)
         if any(note in left_out for note in graph.get_behavior_notes_for_plan_at_index(index)):
             return None
         graph.build_plan_at_index(index)
