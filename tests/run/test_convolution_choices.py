@@ -124,3 +124,24 @@ def test_without_cudnns_frontend_the_report_says_why_and_no_engine_is_recorded(s
     assert any(text.startswith("  choosing            convolutions: cuDNN's frontend (nvidia-cudnn-frontend, the "
                                "extra `cudnn`) is not installed, so they run PyTorch's cuDNN convolutions")
                for text in out.splitlines())
+
+
+def test_an_offline_evaluation_takes_the_checkpoints_engines_for_its_passes(sexpgpu, cnn, tmp_path, monkeypatch):
+    """The record holds the passes' convolutions too, so `sexpgpu evaluate` on the same kind of
+    device takes them (level 2) and times nothing."""
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.plan.levels import determinism_line
+    from sexpgpu.run import choosing
+    from sexpgpu.run.choosing import ChoiceSettings
+    from sexpgpu.run.evaluating import evaluation_choices
+    from sexpgpu.run.setup import build_run
+    from sexpgpu.store import read_record
+
+    sexpgpu("run", cnn, "--run-dir", tmp_path / "r", device=FakeDevice(convolution_seconds=ENGINES))
+    device = FakeDevice(convolution_seconds={text: 1.0 for text in ENGINES})
+    monkeypatch.setattr(choosing, "backend_probe", lambda backend: device)
+    built = build_run(load_experiment(str(cnn)), "cpu", read_loads=False)
+    chosen = evaluation_choices(built, ChoiceSettings(), read_record(str(tmp_path / "r/step-2")), "r/step-2")
+    assert determinism_line(chosen.how, chosen.choices.device).startswith("2: pinned to the choices of the checkpoint")
+    forward = {key for key in chosen.choices.convolutions if key.startswith("Forward ")}
+    assert len(forward) == 2 and timed(device) == []
