@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sexpgpu.plan.convolutions import graph_convolutions
 from sexpgpu.plan.cost import graph_products
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
 
@@ -26,6 +27,9 @@ class FakeDevice:
     step_seconds: dict = field(default_factory=dict)  # degree -> seconds of a step (default 1 / degree)
     product_seconds: dict = field(default_factory=dict)  # implementation -> seconds, offered for every product
     throughput: Throughput = Throughput(19.5e12, 1.775e12)  # 10.99 flops a byte
+    convolution_seconds: dict = field(default_factory=dict)  # engine text -> seconds, offered for every convolution
+    engines_for: dict = field(default_factory=dict)  # ConvolutionKey.key() -> the engines offered, in order
+    unavailable: str | None = None  # convolutions_unavailable()'s answer
     measured: list = field(default_factory=list)
 
     def device_facts(self) -> DeviceFacts:
@@ -54,3 +58,18 @@ class FakeDevice:
     def measure_throughput(self) -> Throughput:
         self.measured.append(("throughput",))
         return self.throughput
+
+    def convolution_keys(self, graph) -> tuple:
+        return graph_convolutions(graph)
+
+    def convolution_engines(self, key) -> tuple:
+        if self.unavailable:
+            return ()
+        return tuple(self.engines_for.get(key.key(), tuple(self.convolution_seconds)))
+
+    def convolutions_unavailable(self) -> str | None:
+        return self.unavailable
+
+    def time_convolution(self, key, engine: str) -> float:
+        self.measured.append(("convolution", key.key(), engine))
+        return self.convolution_seconds[engine]

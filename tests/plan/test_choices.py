@@ -165,7 +165,7 @@ def test_the_recompute_budget_is_flops_over_bandwidth_and_strict_is_9(program):
     assert decide_strictly(situation(program, FakeDevice())).recompute == STRICT_RECOMPUTE == 9.0
 
 
-def test_convolutions_are_recorded_empty_until_cudnn_fills_them(program):
+def test_a_model_without_convolutions_records_none(program):
     assert decide(situation(program, FakeDevice()), Forgetful()).to_json()["convolutions"] == {}
 
 

@@ -8,7 +8,11 @@ key. The identity is everything that can make one measurement differ from anothe
 card (determinism.md, "What a run chooses"): the GPU, the CUDA driver API version, the loaded
 libraries, the executable's size and modification time, and the hashes of the training graph
 and any generator's graphs; the key adds the decision and its candidates (the stacking
-degrees that fit, the product shapes).
+degrees that fit, the product shapes). A convolution's engine ("engines", kept in
+choices.json too) is a measurement of one convolution on one card, so its identity is only
+the GPU, the CUDA driver API version and cuDNN's version, and its key the role, shape and
+dtype: another model, or another build of sexpgpu, meets the same convolution again
+without timing it.
 
 Files are written whole to a temporary file and renamed into place, so a reader sees the old
 file or the new one. A writer holds an advisory lock while it reads the file
@@ -71,6 +75,11 @@ def identity(facts: DeviceFacts, training, generators=()) -> dict:
     }
 
 
+def engine_identity(facts: DeviceFacts) -> dict:
+    """What a convolution engine's timing depends on besides the convolution itself."""
+    return {"gpu": facts.gpu, "driver": facts.driver, "cuDNN": facts.libraries.get("cuDNN")}
+
+
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
@@ -81,13 +90,14 @@ class ChoiceCache:
 
     root: str | None
     identity: dict
+    engines_identity: dict | None = None  # the identity of the "engines" entries; None: `identity`
     notes: list = field(default_factory=list)
     taken: list = field(default_factory=list)  # the keys found in the cache
     made: list = field(default_factory=list)  # the keys chosen now (measured, or a fixed value)
     _files: dict = field(default_factory=dict)
 
     def path(self, file: str) -> str:
-        if file == "choices":
+        if file in ("choices", "engines"):
             return os.path.join(self.root, "choices.json")
         device = f"{self.identity['gpu']}-{_digest(self.identity)[:16]}-{self.identity['driver']}"
         return os.path.join(self.root, "cost", _UNSAFE.sub("_", device) + ".json")
@@ -95,7 +105,7 @@ class ChoiceCache:
     def lookup(self, file: str, key: str):
         if self.root is None:
             return None
-        entry = self._entries(file).get(_digest([self.identity, key]))
+        entry = self._entries(file).get(_digest([self._identity(file), key]))
         value = entry.get("value") if isinstance(entry, dict) and entry.get("key") == key else None
         if value is not None:
             self.taken.append(key)
@@ -107,7 +117,7 @@ class ChoiceCache:
         self.made.append(key)
         if self.root is None:
             return value
-        digest = _digest([self.identity, key])
+        digest = _digest([self._identity(file), key])
         try:
             with _locked(self.root):
                 entries = self._files[file] = self._read(self.path(file))
@@ -118,12 +128,15 @@ class ChoiceCache:
                         self._note(f"{key.split('/')[0]}: another run on this machine remembered its choice first, "
                                    "and this run takes it")
                     return earlier["value"]
-                entries[digest] = {"identity": self.identity, "key": key, "value": value}
+                entries[digest] = {"identity": self._identity(file), "key": key, "value": value}
                 _write_atomically(self.path(file), {"format": FORMAT, "entries": entries})
         except OSError as error:
             self._note(f"the cache {self.path(file)} cannot be written ({error.strerror or error}): "
                        "nothing measured now is remembered")
         return value
+
+    def _identity(self, file: str) -> dict:
+        return self.engines_identity if file == "engines" and self.engines_identity is not None else self.identity
 
     def _entries(self, file: str) -> dict:
         if file not in self._files:
@@ -151,7 +164,7 @@ class ChoiceCache:
 
 def open_cache(facts: DeviceFacts, training, generators=()) -> ChoiceCache:
     root = cache_root()
-    cache = ChoiceCache(root, identity(facts, training, generators))
+    cache = ChoiceCache(root, identity(facts, training, generators), engine_identity(facts))
     if root is None:
         cache.notes.append("HOME is unset, so there is no ~/.cache/sexpgpu: every choice is measured now "
                            "and nothing is remembered")

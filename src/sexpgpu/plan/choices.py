@@ -27,6 +27,7 @@ ORDINARY = "ordinary"
 STRICT_RECOMPUTE = 9.0  # flops a byte: the A100's, what --deterministic takes
 COST_MODEL_LEAD = 0.05  # the cost model's pick is taken when ahead of the next by more than this
 PRODUCT_LEAD = 0.01  # another product implementation replaces ordinary when this much faster
+CONVOLUTION_CANDIDATES = 8  # the first this many engines cuDNN's heuristics offer are timed
 NODE_GRADIENT_DTYPES = ("bf16", "f32")
 DEFAULT_NODE_GRADIENTS = "bf16"
 RECORD_KEYS = ("device", "strict", "stacking", "recompute", "convolutions", "products", "node_gradients")
@@ -83,6 +84,7 @@ class Situation:
     memory: object = None  # where the measured throughput is remembered (the cost file); set by `decide`
     measured_throughput: Throughput | None = None
     decided: dict = field(default_factory=dict)  # the values decided (or pinned) so far, by record key
+    passes: tuple = ()  # the evaluation graphs the run also executes: their convolutions have engines too
 
     def offered_degrees(self) -> tuple:
         """The stacking degrees this run may take here: divisors of :microbatches (only 1 when
@@ -128,6 +130,17 @@ class Situation:
         """The products the device offers more than one implementation for; the device
         decides which are long enough to."""
         return [shape for shape in self.all_product_shapes() if len(self.probe.product_implementations(shape)) > 1]
+
+    def all_convolution_keys(self) -> list:
+        """The convolutions of the running graphs and the passes, as this device runs them."""
+        keys = []
+        for graph in (*self.running_training().graphs, *self.passes):
+            keys += [key for key in self.probe.convolution_keys(graph) if key not in keys]
+        return keys
+
+    def convolution_keys(self) -> list:
+        """The convolutions the device offers engines for; the others run its own way."""
+        return [key for key in self.all_convolution_keys() if self.probe.convolution_engines(key)]
 
 
 @dataclass(frozen=True)
@@ -226,8 +239,66 @@ def _check_recompute(situation: Situation, budget) -> str | None:
     return None if ok else f"the recompute budget {budget!r} is not a number of flops a byte"
 
 
+# --- convolution engines -----------------------------------------------------------------
+
+def _make_convolutions(situation: Situation) -> dict:
+    """For each convolution: the engine remembered for its role, shape and dtype on this
+    device, else the fastest of the first CONVOLUTION_CANDIDATES offered, timed once and
+    remembered (an earlier engine wins a tie). Each is remembered on its own ("engines":
+    keyed by the device and the convolution, not by the run's graphs), so a convolution
+    met again in another model is not timed again. On several GPUs each would time its own
+    and might choose otherwise, so every one takes the first offered, untimed, as products
+    take ordinary there."""
+    memory = situation.memory or Forgetful()
+    chosen = {}
+    for key in situation.convolution_keys():
+        offered = situation.probe.convolution_engines(key)
+        if situation.gpus > 1:
+            chosen[key.key()] = offered[0]
+            continue
+        cache_key = f"convolutions/{key.key()}"
+        remembered = memory.lookup("engines", cache_key)
+        if remembered in offered:
+            chosen[key.key()] = remembered
+            continue
+        candidates = offered[:CONVOLUTION_CANDIDATES]
+        timed = [situation.probe.time_convolution(key, engine) for engine in candidates]
+        fastest = candidates[min(range(len(candidates)), key=lambda index: (timed[index], index))]
+        chosen[key.key()] = memory.remember("engines", cache_key, fastest, lambda value: value in offered)
+    _note_unavailable(situation)
+    return chosen
+
+
+def _strict_convolutions(situation: Situation) -> dict:
+    """--deterministic: the first engine cuDNN's heuristics offer, nothing timed."""
+    chosen = {key.key(): situation.probe.convolution_engines(key)[0] for key in situation.convolution_keys()}
+    _note_unavailable(situation)
+    return chosen
+
+
+def _note_unavailable(situation: Situation) -> None:
+    why = situation.probe.convolutions_unavailable()
+    if why and situation.all_convolution_keys():
+        situation.notes.append(f"convolutions: {why}, so they run PyTorch's cuDNN convolutions with its first "
+                               "deterministic algorithm and no engine is recorded")
+
+
 def _check_convolutions(situation: Situation, engines) -> str | None:
-    return None  # the cuDNN issue checks each engine against what cuDNN offers here
+    """A recorded engine must be one this device offers for its convolution, and every
+    convolution offered engines must have one; an empty map was recorded where none were
+    offered (or before engines were recorded), and its run, like a run pinned to it, took
+    PyTorch's convolutions."""
+    if not isinstance(engines, dict):
+        return f"the convolutions {str(engines)[:60]!r} are not a map of convolutions to engines"
+    for key in situation.all_convolution_keys():
+        offered = situation.probe.convolution_engines(key)
+        engine = engines.get(key.key())
+        if engine is None and engines and offered:
+            return f"the convolution {key.key()} has no recorded engine"
+        if engine is not None and engine not in offered:
+            why = situation.probe.convolutions_unavailable()
+            return f"the convolution {key.key()}: cuDNN does not offer '{engine}' here" + (f" ({why})" if why else "")
+    return None
 
 
 def _check_node_gradients(situation: Situation, dtype) -> str | None:
@@ -248,7 +319,8 @@ DECISIONS = (
     Decision("stacking", _make_stacking, "choices", _stacking_key, _fixed(1), _check_stacking),
     Decision("products", _make_products, "choices", _products_key, _strict_products, _check_products),
     Decision("recompute", _make_recompute, "cost", _fixed("recompute"), _fixed(STRICT_RECOMPUTE), _check_recompute),
-    Decision("convolutions", _fixed({}), "choices", _fixed("convolutions"), _fixed({}), _check_convolutions),
+    # remembered per convolution inside `make` (the "engines" entries of choices.json)
+    Decision("convolutions", _make_convolutions, "", _fixed(""), _strict_convolutions, _check_convolutions),
     Decision("node_gradients", lambda situation: situation.node_gradients, "", _fixed(""), _fixed("f32"),
              _check_node_gradients),
 )

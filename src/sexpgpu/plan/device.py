@@ -97,3 +97,20 @@ class DeviceProbe(Protocol):
         """Seconds of one product of this shape with this implementation."""
 
     def measure_throughput(self) -> Throughput: ...
+
+    def convolution_keys(self, graph) -> tuple:
+        """The convolutions of `graph` as this device runs them, each once
+        (plan/convolutions.py's ConvolutionKey): the keys a convolutions map may name."""
+
+    def convolution_engines(self, key) -> tuple:
+        """The engines this device offers for a convolution, as `Engine.text()` strings in
+        the order of cuDNN's heuristics: the deterministic plans that keep float32
+        arithmetic and build here. Empty where the device runs convolutions another way
+        (`convolutions_unavailable` says why, when it is the whole device)."""
+
+    def convolutions_unavailable(self) -> str | None:
+        """Why this device offers no convolution engines at all (e.g. cuDNN's frontend is not
+        installed), or None when it offers them."""
+
+    def time_convolution(self, key, engine: str) -> float:
+        """Seconds of one convolution of `key` with this engine."""

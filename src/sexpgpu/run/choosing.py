@@ -99,7 +99,8 @@ def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_s
     if probe is None:
         return _interpreter_choices(built, settings, pinned)
     situation = Situation(probe, program.training, program.stackable, program.training.microbatches,
-                          settings.node_gradients, first_step_inputs=first_step_inputs)
+                          settings.node_gradients, first_step_inputs=first_step_inputs,
+                          passes=tuple(program.passes.values()))
     if settings.deterministic:
         return Chosen(decide_strictly(situation), How("strict"), situation.notes)
     if pinned is not None:
@@ -150,10 +151,15 @@ def _cache_notes(cache) -> list:
         return []
     notes = []
     if cache.taken:
-        notes.append(f"{', '.join(key.split('/')[0] for key in cache.taken)} taken from {cache.root}")
+        notes.append(f"{_decisions(cache.taken)} taken from {cache.root}")
     if cache.made:
-        notes.append(f"{', '.join(key.split('/')[0] for key in cache.made)} chosen now (not found in {cache.root})")
+        notes.append(f"{_decisions(cache.made)} chosen now (not found in {cache.root})")
     return notes
+
+
+def _decisions(keys) -> str:
+    """The decisions that cache keys are about, each once (one entry per convolution)."""
+    return ", ".join(dict.fromkeys(key.split("/")[0] for key in keys))
 
 
 def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:

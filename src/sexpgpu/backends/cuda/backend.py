@@ -45,9 +45,11 @@ class CudaBackend:
     # --- the contract ---------------------------------------------------------------------------
     def take_choices(self, choices) -> None:
         """Lower from now on as the plan decided (plan/choices.py's Choices): its recompute
-        budget and each float32 product's implementation. Lowerings made before are dropped."""
+        budget, each float32 product's implementation and each convolution's cuDNN engine.
+        Lowerings made before are dropped."""
         budget = choices.recompute if choices.recompute is not None else self.policy.budget
-        self.policy = replace(self.policy, budget=budget, products=dict(choices.products or {}))
+        self.policy = replace(self.policy, budget=budget, products=dict(choices.products or {}),
+                              convolutions=dict(choices.convolutions or {}))
         self._runners.clear()
         self._lowerings.clear()
 

@@ -59,12 +59,14 @@ VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
 class FusionPolicy:
     """How the backend lowers, as the plan decided it (plan/choices.py): the fusion level,
     the recompute budget in flops a byte (BUDGET_FLOPS_PER_BYTE under --deterministic and by
-    default), and {ProductShape.key(): implementation} for float32 products (products.py;
-    a shape not named is ordinary)."""
+    default), {ProductShape.key(): implementation} for float32 products (products.py;
+    a shape not named is ordinary), and {ConvolutionKey.key(): engine text} for
+    convolutions (windows.py; one not named runs PyTorch's cuDNN call)."""
 
     level: str = "on"
     budget: float = BUDGET_FLOPS_PER_BYTE
     products: dict = field(default_factory=dict, hash=False)
+    convolutions: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         if not (0 < self.budget < float("inf")):

@@ -7,6 +7,7 @@
     probe.time_training_step(training, 4, microbatch_inputs)
     probe.product_implementations(shape); probe.time_product(shape, "split-k 2")
     probe.measure_throughput()               # f32 FMA flops and copy bandwidth: the recompute budget
+    probe.convolution_engines(key); probe.time_convolution(key, "engine 47 knobs 2=3")
 
 A probe measures; it never chooses, and it changes nothing the backend runs: timings use
 backends of their own with the candidate's policy. Timings are CUDA events around warm
@@ -25,11 +26,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from sexpgpu.backends.cuda import cudnn_engines
 from sexpgpu.backends.cuda.backend import CudaBackend
 from sexpgpu.backends.cuda.device import cublas_version
 from sexpgpu.backends.cuda.products import implementations
 from sexpgpu.graph.emit import Emitter
 from sexpgpu.graph.stacking import stack_training
+from sexpgpu.plan.convolutions import ConvolutionKey, graph_convolutions
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
 
 TIMED_CALLS = 5  # each timing is the median of this many warm calls
@@ -132,6 +135,30 @@ class CudaProbe:
             self._operands_of = (shape, {name: self.torch.randn(node.shape, device=self.device, generator=generator)
                                          for name, node in graph.inputs.items()})
         return self._operands_of[1]
+
+    def convolution_keys(self, graph) -> tuple:
+        return graph_convolutions(graph)
+
+    def convolution_engines(self, key: ConvolutionKey) -> tuple:
+        """cuDNN's offered plans for the convolution (cudnn_engines.py), built once a process."""
+        return cudnn_engines.offered(key, self._device_index())
+
+    def convolutions_unavailable(self) -> str | None:
+        return cudnn_engines.unavailable()
+
+    def time_convolution(self, key: ConvolutionKey, engine: str) -> float:
+        """The engine's plan on normal operands drawn on the device, into a buffer of its own."""
+        torch = self.torch
+        plan = cudnn_engines.prepared(key, engine, self._device_index())
+        dtype = torch.bfloat16 if key.dtype == "bf16" else torch.float32
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        first, second, result = (torch.randn(shape, device=self.device, generator=generator).to(dtype)
+                                 for shape in cudnn_engines.operand_shapes(key))
+        workspace = torch.empty(max(plan.workspace_bytes, 1), dtype=torch.uint8, device=self.device)
+        return self._median_seconds(lambda: plan.run(first, second, result, workspace))
+
+    def _device_index(self) -> int:
+        return self.device.index if self.device.index is not None else self.torch.cuda.current_device()
 
     def measure_throughput(self) -> Throughput:
         """float32 multiply-adds a second of a kernel that does FMA_ROUNDS of them per loaded

@@ -107,6 +107,7 @@ class TorchStep:
     # step's copy of it is an identity (placement.py)
     aliases: tuple = ()
     product: object = None  # a float32 product's ProductShape: the key of the plan's choice for it
+    engine: str | None = None  # the cuDNN engine a convolution's step runs (None: PyTorch's convolution)
 
     def __call__(self, env: dict) -> None:
         self.run(env)

@@ -1,10 +1,13 @@
 """Convolution and pooling (the op table's window ops) through cuDNN and PyTorch.
 
-Convolutions run cuDNN with `torch.backends.cudnn.deterministic` on and benchmarking off
+A convolution the plan chose a cuDNN engine for (FusionPolicy.convolutions, keyed by
+plan/convolutions.py's ConvolutionKey.key()) runs that engine's plan through cuDNN's
+frontend (cudnn_engines.py), straight into its buffer, with a workspace in the arena. Any
+other convolution (no frontend, no engine offered, or a policy that names none) runs cuDNN
+through PyTorch with `torch.backends.cudnn.deterministic` on and benchmarking off
 (device.py): cuDNN takes the first deterministic algorithm its heuristics offer for the
-role (forward, backward-data, backward-filter), shape and dtype, which the spec lists under
---deterministic; measuring engines is the later choices issue's. TF32 is off, and bf16
-convolutions accumulate in float32 and round once.
+role (forward, backward-data, backward-filter), shape and dtype. Either way TF32 is off, and
+bf16 convolutions accumulate in float32 and round once.
 
 Pooling: max and average pooling are PyTorch's; the gradient of max pooling routes each
 window's cotangent to its first maximum, found by PyTorch's max pooling with indices, and
@@ -14,6 +17,7 @@ adds them with `scatter_add_`, which PyTorch's deterministic mode runs without a
 from __future__ import annotations
 
 from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.plan.convolutions import convolution_key
 
 
 def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) -> None:
@@ -33,11 +37,42 @@ def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) ->
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
+def _engine_step(lowerer, node, engine: str) -> None:
+    """The convolution run by the chosen engine: its inputs as contiguous tensors (the
+    layout the engine's plan was built for; a view that is not one is copied), its result
+    written in place, its workspace an arena buffer the step alone writes."""
+    from sexpgpu.backends.cuda import cudnn_engines
+
+    plan = cudnn_engines.prepared(convolution_key(node), engine, cudnn_engines.current_device())
+    sources = [lowerer.addressable(source) for source in node.inputs]
+    key = lowerer.result_buffer(node)
+    writes = (key,)
+    if plan.workspace_bytes:
+        writes += (lowerer.new_buffer("f32", (-(-plan.workspace_bytes // 4),)),)
+
+    def run(env):
+        first, second = (strided(env, source, view).contiguous() for source, view in sources)
+        plan.run(first, second, env[key], env[writes[1]] if len(writes) > 1 else None)
+
+    reads = tuple(dict.fromkeys(source for source, _ in sources))
+    lowerer.steps.append(TorchStep(run, reads, writes, "convolution", engine=engine))
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _convolution(lowerer, node, compute) -> None:
+    """The plan's engine for this convolution when it chose one, else PyTorch's call."""
+    engine = lowerer.policy.convolutions.get(convolution_key(node).key())
+    if engine is not None:
+        _engine_step(lowerer, node, engine)
+    else:
+        _window_step(lowerer, node, compute, "convolution")
+
+
 def conv2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
     stride, padding = node.attrs["stride"], node.attrs["padding"]
-    _window_step(lowerer, node, lambda x, w: functional.conv2d(x, w, stride=stride, padding=padding), "convolution")
+    _convolution(lowerer, node, lambda x, w: functional.conv2d(x, w, stride=stride, padding=padding))
 
 
 def conv2d_input_grad(lowerer, node) -> None:
@@ -45,7 +80,7 @@ def conv2d_input_grad(lowerer, node) -> None:
 
     stride, padding, shape = node.attrs["stride"], node.attrs["padding"], node.attrs["input_shape"]
     compute = lambda g, w: torch.nn.grad.conv2d_input(shape, w, g, stride=stride, padding=padding)  # noqa: E731
-    _window_step(lowerer, node, compute, "convolution")
+    _convolution(lowerer, node, compute)
 
 
 def conv2d_weight_grad(lowerer, node) -> None:
@@ -53,7 +88,7 @@ def conv2d_weight_grad(lowerer, node) -> None:
 
     stride, padding, shape = node.attrs["stride"], node.attrs["padding"], node.attrs["weight_shape"]
     compute = lambda x, g: torch.nn.grad.conv2d_weight(x, shape, g, stride=stride, padding=padding)  # noqa: E731
-    _window_step(lowerer, node, compute, "convolution")
+    _convolution(lowerer, node, compute)
 
 
 def max_pool2d(lowerer, node) -> None:
