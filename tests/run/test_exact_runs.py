@@ -132,3 +132,32 @@ def test_the_cnn_example_stacked_2_has_the_unstacked_bits():
     unstacked, final = steps_at(chosen, 1, 1)
     stacked, stacked_final = steps_at(chosen, 2, 1)
     assert stacked == unstacked and bits(stacked_final) == bits(final)
+
+
+def test_an_exact_checkpoint_resumes_with_the_uninterrupted_bits_and_not_as_a_float_run(tmp_path, capsys):
+    text = (tmp_path / "fit.sexp")
+    text.write_text(EXACT_FIT)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(["run", str(text), "--run-dir", str(whole)]) == 0
+    text.write_text(EXACT_FIT.replace(":steps 4", ":steps 4 :checkpoint 2"))
+    assert main(["run", str(text), "--run-dir", str(cut)]) == 0
+    resumed = tmp_path / "resumed"
+    assert main(["run", str(text), "--run-dir", str(resumed), "--resume", str(cut / "step-2")]) == 0
+    steps = [line for line in (whole / "metrics.jsonl").read_text().splitlines() if '"digest"' in line]
+    again = [line for line in (resumed / "metrics.jsonl").read_text().splitlines() if '"digest"' in line]
+    assert [json.loads(line) for line in again] == [json.loads(line) for line in steps[2:]]
+    text.write_text(EXACT_FIT.replace(":steps 4", ":steps 4 :checkpoint 2").replace(" :arithmetic exact", ""))
+    capsys.readouterr()
+    assert main(["run", str(text), "--run-dir", str(tmp_path / "float"), "--resume", str(cut / "step-2")]) == 2
+    said = capsys.readouterr().err
+    assert "E-CKPT-002" in said and "arithmetic" in said
+
+
+EXACT_FIT = """
+(defgenerator pairs
+  (let x (normal (batch 4) :salt (:step :trip)))
+  (record :x x :y (sum x :axis 1 :keep true)))
+(defgraph fit (x) (linear x :out 1 :as fc))
+(defrun exact-fit :seed 3 :data (generator pairs) :model (fit x) :loss (mse y)
+  :optimizer (adam :lr 0.01) :arithmetic exact :batch 8 :microbatches 4 :steps 4)
+"""
