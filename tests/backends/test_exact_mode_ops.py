@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
+from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import det_finalize  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
 
@@ -225,3 +226,16 @@ def test_a_gradient_region_returns_digits_rounded_once_at_the_end():
     wanted = F32(round_fraction(Fraction(1) + Fraction(5, 2**25)))
     assert wanted == F32(1 + 2.0**-23)
     _same(det_finalize(found).numpy(), np.full((2, 2), wanted))
+
+
+def test_float32_attention_runs_as_its_exact_composition_and_bf16_attention_is_refused():
+    rng = np.random.default_rng(13)
+    q, k, v = (_spread(rng, (1, 2, 3, 4)) for _ in range(3))
+    found = _run("attention_core", [q, k, v], {"scale": 0.5, "causal": True})
+    scores = np.where(np.tril(np.ones((3, 3), bool)), _run("matmul", [q, np.swapaxes(k, -1, -2)], {}) * F32(0.5),
+                      F32(-np.inf))
+    _same(found, _run("matmul", [_run("softmax", [scores], {"axis": 3}), v], {}))
+    bf16 = [np.asarray(array.astype(np.float32).view(np.uint32) & 0xFFFF0000).view(F32) for array in (q, k, v)]
+    with pytest.raises(SexpgpuError) as refused:
+        _run("attention_core", bf16, {"scale": 0.5, "causal": True}, {0: "bf16", 1: "bf16", 2: "bf16"})
+    assert refused.value.code == "E-EXACT-003"
