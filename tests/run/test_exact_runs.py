@@ -1,6 +1,7 @@
 """Runs under `:arithmetic exact` on the CPU interpreter: the setting, its refusals, and
 stacking degrees 1, 2 and 4 giving the same bits for every step (loss, gradient norm,
-parameters and optimizer state)."""
+parameters and optimizer state): tiny-adam at 1, 2 and 4, a small char-lm (embedding,
+layernorm, attention) and the CNN example (convolutions, pooling) at 1 and 2."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ CNN = ROOT / "examples" / "cnn.sexp"
 # char-lm and the CNN cut down so that an exact step takes a few seconds on two cores
 SMALL_CHAR_LM = {":context 64 :width 64 :heads 4 :ff 256 :layers 2": ":context 8 :width 16 :heads 2 :ff 32 :layers 1",
                  ":width 64 :heads 4 :ff 256": ":width 16 :heads 2 :ff 32", "(text pydoc :context 64)":
-                 "(text pydoc :context 8)", ":batch 16": ":batch 2 :microbatches 4 :arithmetic exact"}
+                 "(text pydoc :context 8)", ":batch 16": ":batch 2 :microbatches 2 :arithmetic exact"}
 
 
 def experiment(path: Path, edits: dict):
@@ -70,12 +71,11 @@ def test_tiny_adam_at_stacking_1_2_and_4_has_the_same_bits_at_every_step():
 
 
 @pytest.mark.slow
-def test_a_small_char_lm_stacked_2_and_4_has_the_unstacked_bits():
+def test_a_small_char_lm_stacked_2_has_the_unstacked_bits():
     chosen = experiment(CHAR_LM, SMALL_CHAR_LM)
     unstacked, final = steps_at(chosen, 1, 1)
-    for degree in (2, 4):
-        stacked, stacked_final = steps_at(chosen, degree, 1)
-        assert stacked == unstacked and bits(stacked_final) == bits(final)
+    stacked, stacked_final = steps_at(chosen, 2, 1)
+    assert stacked == unstacked and bits(stacked_final) == bits(final)
 
 
 def test_the_setting_is_in_the_resolved_experiment_only_when_exact():
