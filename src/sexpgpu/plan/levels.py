@@ -51,8 +51,8 @@ def _interpreter(how: How, device: str) -> str:
 
 
 def _exact(how: How, device: str) -> str:
-    return ("exact on every device: every sum is exact and rounded once, so the value of each is fixed by "
-            "the file and no machine, stacking degree or GPU count can change it: any device that runs "
+    return ("exact on every device: every sum is exact and rounded once, so its bits are a function of its "
+            "terms alone and no machine, stacking degree or GPU count can change them: any device that runs "
             ":arithmetic exact repeats these bits for this file, selection, flags and this sexpgpu, with no record")
 
 
