@@ -7,8 +7,9 @@ float32, before the update graph reads it. So the stacking degree, and how calls
 grouped, change no bit. The step's loss and a pass's metrics average values that are
 already rounded: `mean` is round(exact sum) / n in one IEEE float32 division.
 
-Backends call this with their own storage: `to_backend` makes a float32 host array into
-what the backend's graphs read (the array itself for the interpreter).
+Backends call this with their own storage: `to_backend` makes a float32 tensor, on the
+accumulators' device, into what the backend's graphs read (a numpy array for the
+interpreter; a device backend keeps the tensor where it is).
 """
 
 from __future__ import annotations
@@ -32,15 +33,11 @@ class ExactSums:
 
     def rounded(self, total: dict) -> dict:
         """Each gradient rounded once into float32, in the backend's storage."""
-        return {name: self.to_backend(_host_float32(det_finalize(acc))) for name, acc in total.items()}
+        return {name: self.to_backend(det_finalize(acc)) for name, acc in total.items()}
 
     @staticmethod
     def mean(values: list) -> np.float32:
         """round(exact sum of the float32 values) / len(values), one float32 division."""
         terms = torch.tensor(np.asarray(values, dtype=np.float32).reshape(-1))
         return np.float32(np.float32(det_sum(terms, 0).item()) / np.float32(terms.numel()))
-
-
-def _host_float32(value: torch.Tensor) -> np.ndarray:
-    return value.detach().to("cpu", torch.float32).numpy()
 

@@ -182,4 +182,4 @@ def _exact_sums():
     except ImportError as missing:
         raise SexpgpuError("E-EXACT-001", f":arithmetic exact needs PyTorch, which cannot be imported here ({missing}).",
                            hint="Install it (pip install 'sexpgpu[torch]') or run with :arithmetic float.") from None
-    return ExactSums(np.asarray)
+    return ExactSums(lambda tensor: tensor.numpy())
