@@ -26,3 +26,10 @@ def test_the_pages_that_cite_it_find_it():
     for page in ("errors.md", "checkpoints.md"):
         assert "docs/determinism.md" in (ROOT / "docs" / page).read_text()
     assert "## Random draws" in PAGE  # checkpoints.md cites this section by name
+
+
+def test_the_page_quotes_the_lines_of_an_exact_run():
+    facts = cpu_facts("exact")
+    for name in ("determinism", "choices"):
+        assert f"{name:<20}{facts[name]}" in PAGE, name
+    assert determinism_line(How("exact"), "").startswith("exact on every device: ")

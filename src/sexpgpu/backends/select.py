@@ -2,6 +2,9 @@
 
 `auto` takes the GPU when one is usable and the CPU interpreter otherwise. Each backend
 states the facts its lowering report ends with: its determinism level and its choices.
+
+Under `:arithmetic exact` only the CPU interpreter computes exact sums so far: `auto` takes
+it, and `--device cuda` is refused (E-EXACT-003) rather than run with rounded sums.
 """
 
 from __future__ import annotations
@@ -16,12 +19,20 @@ from sexpgpu.plan.levels import How, determinism_line
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def cpu_facts() -> dict:
+CPU_CHOICES = {
+    "float": "none: stacking 1, sequential folds in a documented order, portable float32 math",
+    "exact": "none: every sum exact and rounded once, so no stacking degree or GPU count changes a bit; "
+             "portable float32 math",
+}
+CPU_LEVELS = {"float": "interpreter", "exact": "exact"}
+
+
+def cpu_facts(arithmetic: str = "float") -> dict:
     return {
         "kind": "cpu",
         "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
-        "determinism": determinism_line(How("interpreter"), ""),
-        "choices": "none: stacking 1, sequential folds in a documented order, portable float32 math",
+        "determinism": determinism_line(How(CPU_LEVELS[arithmetic]), ""),
+        "choices": CPU_CHOICES[arithmetic],
     }
 
 
@@ -46,10 +57,12 @@ def cuda_problem() -> str | None:
     return None
 
 
-def select_backend(device: str):
-    """(backend, facts) for a device name."""
+def select_backend(device: str, arithmetic: str = "float"):
+    """(backend, facts) for a device name and the run's `:arithmetic`."""
     if device not in DEVICES:
         raise SexpgpuError("E-CLI-002", f"unknown device '{device}': expected one of {', '.join(DEVICES)}.")
+    if arithmetic == "exact":
+        return _exact_backend(device)
     if device == "cuda" or (device == "auto" and cuda_problem() is None):
         problem = cuda_problem()
         if problem is not None:
@@ -62,6 +75,15 @@ def select_backend(device: str):
     from sexpgpu.backends.cpu import Interpreter
 
     return Interpreter(), cpu_facts()
+
+
+def _exact_backend(device: str):
+    if device == "cuda":
+        raise SexpgpuError("E-EXACT-003", "the CUDA backend does not compute :arithmetic exact yet, and would round "
+                           "its sums otherwise.", hint="Run this file with --device cpu (or auto).")
+    from sexpgpu.backends.cpu import Interpreter
+
+    return Interpreter(arithmetic="exact"), cpu_facts("exact")
 
 
 def probe_for(backend):

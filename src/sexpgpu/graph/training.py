@@ -26,6 +26,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.autodiff import gradients
 from sexpgpu.graph.build import Builder, Frame
 from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.exact_region import check_exact_gradients
 from sexpgpu.graph.ir import FLOAT_DTYPES, Node, dtype_named
 from sexpgpu.graph.layers import cross_entropy_mean, mse
 from sexpgpu.graph.ops import dims_text
@@ -76,6 +77,8 @@ def compile_program(experiment, field_specs: dict | None = None, pass_field_spec
         generator, generator_builder = build_generator(experiment, run.data.generator)
     record_specs = _record_specs(run, run.data, field_specs, generator)
     micro, builder = build_micro(experiment, _microbatch_specs(record_specs, run.batch))
+    if run.arithmetic == "exact":
+        check_exact_gradients(micro)
     params = dict(sorted(builder.params.items()))
     update, slots = build_update(params, run.optimizer, run.microbatches)
     passes, pass_generators = {}, {}

@@ -136,6 +136,7 @@ class RunDef:
     diagnostics: DiagnosticsSpec | None = None
     loc: Location | None = None
     precision: str = "f32"  # "bf16": products in bf16 with float32 sums (graph/precision.py)
+    arithmetic: str = "float"  # "exact": every sum exact and rounded once (docs/determinism.md, "Exact runs")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ BUILTIN_LOSSES = ("cross-entropy", "mse")
 _DIM = integer(1, DIM_MAX, maximum_text="2^31-1")
 _STEPS = integer(1, STEPS_MAX, maximum_text="2^31-1")
 PRECISIONS = ("f32", "bf16")  # f32: as written; bf16: mixed precision (graph/precision.py)
+ARITHMETICS = ("float", "exact")  # float: folds in documented orders; exact: every sum exact, rounded once
 
 
 def resolve_path(experiment_path: str, path: str) -> str:
@@ -267,6 +268,7 @@ RUN_KEYS = {
     "batch": Key(_DIM, REQUIRED, "a count of records per microbatch"),
     "microbatches": Key(integer(1, MICROBATCHES_MAX, maximum_text="2^20"), 1, "a count of microbatches per step"),
     "precision": Key(one_of(*PRECISIONS), "f32", "a precision, " + " or ".join(PRECISIONS)),
+    "arithmetic": Key(one_of(*ARITHMETICS), "float", "an arithmetic, " + " or ".join(ARITHMETICS)),
     "steps": Key(_STEPS, REQUIRED, "a step count"),
     "passes": Key(_passes, (), "a list of passes"),
     "checkpoint": Key(_checkpoint, None, "a step count or (every N)"),
@@ -291,11 +293,24 @@ def _check_run(run: RunDef, context: RunContext) -> None:
             _check_fields(run.model.args, run.model.arg_locs, spec.data, "the model", context)
             _check_fields(run.loss.fields, run.loss.field_locs, spec.data, "the loss", context)
     _check_records(run)
+    _check_arithmetic(run)
     if run.schedule.min_lr > run.optimizer.lr:
         raise SexpgpuError(
             "E-FORM-011",
             f"the schedule's :min-lr {run.schedule.min_lr} is above the optimizer's :lr {run.optimizer.lr}.",
             run.schedule.loc,
+        )
+
+
+def _check_arithmetic(run: RunDef) -> None:
+    """Exact sums are rounded once to their node's dtype; mixed precision rounds a product's
+    float32 sum to bf16 and casts it back, a second rounding inside the sums exact mode owns."""
+    if run.arithmetic == "exact" and run.precision != "f32":
+        raise SexpgpuError(
+            "E-FORM-011",
+            f"defrun '{run.name}': :arithmetic exact computes in float32, and :precision {run.precision} "
+            "rounds products to bf16; use :precision f32 with :arithmetic exact.",
+            run.loc,
         )
 
 

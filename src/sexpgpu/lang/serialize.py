@@ -32,6 +32,8 @@ def experiment_to_json(experiment: Experiment) -> dict:
 
 def run_to_json(run: RunDef) -> dict:
     resolved = _run_fields(run)
+    if run.arithmetic != "float":  # only then: a float run's identity is what it always was
+        resolved["arithmetic"] = run.arithmetic
     if run.diagnostics is not None:  # only then: an undiagnosed run's identity is what it always was
         resolved["diagnostics"] = {"every": run.diagnostics.every}
     return resolved

@@ -50,13 +50,19 @@ def _interpreter(how: How, device: str) -> str:
             "for this file, selection, flags and this sexpgpu")
 
 
+def _exact(how: How, device: str) -> str:
+    return ("exact on every device: every sum is exact and rounded once, so its bits are a function of its "
+            "terms alone and no machine, stacking degree or GPU count can change them: any device that runs "
+            ":arithmetic exact repeats these bits for this file, selection, flags and this sexpgpu, with no record")
+
+
 def _elsewhere(how: How, device: str) -> str:
     return (f"3: {how.source}, so this machine ({device}) chose its own: the same distribution as the values "
             "the run reported inline, not the same bits")
 
 
 LINES = {"own": _own, "strict": _strict, "pinned": _pinned, "rechosen": _rechosen, "interpreter": _interpreter,
-         "elsewhere": _elsewhere}
+         "exact": _exact, "elsewhere": _elsewhere}
 
 
 def determinism_line(how: How, device: str) -> str:

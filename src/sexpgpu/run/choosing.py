@@ -181,7 +181,7 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
                                hint="Run with --choices fresh to choose again here (level 3).")
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
     if built.backend_facts.get("kind") == "cpu":
-        return Chosen(choices, How("interpreter"))
+        return interpreter_chosen(built, choices)
     # a backend with no probe yet measures nothing: it states its fixed choices itself
     choices = replace(choices, recompute=STRICT_RECOMPUTE)
     described = built.backend_facts["choices"]
@@ -190,6 +190,14 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
     if pinned is not None:
         return Chosen(choices, How("pinned", pinned[1], pinned[0].device), described=described)
     return Chosen(choices, How("own"), described=described)
+
+
+def interpreter_chosen(built, choices: Choices) -> Chosen:
+    """The CPU interpreter's level: 1 on every machine, or with exact sums the exact level,
+    whose choices line is the backend's own (stacking and GPU count change no bit)."""
+    if getattr(built.backend, "arithmetic", "float") == "exact":
+        return Chosen(choices, How("exact"), described=built.backend_facts["choices"])
+    return Chosen(choices, How("interpreter"))
 
 
 def read_pinned(source: str) -> Choices:

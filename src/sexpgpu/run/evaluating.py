@@ -251,6 +251,6 @@ def _interpreter(built, settings: ChoiceSettings, record: dict, recorded: Choice
     name = built.backend_facts["name"]
     choices = Choices(name, False, 1, None, {}, {}, None)
     if record.get("device", "cpu") == "cpu":
-        return Chosen(choices, How("interpreter"))
+        return choosing.interpreter_chosen(built, choices)
     made_on = recorded.device if recorded is not None else record.get("device")
     return Chosen(choices, How("elsewhere", f"the checkpoint's choices were made on {made_on}"))

@@ -4,11 +4,16 @@ then the update. Passes and checkpoints follow the step that triggers them.
 At a stacking degree k (plan/choices.py decides it) the loop runs the stacked training graph
 once for each k consecutive microbatches, their fields concatenated along the batch axis.
 When memory runs out in a stacked step, an unpinned run says `memory: allocation failed` and
-computes unstacked from that step; a pinned one stops with the allocation error."""
+computes unstacked from that step; a pinned one stops with the allocation error.
+
+Under `:arithmetic exact` the backend's `exact_sums` (backends/exact_sums.py) replaces the
+float sums across calls: gradients arrive as exact accumulators, are combined exactly and
+rounded once before the update, and the loss and metrics average as round(exact sum) / n."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -38,6 +43,7 @@ class Trainer:
         self.backend = backend
         self.feeder = feeder
         self.stacking = stacking or Stacking(program.training)
+        self.sums = _sums_of(backend)
         self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
         self.diagnostics: dict | None = None  # the last step's diag record, on a diagnosed step
         self._diagnosed = None  # the diagnosed microbatch graph, made on the first diagnosed step
@@ -70,10 +76,10 @@ class Trainer:
             else:
                 outputs = self.backend.run(micro, inputs)
             losses.append(outputs["loss"])  # read after the update is queued: no wait between them
-            grads = _sum_in_order(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
+            grads = self.sums.add(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
-        update_inputs.update(grads)
+        update_inputs.update(self.sums.rounded(grads))
         update_inputs.update(state.optimizer)
         update_inputs.update({"step": np.int32(step), "lr": lr})
         update = self.stacking.training.update
@@ -81,7 +87,7 @@ class Trainer:
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
-        loss = _mean_in_order([part for value in losses for part in np.ravel(self.backend.to_host(value))])
+        loss = self.sums.mean([part for value in losses for part in np.ravel(self.backend.to_host(value))])
         self.diagnostics = self._statistics(step, first_outputs, before, state.params) if diagnosed else None
         return {
             "step": step,
@@ -104,7 +110,8 @@ class Trainer:
         else:
             outputs = self.backend.run(micro, inputs)
             diagnosed = self.backend.run(self._diagnosed, self._micro_inputs(state, step, 0))
-        host = {name: self.backend.to_host(value) for name, value in diagnosed.items()
+        grads = self.sums.rounded({name: value for name, value in diagnosed.items() if name.startswith("grad/")})
+        host = {name: self.backend.to_host(value) for name, value in {**diagnosed, **grads}.items()
                 if name.startswith(("grad/", ACTIVATION))}
         return {name: value for name, value in outputs.items() if not name.startswith(ACTIVATION)}, host
 
@@ -131,7 +138,7 @@ class Trainer:
         record = {"step": state.step}
         for key in sorted(totals):
             metric = key[len("metric/"):] if key.startswith("metric/") else key
-            record[prefix + metric] = float(_mean_in_order(totals[key]))
+            record[prefix + metric] = float(self.sums.mean(totals[key]))
         return record
 
     def _stacked_inputs(self, state: TrainingState, step: int, first: int, degree: int) -> dict:
@@ -179,3 +186,20 @@ def _mean_in_order(values: list) -> np.float32:
     for value in values:
         total = np.float32(total + np.float32(value))
     return np.float32(total / np.float32(len(values)))
+
+
+@dataclass(frozen=True)
+class Sums:
+    """How a step adds what its calls return: gradients, then the loss and metrics."""
+
+    add: Callable  # (total or None, the call's grad/ outputs) -> total
+    rounded: Callable  # total -> the gradients the update graph reads
+    mean: Callable  # [rounded values] -> np.float32
+
+
+FLOAT_SUMS = Sums(_sum_in_order, lambda total: total, _mean_in_order)
+
+
+def _sums_of(backend) -> Sums:
+    exact = getattr(backend, "exact_sums", None)
+    return FLOAT_SUMS if exact is None else Sums(exact.add, exact.rounded, exact.mean)

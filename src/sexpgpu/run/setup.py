@@ -43,7 +43,7 @@ class BuiltRun:
 
 def build_run(experiment, device: str, read_loads: bool = True) -> BuiltRun:
     run = experiment.run
-    backend, facts = select_backend(device)
+    backend, facts = select_backend(device, run.arithmetic)
     feeder = Feeder(run, backend)
     program = compile_program(experiment, feeder.field_specs())
     feeder.attach(program)

@@ -44,7 +44,7 @@ import numpy as np
 from sexpgpu.backends.cpu import folds
 
 
-def _offsets(kernel) -> list:
+def offsets(kernel) -> list:
     """Every (a, b) of a window, in C order."""
     return [(a, b) for a in range(kernel[0]) for b in range(kernel[1])]
 
@@ -52,33 +52,33 @@ def _offsets(kernel) -> list:
 def _offsets_by_window(kernel) -> list:
     """(index in C order, (a, b)) of every offset, in the order that visits the windows
     reaching one element in C order: offsets in reverse C order."""
-    return list(reversed(list(enumerate(_offsets(kernel)))))
+    return list(reversed(list(enumerate(offsets(kernel)))))
 
 
-def _at_offset(image: np.ndarray, offset, stride, counts) -> np.ndarray:
+def at_offset(image: np.ndarray, offset, stride, counts) -> np.ndarray:
     """The view of `image` (N, C, H, W) holding offset (a, b) of every window: (N, C, OH, OW)."""
     (a, b), (sh, sw), (rows, cols) = offset, stride, counts
     return image[:, :, a : a + sh * rows : sh, b : b + sw * cols : sw]
 
 
-def _padded(x: np.ndarray, padding) -> np.ndarray:
+def padded(x: np.ndarray, padding) -> np.ndarray:
     rows, cols = padding
     if rows == 0 and cols == 0:
         return x
     return np.pad(x, ((0, 0), (0, 0), (rows, rows), (cols, cols)))
 
 
-def _columns(xp: np.ndarray, kernel, stride, counts) -> np.ndarray:
+def window_columns(xp: np.ndarray, kernel, stride, counts) -> np.ndarray:
     """The windows of xp as columns: (C*KH*KW, N*OH*OW), rows in (c, a, b) C order and
     columns in (n, y, x) C order."""
     batch, channels = xp.shape[:2]
     columns = np.empty((channels,) + tuple(kernel) + (batch,) + tuple(counts), xp.dtype)
-    for a, b in _offsets(kernel):
-        columns[:, a, b] = _at_offset(xp, (a, b), stride, counts).transpose(1, 0, 2, 3)
+    for a, b in offsets(kernel):
+        columns[:, a, b] = at_offset(xp, (a, b), stride, counts).transpose(1, 0, 2, 3)
     return columns.reshape(channels * kernel[0] * kernel[1], -1)
 
 
-def _rows_by_channel(g: np.ndarray) -> np.ndarray:
+def rows_by_channel(g: np.ndarray) -> np.ndarray:
     """g (N, O, OH, OW) as (O, N*OH*OW), columns in (n, y, x) C order."""
     return np.ascontiguousarray(g.transpose(1, 0, 2, 3)).reshape(g.shape[1], -1)
 
@@ -87,8 +87,8 @@ def _conv2d(node, args, m):
     x, w = args
     stride, padding = node.attrs["stride"], node.attrs["padding"]
     batch, out_channels, rows, cols = node.shape
-    columns = _columns(_padded(x, padding), w.shape[2:], stride, (rows, cols))
-    product = folds.matmul(w.reshape(out_channels, -1), columns)  # (O, N*OH*OW)
+    laid = window_columns(padded(x, padding), w.shape[2:], stride, (rows, cols))
+    product = folds.matmul(w.reshape(out_channels, -1), laid)  # (O, N*OH*OW)
     return np.ascontiguousarray(product.reshape(out_channels, batch, rows, cols).transpose(1, 0, 2, 3))
 
 
@@ -96,8 +96,8 @@ def _conv2d_weight_grad(node, args, m):
     x, g = args
     stride, padding = node.attrs["stride"], node.attrs["padding"]
     kernel = node.shape[2:]
-    columns = _columns(_padded(x, padding), kernel, stride, g.shape[2:])
-    return folds.matmul(_rows_by_channel(g), columns.T).reshape(node.shape)
+    laid = window_columns(padded(x, padding), kernel, stride, g.shape[2:])
+    return folds.matmul(rows_by_channel(g), laid.T).reshape(node.shape)
 
 
 def _conv2d_input_grad(node, args, m):
@@ -105,20 +105,20 @@ def _conv2d_input_grad(node, args, m):
     stride, (pad_rows, pad_cols) = node.attrs["stride"], node.attrs["padding"]
     batch, channels, height, width = node.shape
     kernel, counts = w.shape[2:], g.shape[2:]
-    partial = folds.matmul(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), _rows_by_channel(g))
+    partial = folds.matmul(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), rows_by_channel(g))
     partial = partial.reshape((channels, kernel[0] * kernel[1], batch) + tuple(counts))
     padded_shape = (batch, channels, height + 2 * pad_rows, width + 2 * pad_cols)
     dxp = _spread(lambda index: partial[:, index].transpose(1, 0, 2, 3), padded_shape, kernel, stride, counts, g.dtype)
     return np.ascontiguousarray(dxp[:, :, pad_rows : pad_rows + height, pad_cols : pad_cols + width])
 
 
-def _first_maxima(x: np.ndarray, kernel, stride, counts) -> np.ndarray:
+def first_maxima(x: np.ndarray, kernel, stride, counts) -> np.ndarray:
     """For every window, the index in C order of its first maximum (or first NaN)."""
-    offsets = _offsets(kernel)
-    best = _at_offset(x, offsets[0], stride, counts).copy()
+    window = offsets(kernel)
+    best = at_offset(x, window[0], stride, counts).copy()
     where = np.zeros(best.shape, np.int32)
-    for index, offset in enumerate(offsets[1:], start=1):
-        value = _at_offset(x, offset, stride, counts)
+    for index, offset in enumerate(window[1:], start=1):
+        value = at_offset(x, offset, stride, counts)
         better = (value > best) | (np.isnan(value) & ~np.isnan(best))
         np.copyto(best, value, where=better)
         where[better] = index
@@ -128,18 +128,18 @@ def _first_maxima(x: np.ndarray, kernel, stride, counts) -> np.ndarray:
 def _max_pool2d(node, args, m):
     (x,) = args
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
-    views = [_at_offset(x, offset, stride, node.shape[2:]) for offset in _offsets(kernel)]
+    views = [at_offset(x, offset, stride, node.shape[2:]) for offset in offsets(kernel)]
     return folds.reduce_max(np.stack(views), (0,))
 
 
 def _avg_pool2d(node, args, m):
     (x,) = args
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
-    offsets = _offsets(kernel)
-    total = _at_offset(x, offsets[0], stride, node.shape[2:]).copy()
-    for offset in offsets[1:]:
-        np.add(total, _at_offset(x, offset, stride, node.shape[2:]), out=total)
-    return total / x.dtype.type(len(offsets))
+    window = offsets(kernel)
+    total = at_offset(x, window[0], stride, node.shape[2:]).copy()
+    for offset in window[1:]:
+        np.add(total, at_offset(x, offset, stride, node.shape[2:]), out=total)
+    return total / x.dtype.type(len(window))
 
 
 def _spread(values_at, shape, kernel, stride, counts, dtype) -> np.ndarray:
@@ -147,7 +147,7 @@ def _spread(values_at, shape, kernel, stride, counts, dtype) -> np.ndarray:
     element's windows in C order."""
     dx = np.zeros(shape, dtype)
     for index, offset in _offsets_by_window(kernel):
-        target = _at_offset(dx, offset, stride, counts)
+        target = at_offset(dx, offset, stride, counts)
         np.add(target, values_at(index), out=target)
     return dx
 
@@ -155,7 +155,7 @@ def _spread(values_at, shape, kernel, stride, counts, dtype) -> np.ndarray:
 def _max_pool2d_grad(node, args, m):
     x, g = args
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
-    first = _first_maxima(x, kernel, stride, g.shape[2:])
+    first = first_maxima(x, kernel, stride, g.shape[2:])
     zero = g.dtype.type(0)
     return _spread(lambda index: np.where(first == index, g, zero), x.shape, kernel, stride, g.shape[2:], g.dtype)
 
@@ -164,10 +164,10 @@ def _max_pool2d_pick(node, args, m):
     x, h = args
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
     counts = node.shape[2:]
-    first = _first_maxima(x, kernel, stride, counts)
+    first = first_maxima(x, kernel, stride, counts)
     picked = np.zeros(node.shape, h.dtype)
-    for index, offset in enumerate(_offsets(kernel)):
-        np.copyto(picked, _at_offset(h, offset, stride, counts), where=first == index)
+    for index, offset in enumerate(offsets(kernel)):
+        np.copyto(picked, at_offset(h, offset, stride, counts), where=first == index)
     return picked
 
 

@@ -18,6 +18,12 @@ shape; f32 and bf16 inputs must be float32 arrays (or Python floats for scalars,
 nearest float32), bf16 inputs must already hold bfloat16 values, i32 inputs integers that
 fit in int32, bool inputs booleans. Nothing is cast silently.
 
+Exact arithmetic: `Interpreter(arithmetic="exact")` computes every sum exactly and rounds
+it once (exact_kernels.py, with sexpgpu.exact, which needs PyTorch); a float32 attention op
+is written out as its composition first (graph/attention_parts.py), and the nodes of a
+parameter's gradient region (graph/exact_region.py) give `Accumulator`s, which the run loop
+combines with `exact_sums` (backends/exact_sums.py) and rounds once a step.
+
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
 last reader, so memory follows the graph's liveness (plan/memory.py measures it). Beyond
 that, each thread keeps scratch buffers for products (folds.py, a few MB) and each
@@ -32,33 +38,43 @@ from sexpgpu.backends.contract import check_input_names, check_input_shape, host
 from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
 from sexpgpu.backends.cpu.fingerprint import fingerprint
 from sexpgpu.backends.cpu.op_kernels import compile_kernel
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.attention_parts import composed_attention
+from sexpgpu.graph.exact_region import gradient_region
+
+ARITHMETICS = ("float", "exact")
 
 
 class Interpreter:
     name = "cpu"
 
-    def __init__(self, precision: str = "f32"):
-        """precision "f32" for runs; "f64" is a test oracle (see arith.py), never for runs."""
+    def __init__(self, precision: str = "f32", arithmetic: str = "float"):
+        """precision "f32" for runs; "f64" is a test oracle (see arith.py), never for runs.
+        arithmetic "float" folds in documented orders; "exact" sums exactly (needs PyTorch)."""
         arithmetics = {"f32": PortableF32, "f64": ReferenceF64}
         if precision not in arithmetics:
             raise ValueError(f"precision must be 'f32' or 'f64', not {precision!r}")
+        if arithmetic not in ARITHMETICS or (arithmetic == "exact" and precision != "f32"):
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS} (exact with precision f32), not {arithmetic!r}")
         self.math = arithmetics[precision]()
+        self.arithmetic = arithmetic
+        self.exact_sums = _exact_sums() if arithmetic == "exact" else None
         self._prepared: dict = {}
         # dtypes an input array may have to be taken as it is (bf16 inputs are always checked)
         float_dtype = np.dtype(self.math.float_dtype)
         self._ready_dtypes = {"f32": float_dtype, "i32": np.dtype(np.int32), "bool": np.dtype(np.bool_)}
 
     def run(self, graph, inputs: dict) -> dict:
-        steps, positions = self._prepare(graph)
+        steps, positions, graph = self._prepare(graph)
         check_input_names(graph, inputs)
         values = [None] * len(graph.nodes)
         for name, node in graph.inputs.items():
             values[positions[node]] = self._accept(name, node, inputs[name])
         ndarray = np.ndarray
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are values here, not warnings
-            for index, kernel, sources, dead, rounds in steps:
+            for index, kernel, sources, dead, rounds, digits in steps:
                 value = kernel([values[source] for source in sources])
-                if type(value) is not ndarray:
+                if type(value) is not ndarray and not digits:
                     value = np.asarray(value)
                 if rounds:
                     value = round_bf16(value)
@@ -89,9 +105,16 @@ class Interpreter:
         return np.asarray(array)
 
     def _prepare(self, graph):
+        """(steps, positions, the graph they run): the graph itself, or under exact arithmetic
+        the graph with its float32 attention written out."""
         cached = self._prepared.get(graph)
         if cached is not None:
             return cached
+        given = graph
+        region = {}
+        if self.arithmetic == "exact":
+            graph = composed_attention(graph)
+            region = gradient_region(graph)
         positions = graph.positions()
         last_reader = {}
         for index, node in enumerate(graph.nodes):
@@ -107,10 +130,18 @@ class Interpreter:
             if node.op == "input":
                 continue
             sources = tuple(positions[source] for source in node.inputs)
-            rounds = self.math.rounds_bf16 and node.dtype == "bf16"
-            steps.append((index, compile_kernel(node, self.math), sources, tuple(dying.get(index, ())), rounds))
-        self._prepared[graph] = (steps, positions)
-        return steps, positions
+            rounds = self.math.rounds_bf16 and node.dtype == "bf16" and node not in region
+            steps.append((index, self._kernel(node, region), sources, tuple(dying.get(index, ())), rounds,
+                          node in region))
+        self._prepared[given] = (steps, positions, graph)
+        return steps, positions, graph
+
+    def _kernel(self, node, region: dict):
+        if self.arithmetic == "float":
+            return compile_kernel(node, self.math)
+        from sexpgpu.backends.cpu.exact_kernels import exact_kernel  # torch: only exact runs need it
+
+        return exact_kernel(node, self.math, region.get(node))
 
     def _accept(self, name: str, node, value) -> np.ndarray:
         if (type(value) is np.ndarray and value.dtype == self._ready_dtypes.get(node.dtype)
@@ -134,8 +165,21 @@ class Interpreter:
         result, given = {}, set()
         for name, node in graph.outputs.items():
             value = values[positions[node]]
+            if type(value) is not np.ndarray:  # an exact gradient's digits: made for this run, never shared
+                result[name] = value
+                continue
             if node.op == "input" or not value.flags.owndata or not value.flags.writeable or id(value) in given:
                 value = value.copy()
             given.add(id(value))
             result[name] = value
         return result
+
+
+def _exact_sums():
+    """The run loop's sums across calls for an exact interpreter; E-EXACT-001 without torch."""
+    try:
+        from sexpgpu.backends.exact_sums import ExactSums  # torch is optional: loaded for exact runs only
+    except ImportError as missing:
+        raise SexpgpuError("E-EXACT-001", f":arithmetic exact needs PyTorch, which cannot be imported here ({missing}).",
+                           hint="Install it (pip install 'sexpgpu[torch]') or run with :arithmetic float.") from None
+    return ExactSums(lambda tensor: tensor.numpy())

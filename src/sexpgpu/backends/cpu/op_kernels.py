@@ -161,7 +161,7 @@ def _layernorm(node, args, m):
 
 def _cross_entropy(node, args, m):
     logits, labels = args
-    _check_ids(labels, logits.shape[-1], "cross-entropy label", node)
+    check_ids(labels, logits.shape[-1], "cross-entropy label", node)
     picked = np.take_along_axis(_log_softmax_over(logits, logits.ndim - 1, m), labels[..., None].astype(np.intp), -1)
     return -picked[..., 0]
 
@@ -231,7 +231,7 @@ def _attention_grad_kv(node, args, m):
 # --- index ------------------------------------------------------------------------------------------
 
 
-def _check_ids(ids, bound: int, what: str, node) -> None:
+def check_ids(ids, bound: int, what: str, node) -> None:
     if ids.size and (ids.min() < 0 or ids.max() >= bound):
         bad = int(ids[(ids < 0) | (ids >= bound)].flat[0])
         raise SexpgpuError("E-INDEX-001", f"{what} {bad} is outside 0..{bound - 1}.", node.loc)
@@ -239,7 +239,7 @@ def _check_ids(ids, bound: int, what: str, node) -> None:
 
 def _gather(node, args, m):
     table, ids = args
-    _check_ids(ids, table.shape[0], "embedding id", node)
+    check_ids(ids, table.shape[0], "embedding id", node)
     return table[ids.astype(np.intp)]
 
 
@@ -247,7 +247,7 @@ def _scatter_add(node, args, m):
     # each result row is the fold, from +0, of the value rows whose id names it, in C order of ids
     ids, values = args
     rows = node.attrs["rows"]
-    _check_ids(ids, rows, "embedding id", node)
+    check_ids(ids, rows, "embedding id", node)
     row_shape = values.shape[ids.ndim :]
     out = np.zeros((rows,) + row_shape, values.dtype)
     np.add.at(out, ids.reshape(-1).astype(np.intp), values.reshape((-1,) + row_shape))

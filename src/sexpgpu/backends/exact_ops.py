@@ -1,0 +1,175 @@
+"""Exact sums on torch tensors of any device: what a backend computes under `:arithmetic exact`.
+
+Each function forms its sums with sexpgpu.exact and returns them unrounded, as an
+`Accumulator` shaped like the op's result; `rounded` rounds one once into a dtype. The CPU
+interpreter calls these on CPU tensors (backends/cpu/exact_kernels.py); a device backend
+calls the same functions on its own tensors, so the digits, and every bit rounded from
+them, are the same on both. The layout follows the op table (graph/ops.py): images NCHW,
+weights (O, C, KH, KW), stride and padding as (rows, columns).
+
+Padding is never multiplied: a window's padded positions are zeros of the laid-out
+operand, and a product with a zero adds nothing unless the other factor is infinite or NaN,
+which the exact library counts as a NaN product (as IEEE arithmetic would).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sexpgpu.exact import Accumulator, det_combine, det_finalize, det_gemm, det_gemm_partial, det_sum_partial
+from sexpgpu.exact.layout import WIDTH
+
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def shaped(acc: Accumulator, shape) -> Accumulator:
+    return Accumulator(acc.digits.reshape(WIDTH, *shape))
+
+
+def rounded(acc: Accumulator, shape, dtype: str) -> torch.Tensor:
+    """Each exact sum rounded once, to nearest even, into `dtype` ("f32" or "bf16")."""
+    return det_finalize(shaped(acc, shape), TORCH_DTYPES[dtype])
+
+
+def summed(x: torch.Tensor, axes) -> Accumulator:
+    """The exact sum of x over `axes`, shaped like x without them."""
+    rest = [axis for axis in range(x.dim()) if axis not in axes]
+    moved = x.permute(*rest, *axes)
+    return det_sum_partial(moved.reshape(*[x.shape[axis] for axis in rest], -1), -1)
+
+
+def product(a: torch.Tensor, b: torch.Tensor, shape) -> Accumulator:
+    """The exact (..., M, K) x (..., K, N), leading dims broadcast to `shape`'s."""
+    if b.dim() == 2:  # one matrix for the whole batch: the batch rows are more rows
+        return shaped(det_gemm_partial(a.reshape(-1, a.shape[-1]), b.T.contiguous()), shape)
+    batch = tuple(shape[:-2])
+    left = a.broadcast_to(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    right = b.broadcast_to(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    parts = [det_gemm_partial(x, w.T.contiguous()).digits for x, w in zip(left, right)]
+    return shaped(Accumulator(torch.stack(parts, 1)), shape)
+
+
+def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str) -> torch.Tensor:
+    """product(a, b, shape) rounded once; a float32 product by one matrix takes det_gemm's
+    fast path, which rounds from the top slices to the same bits."""
+    if dtype == "f32" and b.dim() == 2:
+        return det_gemm(a.reshape(-1, a.shape[-1]), b.T.contiguous()).reshape(shape)
+    return rounded(product(a, b, shape), shape, dtype)
+
+
+def scattered(ids: torch.Tensor, values: torch.Tensor, rows: int, shape) -> Accumulator:
+    """Row r is the exact sum of the value rows whose id is r: the rows of each id laid side
+    by side, padded with zeros (which add nothing), and summed in one call."""
+    flat = ids.reshape(-1).to(torch.int64)
+    width = math.prod(values.shape[ids.dim():])
+    digits = torch.zeros((WIDTH, rows, width), dtype=torch.int64, device=values.device)
+    if flat.numel():
+        order = torch.argsort(flat, stable=True)
+        named, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        slots = torch.repeat_interleave(torch.arange(named.numel(), device=flat.device), counts)
+        ranks = torch.arange(flat.numel(), device=flat.device) - torch.repeat_interleave(starts, counts)
+        laid = torch.zeros((named.numel(), int(counts.max()), width), dtype=values.dtype, device=values.device)
+        laid[slots, ranks] = values.reshape(-1, width)[order]
+        digits[:, named] = det_sum_partial(laid, 1).digits
+    return shaped(Accumulator(digits), shape)
+
+
+# --- windows ----------------------------------------------------------------------------------
+
+
+def offsets(kernel) -> list:
+    """Every (a, b) of a window, in C order."""
+    return [(a, b) for a in range(kernel[0]) for b in range(kernel[1])]
+
+
+def at_offset(image, offset, stride, counts):
+    """The view of `image` (N, C, H, W, ...) holding offset (a, b) of every window: (N, C, OH, OW, ...)."""
+    (a, b), (sh, sw), (rows, cols) = offset, stride, counts
+    return image[:, :, a : a + sh * rows : sh, b : b + sw * cols : sw]
+
+
+def _padded(x: torch.Tensor, padding) -> torch.Tensor:
+    rows, cols = padding
+    return torch.nn.functional.pad(x, (cols, cols, rows, rows)) if rows or cols else x
+
+
+def _window_columns(x: torch.Tensor, kernel, stride, padding, counts) -> torch.Tensor:
+    """The windows of the padded x as rows: (N*OH*OW, C*KH*KW), in (n, y, x) and (c, a, b) C order."""
+    xp = _padded(x, padding)
+    views = [at_offset(xp, offset, stride, counts) for offset in offsets(kernel)]  # each (N, C, OH, OW)
+    laid = torch.stack(views, -1)  # (N, C, OH, OW, KH*KW)
+    return laid.permute(0, 2, 3, 1, 4).reshape(-1, x.shape[1] * len(views))
+
+
+def _by_channel(g: torch.Tensor) -> torch.Tensor:
+    """g (N, O, OH, OW) as (N*OH*OW, O)."""
+    return g.permute(0, 2, 3, 1).reshape(-1, g.shape[1])
+
+
+def conv2d(x: torch.Tensor, w: torch.Tensor, stride, padding, shape) -> Accumulator:
+    """out[n, o, y, x]: the exact sum over (c, a, b) of the padded window times w[o]."""
+    batch, out_channels, rows, cols = shape
+    laid = _window_columns(x, w.shape[2:], stride, padding, (rows, cols))
+    flat = det_gemm_partial(laid, w.reshape(out_channels, -1))  # (N*OH*OW, O)
+    return Accumulator(flat.digits.reshape(WIDTH, batch, rows, cols, out_channels).permute(0, 1, 4, 2, 3).contiguous())
+
+
+def conv2d_weight_grad(x: torch.Tensor, g: torch.Tensor, stride, padding, shape) -> Accumulator:
+    """dw[o, c, a, b]: the exact sum over (n, y, x) of g[n, o, y, x] times the padded window."""
+    laid = _window_columns(x, shape[2:], stride, padding, g.shape[2:])
+    return shaped(det_gemm_partial(_by_channel(g).T.contiguous(), laid.T.contiguous()), shape)
+
+
+def spread(parts: list, shape, kernel, stride, counts) -> Accumulator:
+    """At every element of an image of `shape`, the exact sum of the accumulators parts[i]
+    (N, C, OH, OW) placed at window offset i: one accumulator per offset, combined."""
+    placed = []
+    for index, offset in enumerate(offsets(kernel)):
+        digits = torch.zeros((WIDTH, *shape), dtype=torch.int64, device=parts[index].device)
+        at_offset(digits.permute(1, 2, 3, 4, 0), offset, stride, counts).copy_(parts[index].digits.permute(1, 2, 3, 4, 0))
+        placed.append(Accumulator(digits))
+    return det_combine(placed)
+
+
+def conv2d_input_grad(g: torch.Tensor, w: torch.Tensor, stride, padding, shape) -> Accumulator:
+    """dx[n, c, i, j]: the exact sum, over the windows reaching (i, j) and the channels o, of
+    g[n, o, y, x] * w[o, c, a, b]; what falls on padding is dropped."""
+    batch, channels, height, width = shape
+    (pad_rows, pad_cols), counts = padding, tuple(g.shape[2:])
+    rows = _by_channel(g)  # (N*OH*OW, O)
+    parts = []
+    for a, b in offsets(w.shape[2:]):
+        acc = det_gemm_partial(w[:, :, a, b].T.contiguous(), rows)  # (C, N*OH*OW)
+        parts.append(Accumulator(acc.digits.reshape(WIDTH, channels, batch, *counts).transpose(1, 2)))
+    padded_shape = (batch, channels, height + 2 * pad_rows, width + 2 * pad_cols)
+    total = spread(parts, padded_shape, w.shape[2:], stride, counts).digits
+    return Accumulator(total[:, :, :, pad_rows : pad_rows + height, pad_cols : pad_cols + width].contiguous())
+
+
+def window_sums(x: torch.Tensor, kernel, stride, counts) -> Accumulator:
+    """The exact sum of each (KH, KW) window of x, (N, C, OH, OW)."""
+    return det_sum_partial(torch.stack([at_offset(x, offset, stride, counts) for offset in offsets(kernel)], -1), -1)
+
+
+def spread_values(values_at, shape, kernel, stride, counts) -> Accumulator:
+    """Each element's exact sum of values_at(i) (N, C, OH, OW) over the windows reaching it."""
+    parts = [det_sum_partial(values_at(index)[..., None], -1) for index in range(len(offsets(kernel)))]
+    return spread(parts, shape, kernel, stride, counts)
+
+
+# --- the gradient region: accumulators in, accumulators out ----------------------------------
+
+
+def added(accumulators: list, shape) -> Accumulator:
+    return det_combine([Accumulator(acc.digits.broadcast_to(WIDTH, *shape).contiguous()) for acc in accumulators])
+
+
+def transposed(acc: Accumulator, perm) -> Accumulator:
+    return Accumulator(acc.digits.permute(0, *[axis + 1 for axis in perm]).contiguous())
+
+
+def constant(value: float, shape, device) -> Accumulator:
+    return det_sum_partial(torch.full((*shape, 1), value, dtype=torch.float32, device=device), -1)
