@@ -72,7 +72,7 @@ from .block_slices import (
     int8_tensor_core_products,
 )
 from .bins_kernel import split_floats
-from .float64_stage import Float64Product, float64_product
+from .float64_stage import SLACK, UNIT, Float64Product, float64_product
 from .pair_sums import pair_sums
 from .rounding import FORMATS, apply_special_counts, power_of_two, round_planes
 
@@ -88,14 +88,12 @@ SAMPLE = 4096  # outputs sampled to decide whether checking a tier is worth its 
 PAIR_SHARE = 1 / 8  # at most this share of the outputs left after the float64 product go to pair_sums
 PAIR_MINIMUM = 1 << 12  # ... or at most this many
 PAIR_FALLBACK_LIMIT = 1 << 18  # the exact fallback takes outputs one by one up to this many
-UNIT = 2.0**-52  # twice float64's unit roundoff
-SLACK = 1 + 2.0**-40  # covers the rounding of the bound's own few float64 operations
 
 
 def _tier_products(device: torch.device) -> SliceProducts:
     """int8 tensor cores where the GPU has them, else exact fp64 products of 20-bit slices."""
-    if _forced and _forced[-1] in TIERS_BY_NAME:
-        return TIERS_BY_NAME[_forced[-1]](device)
+    if _forced_path() in TIERS_BY_NAME:
+        return TIERS_BY_NAME[_forced_path()](device)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
         return TIER_INT8
     return TIER_FP64
@@ -107,6 +105,11 @@ TIERS_BY_NAME = {
 }
 FLOAT64_ONLY = "float64"  # the float64 stages alone: every output they leave goes to pair_sums
 _forced: list[str] = []
+
+
+def _forced_path() -> str | None:
+    """The innermost `forced` name in effect, or None."""
+    return _forced[-1] if _forced else None
 
 
 @contextlib.contextmanager
@@ -152,7 +155,7 @@ def rounded_gemm(x: torch.Tensor, w: torch.Tensor, special, dtype: torch.dtype,
         planes = exact_planes(x, w)
         stats.fallback = m * n
         return round_planes(_with_special(planes, special), dtype)
-    if _forced and _forced[-1] in TIERS_BY_NAME:
+    if _forced_path() in TIERS_BY_NAME:
         result, pending_rows, pending_cols = _tiers(x, w, dtype, _tier_products(x.device), stats)
     else:
         result, pending_rows, pending_cols = _float64_stages(x, w, dtype, stats)
@@ -177,7 +180,7 @@ def _float64_stages(x, w, dtype, stats: Statistics):
     rows, cols = pending.nonzero(as_tuple=True)
     stats.float64_settled = pending.numel() - rows.numel()
     share = max(PAIR_MINIMUM, int(PAIR_SHARE * pending.numel()))
-    if rows.numel() > share and not (_forced and _forced[-1] == FLOAT64_ONLY):
+    if rows.numel() > share and _forced_path() != FLOAT64_ONLY:
         return _tiers_on_block(x, w, dtype, result, pending, stats)
     stats.pairs = rows.numel()
     refined, bound = pair_sums(x, w, rows, cols, first.x_norm, first.w_norm)
