@@ -76,3 +76,10 @@ def test_the_midpoint_margin_is_needed(monkeypatch):
     assert wrong == {"cos", "sin", "log", "log1p"}
     monkeypatch.setattr(ieee, "NEAR_MIDPOINT_ULPS", 1)
     test_functions_return_every_stored_answer()
+
+
+def test_each_recorded_attempt_is_the_first_collision_free_one():
+    """tables.FIRST_FREE_ATTEMPT spares every process the search: the table it builds is the
+    one the search from attempt 1 finds, and a function with new hard cases is searched anew."""
+    for name, cases in hardcases.HARD_CASES.items():
+        assert tables._slots(cases) == tables._slots(cases, tables.FIRST_FREE_ATTEMPT[name]), name

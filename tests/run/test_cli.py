@@ -95,17 +95,17 @@ def test_tiny_adam_repeats_its_bits_and_its_loss_falls(tmp_path):
 
 @pytest.mark.slow
 def test_char_lm_loss_falls(tmp_path):
-    # The example for 60 of its 200 steps, a third of the time: the mean loss of the last 20
-    # steps is then 1.69 below the first 20's. The CPU interpreter's bits, and so these losses,
+    # The example for 30 of its 200 steps: the mean loss of the last 10 steps is then 2.06
+    # below the first 10's (5.24 to 3.18). The CPU interpreter's bits, and so these losses,
     # are the same on every machine (determinism level 2), so the margin is not luck.
     file = tmp_path / "char-lm.sexp"
-    file.write_text((EXAMPLES / "char-lm.sexp").read_text().replace(":steps 200", ":steps 60"))
+    file.write_text((EXAMPLES / "char-lm.sexp").read_text().replace(":steps 200", ":steps 30"))
     result = sexpgpu("run", str(file), "--device", "cpu", "--run-dir", str(tmp_path / "lm"))
     assert result.returncode == 0, result.stderr
     losses = step_losses(tmp_path / "lm")
-    assert len(losses) == 60
+    assert len(losses) == 30
     assert losses[0] > 5.0  # about ln 256 at the start
-    assert sum(losses[-20:]) / 20 < sum(losses[:20]) / 20 - 1.5
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 1.5
 
 
 def test_generator_example_trains(tmp_path):

@@ -20,13 +20,20 @@ TWO_OVER_PI_BITS = (0x00000000, 0xA2F9836E, 0x4E441529, 0xFC2757D1, 0xF534DDC0, 
 EMPTY = 0xFFFFFFFF
 EVEN = ("cos",)
 ODD = ("erf", "sin", "tanh")
+# The first attempt of _slots whose multiplier is collision-free for each function's cases.
+# The search from attempt 1 takes about a second in Python (log1p's is attempt 72,681), and
+# every process that imports the numerics paid it; starting at the recorded attempt builds
+# the same table at once. test_tables.py checks that each is still the first.
+FIRST_FREE_ATTEMPT = {"cos": 27, "erf": 2, "exp": 12, "expm1": 14, "log": 9812, "log1p": 72681, "rsqrt": 1,
+                      "sigmoid": 2, "sin": 4050, "tanh": 1}
 
 
-def _slots(cases):
-    """(multiplier, shift, slot words) of a collision-free hash table for `cases`."""
+def _slots(cases, first_attempt: int = 1):
+    """(multiplier, shift, slot words) of a collision-free hash table for `cases`: the first
+    such multiplier from `first_attempt` on."""
     size_log = max(4, (2 * len(cases) - 1).bit_length())
     shift = 32 - size_log
-    for attempt in range(1, 1 << 20):
+    for attempt in range(first_attempt, 1 << 20):
         multiplier = (0x9E3779B1 * (2 * attempt + 1)) & 0xFFFFFFFF | 0x80000001
         slots = [(EMPTY, 0)] * (1 << size_log)
         for key in sorted(cases):
@@ -44,7 +51,7 @@ def _build():
     specs = {}
     for name in sorted(HARD_CASES):
         assert len(words) % 2 == 0, "K.gather_pair_if reads a slot as one aligned 8-byte word"
-        multiplier, shift, slot_words = _slots(HARD_CASES[name])
+        multiplier, shift, slot_words = _slots(HARD_CASES[name], FIRST_FREE_ATTEMPT.get(name, 1))
         key_mask = 0x7FFFFFFF if name in EVEN + ODD else 0xFFFFFFFF
         sign_mask = 0x80000000 if name in ODD else 0
         specs[name] = (len(words), multiplier, shift, key_mask, sign_mask)
