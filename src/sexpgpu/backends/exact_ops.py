@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from sexpgpu.exact import Accumulator, det_combine, det_finalize, det_gemm, det_gemm_partial, det_sum_partial
+from sexpgpu.exact import Accumulator, det_combine, det_finalize, det_gemm, det_gemm_partial, det_sum, det_sum_partial
 from sexpgpu.exact.layout import WIDTH
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -33,11 +33,21 @@ def rounded(acc: Accumulator, shape, dtype: str) -> torch.Tensor:
     return det_finalize(shaped(acc, shape), TORCH_DTYPES[dtype])
 
 
+def _summed_last(x: torch.Tensor, axes) -> torch.Tensor:
+    """x with `axes` moved last and flattened into one: the terms of each sum along -1."""
+    rest = [axis for axis in range(x.dim()) if axis not in axes]
+    return x.permute(*rest, *axes).reshape(*[x.shape[axis] for axis in rest], -1)
+
+
 def summed(x: torch.Tensor, axes) -> Accumulator:
     """The exact sum of x over `axes`, shaped like x without them."""
-    rest = [axis for axis in range(x.dim()) if axis not in axes]
-    moved = x.permute(*rest, *axes)
-    return det_sum_partial(moved.reshape(*[x.shape[axis] for axis in rest], -1), -1)
+    return det_sum_partial(_summed_last(x, axes), -1)
+
+
+def rounded_sum(x: torch.Tensor, axes, shape, dtype: str) -> torch.Tensor:
+    """summed(x, axes) rounded once into `dtype` and shaped `shape`, by det_sum's fast path,
+    which rounds from the top slices to the same bits."""
+    return det_sum(_summed_last(x, axes), -1, dtype=TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def product(a: torch.Tensor, b: torch.Tensor, shape) -> Accumulator:
@@ -158,6 +168,58 @@ def spread_values(values_at, shape, kernel, stride, counts) -> Accumulator:
     """Each element's exact sum of values_at(i) (N, C, OH, OW) over the windows reaching it."""
     parts = [det_sum_partial(values_at(index)[..., None], -1) for index in range(len(offsets(kernel)))]
     return spread(parts, shape, kernel, stride, counts)
+
+
+# --- maxima: exact in any order, with the interpreter's zeros and NaNs --------------------------
+
+
+def maxima(x: torch.Tensor, axes, keep: bool = False) -> torch.Tensor:
+    """The largest element over `axes`, as the interpreter takes it (cpu/folds.reduce_max):
+    NaN where any element is NaN, and +0 where the largest is a zero and some zero is +0."""
+    axes = tuple(axes)
+    if not axes:
+        return x.clone()
+    result = torch.amax(x, dim=axes, keepdim=keep)
+    positive_zero = ((x == 0) & ~torch.signbit(x)).to(torch.uint8).amax(dim=axes, keepdim=keep).bool()
+    zeros = torch.where(positive_zero, 0.0, -0.0).to(x.dtype)
+    return torch.where(result == 0, zeros, result)
+
+
+def window_maxima(x: torch.Tensor, kernel, stride, counts) -> torch.Tensor:
+    """The largest element of each (KH, KW) window of x, (N, C, OH, OW): max_pool2d."""
+    return maxima(torch.stack([at_offset(x, offset, stride, counts) for offset in offsets(kernel)]), (0,))
+
+
+def first_maxima(x: torch.Tensor, kernel, stride, counts) -> torch.Tensor:
+    """For every window, the index in C order of its first maximum (or first NaN), as the
+    interpreter finds it (cpu/conv.first_maxima)."""
+    window = offsets(kernel)
+    best = at_offset(x, window[0], stride, counts)
+    where = torch.zeros(best.shape, dtype=torch.int64, device=x.device)
+    for index, offset in enumerate(window[1:], start=1):
+        value = at_offset(x, offset, stride, counts)
+        better = (value > best) | (torch.isnan(value) & ~torch.isnan(best))
+        best = torch.where(better, value, best)
+        where = torch.where(better, index, where)
+    return where
+
+
+def max_pool2d_grad(x: torch.Tensor, g: torch.Tensor, kernel, stride, shape) -> Accumulator:
+    """Each element's exact sum of the cotangents g (N, C, OH, OW) of the windows whose first
+    maximum it is."""
+    counts = tuple(g.shape[2:])
+    first = first_maxima(x, kernel, stride, counts)
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    return spread_values(lambda index: torch.where(first == index, g, zero), shape, kernel, stride, counts)
+
+
+def max_pool2d_pick(x: torch.Tensor, h: torch.Tensor, kernel, stride, counts) -> torch.Tensor:
+    """h (N, C, H, W) read at each window's first maximum of x: (N, C, OH, OW)."""
+    first = first_maxima(x, kernel, stride, counts)
+    picked = torch.zeros(first.shape, dtype=h.dtype, device=h.device)
+    for index, offset in enumerate(offsets(kernel)):
+        picked = torch.where(first == index, at_offset(h, offset, stride, counts), picked)
+    return picked
 
 
 # --- the gradient region: accumulators in, accumulators out ----------------------------------
