@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from sexpgpu.exact import Accumulator, det_combine, det_finalize, det_gemm, det_gemm_partial, det_sum, det_sum_partial
+from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial, det_sum,
+                           det_sum_partial)
 from sexpgpu.exact.layout import WIDTH
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -50,23 +51,34 @@ def rounded_sum(x: torch.Tensor, axes, shape, dtype: str) -> torch.Tensor:
     return det_sum(_summed_last(x, axes), -1, dtype=TORCH_DTYPES[dtype]).reshape(shape)
 
 
+def _matrices(a: torch.Tensor, b: torch.Tensor, shape) -> tuple:
+    """(x (B, M, K), w (B, N, K)): the product's matrices, the batch axes broadcast to
+    `shape`'s and flattened, each right matrix transposed (x[i] @ w[i].T is output i)."""
+    batch = tuple(shape[:-2])
+    left = a.broadcast_to(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    right = b.broadcast_to(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    return left, right.transpose(1, 2)
+
+
 def product(a: torch.Tensor, b: torch.Tensor, shape) -> Accumulator:
     """The exact (..., M, K) x (..., K, N), leading dims broadcast to `shape`'s."""
     if b.dim() == 2:  # one matrix for the whole batch: the batch rows are more rows
         return shaped(det_gemm_partial(a.reshape(-1, a.shape[-1]), b.T.contiguous()), shape)
-    batch = tuple(shape[:-2])
-    left = a.broadcast_to(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
-    right = b.broadcast_to(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
-    parts = [det_gemm_partial(x, w.T.contiguous()).digits for x, w in zip(left, right)]
+    parts = [det_gemm_partial(x, w.contiguous()).digits for x, w in zip(*_matrices(a, b, shape))]
     return shaped(Accumulator(torch.stack(parts, 1)), shape)
 
 
 def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str) -> torch.Tensor:
-    """product(a, b, shape) rounded once; a float32 product by one matrix takes det_gemm's
-    fast path, which rounds from the top slices to the same bits."""
+    """product(a, b, shape) rounded once, by the fast paths, which round from bounds or the top
+    slices to the same bits: det_gemm for a float32 product by one matrix, det_gemm_batched
+    (all the matrices at once) for any other."""
     if dtype == "f32" and b.dim() == 2:
         return det_gemm(a.reshape(-1, a.shape[-1]), b.T.contiguous()).reshape(shape)
-    return rounded(product(a, b, shape), shape, dtype)
+    if b.dim() == 2:
+        left, right = a.reshape(1, -1, a.shape[-1]), b.T[None]
+    else:
+        left, right = _matrices(a, b, shape)
+    return det_gemm_batched(left.contiguous(), right.contiguous(), TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def scattered(ids: torch.Tensor, values: torch.Tensor, rows: int, shape) -> Accumulator:
