@@ -37,7 +37,8 @@ def rounded(acc: Accumulator, shape, dtype: str) -> torch.Tensor:
 def _summed_last(x: torch.Tensor, axes) -> torch.Tensor:
     """x with `axes` moved last and flattened into one: the terms of each sum along -1."""
     rest = [axis for axis in range(x.dim()) if axis not in axes]
-    return x.permute(*rest, *axes).reshape(*[x.shape[axis] for axis in rest], -1)
+    moved = x.permute(*rest, *axes) if x.dim() else x  # a scalar is the one term of its sum
+    return moved.reshape(*[x.shape[axis] for axis in rest], -1)
 
 
 def summed(x: torch.Tensor, axes) -> Accumulator:
