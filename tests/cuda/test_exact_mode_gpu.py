@@ -29,8 +29,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
 
 from op_cases import CASES, case_graph, case_id  # noqa: E402
+from sexpgpu.backends.cuda.exact import EXACT  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -46,9 +48,6 @@ RUNS = {
                      ":batch 16": ":batch 4 :microbatches 2 :arithmetic exact", ":steps 200": ":steps 2 :checkpoint 1"},
     "cnn.sexp": {":batch 32": ":batch 8 :microbatches 2 :arithmetic exact", ":steps 120": ":steps 2 :checkpoint 1"},
 }
-EXACT_OPS = ("matmul", "sum", "max", "softmax", "log_softmax", "layernorm", "cross_entropy", "gather", "scatter_add",
-             "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d", "max_pool2d_grad", "max_pool2d_pick",
-             "avg_pool2d", "avg_pool2d_grad", "attention_core")
 
 
 def exact_file(name: str, tmp_path: Path) -> Path:
@@ -122,7 +121,7 @@ def test_auto_takes_the_gpu_for_an_exact_run():
     assert facts["choices"].startswith("none: every sum exact and rounded once")
 
 
-@pytest.mark.parametrize("case", [case for case in CASES if case[0] in EXACT_OPS], ids=case_id)
+@pytest.mark.parametrize("case", [case for case in CASES if case[0] in EXACT], ids=case_id)  # the exact lowerings
 def test_an_op_and_its_gradient_have_the_interpreters_bits_on_the_gpu(case):
     from sexpgpu.backends.cpu import Interpreter
     from sexpgpu.backends.cuda.backend import CudaBackend

@@ -24,6 +24,7 @@ pytest.importorskip("triton")
 from op_cases import CASES, case_graph, case_id  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
+from sexpgpu.backends.cuda.exact import EXACT  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import Accumulator, det_finalize  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
@@ -37,10 +38,6 @@ pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CPU = Interpreter(arithmetic="exact")
-# the ops whose exact lowering is not the float one's (elementwise ops lower alike in both)
-EXACT_OPS = ("matmul", "sum", "max", "softmax", "log_softmax", "layernorm", "cross_entropy", "gather", "scatter_add",
-             "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d", "max_pool2d_grad", "max_pool2d_pick",
-             "avg_pool2d", "avg_pool2d_grad", "attention_core")
 # each example cut to a few seconds a step under Triton's interpreter
 RUNS = {
     "tiny-adam": ("tiny-adam.sexp", {":batch 64": ":batch 8 :microbatches 2 :arithmetic exact",
@@ -81,7 +78,8 @@ def assert_same_bits(backend, want: dict, got: dict) -> None:
         assert bits(backend.to_host(found).astype(value.dtype)) == bits(value), name
 
 
-@pytest.mark.parametrize("case", [case for case in CASES if case[0] in EXACT_OPS], ids=case_id)
+# the ops whose exact lowering is not the float one's (elementwise ops lower alike in both)
+@pytest.mark.parametrize("case", [case for case in CASES if case[0] in EXACT], ids=case_id)
 def test_an_op_and_its_gradient_have_the_interpreters_bits(cuda, case):
     graph, values = case_graph(case)
     assert_same_bits(cuda, CPU.run(graph, values), cuda.run(graph, values))
@@ -160,3 +158,21 @@ def steps_on(chosen, backend, steps: int, degree: int = 1) -> tuple:
 def test_an_examples_steps_have_the_interpreters_bits(cuda, name, steps, degree):
     chosen = experiment(name)
     assert steps_on(chosen, cuda, steps, degree) == steps_on(chosen, Interpreter(arithmetic="exact"), steps)
+
+
+def test_the_benchmark_refuses_an_unknown_model_and_a_machine_without_a_gpu(tmp_path, capsys):
+    import sys
+
+    from sexpgpu.cli.main import main
+
+    sys.path.insert(0, str(EXAMPLES.parent / "bench"))
+    import bench_exact_mode
+
+    for argv, said in ((["--model", "gpt-1b"], "invalid choice: 'gpt-1b'"), ([], "this benchmark runs on a GPU")):
+        with pytest.raises(SystemExit) as stopped:
+            bench_exact_mode.main(argv)
+        assert stopped.value.code == 2 and said in capsys.readouterr().err
+    # the smaller model compiles with exact gradients (E-EXACT-002 would stop it here)
+    text = bench_exact_mode.MODELS["gpt-small"].read_text().replace(":batch 16", ":batch 16 :arithmetic exact")
+    (tmp_path / "gpt-small.sexp").write_text(text)
+    assert main(["check", str(tmp_path / "gpt-small.sexp")]) == 0

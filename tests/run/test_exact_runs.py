@@ -155,6 +155,18 @@ def test_an_exact_checkpoint_resumes_with_the_uninterrupted_bits_and_not_as_a_fl
     assert "E-CKPT-002" in said and "arithmetic" in said
 
 
+def test_a_pin_holds_nothing_in_an_exact_run(tmp_path, capsys):
+    """--choices names a record with stacking 2 (which a float run on the interpreter refuses,
+    E-CHOICE-001): an exact run takes no choices, so it runs, at the exact level."""
+    path = tmp_path / "fit.sexp"
+    path.write_text(EXACT_FIT)
+    record = tmp_path / "choices.json"
+    record.write_text(json.dumps({"choices": {"device": "compute_90 with 132 multiprocessors", "strict": False,
+                                              "stacking": 2, "recompute": 9.0, "convolutions": {}}}))
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "run"), "--choices", str(record)]) == 0
+    assert "exact on every device" in capsys.readouterr().out
+
+
 EXACT_FIT = """
 (defgenerator pairs
   (let x (normal (batch 4) :salt (:step :trip)))

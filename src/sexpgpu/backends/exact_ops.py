@@ -20,7 +20,10 @@ import torch
 
 from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial, det_sum,
                            det_sum_partial)
-from sexpgpu.exact.layout import WIDTH
+from sexpgpu.exact.layout import MAX_K_PER_CALL, WIDTH
+from sexpgpu.exact.rounded import MAX_FAST_K
+
+LONG_SUM = MAX_FAST_K  # det_sum's fast path takes sums of up to this many terms
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -48,8 +51,17 @@ def summed(x: torch.Tensor, axes) -> Accumulator:
 
 def rounded_sum(x: torch.Tensor, axes, shape, dtype: str) -> torch.Tensor:
     """summed(x, axes) rounded once into `dtype` and shaped `shape`, by det_sum's fast path,
-    which rounds from the top slices to the same bits."""
-    return det_sum(_summed_last(x, axes), -1, dtype=TORCH_DTYPES[dtype]).reshape(shape)
+    which rounds from bounds or the top slices to the same bits. Sums longer than it takes
+    (a gradient norm over every parameter) are cut into rows summed in one call instead of
+    K chunks summed in turn, their digits added."""
+    terms = _summed_last(x, axes)
+    if terms.shape[-1] <= LONG_SUM:
+        return det_sum(terms, -1, dtype=TORCH_DTYPES[dtype]).reshape(shape)
+    count, width = terms.shape[-1], MAX_K_PER_CALL
+    rows = -(-count // width)
+    laid = torch.nn.functional.pad(terms, (0, rows * width - count))  # zeros add nothing
+    parts = det_sum_partial(laid.reshape(*terms.shape[:-1], rows, width), -1).digits
+    return rounded(det_combine([Accumulator(parts[..., row]) for row in range(rows)]), shape, dtype)
 
 
 def _matrices(a: torch.Tensor, b: torch.Tensor, shape) -> tuple:

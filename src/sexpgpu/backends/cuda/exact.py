@@ -1,8 +1,9 @@
 """The CUDA backend's lowering under `:arithmetic exact`: the interpreter's exact rules, on the device.
 
-Every op that sums is a step calling the functions the interpreter calls
-(backends/exact_ops.py), on the device's tensors: each sum is formed exactly by sexpgpu.exact
-and rounded once, so its bits are a function of its terms alone and equal the interpreter's.
+Every op that sums is a step calling the exact sums the interpreter calls
+(backends/exact_ops.py), on the device's tensors, by their fast paths where there are any
+(`rounded_sum`, `rounded_product`): each sum is formed exactly by sexpgpu.exact and rounded
+once, so its bits are a function of its terms alone and equal the interpreter's.
 What lies between the sums is elementwise arithmetic, lowered as in every graph
 (elementwise.py): fused kernels of the portable float32 math, each node rounded where the
 interpreter rounds it, so fusion moves no rounding. Where an op is more than one sum, the
