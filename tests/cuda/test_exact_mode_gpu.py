@@ -1,15 +1,21 @@
-"""`:arithmetic exact` on a GPU machine. Skipped where no GPU is present.
+"""`:arithmetic exact` on a GPU machine: the CUDA backend gives the CPU interpreter's bytes.
+Skipped where no GPU is present.
 
 Run on a GPU machine with:  PYTHONPATH=src python3 -m pytest tests/cuda/test_exact_mode_gpu.py -m gpu -n 0 -v
 
-What holds today: the CUDA backend refuses an exact run with E-EXACT-003 rather than round
-its sums, `--device auto` takes the interpreter and gives the `--device cpu` bytes, and the
-exact gradient sums compose on the device (the CPU's per-microbatch accumulators combined
-and rounded on the GPU are the CPU's gradients, also through NCCL at world size 1).
+- every op that sums, with its gradient, on the device against the interpreter (the op that
+  breaks, if one does, is named);
+- tiny-adam, a smaller char-lm and the CNN example, each run on the CPU and on the GPU through
+  the command line, give byte-identical metrics.jsonl and final checkpoints
+  (model.safetensors, optimizer.safetensors);
+- a GPU checkpoint resumed on the CPU, and a CPU one resumed on the GPU, repeat the
+  uninterrupted run's remaining steps and final checkpoint;
+- `--device auto` takes the GPU for an exact run, which states the exact level;
+- the exact gradient sums compose on the device (the CPU's per-microbatch accumulators
+  combined and rounded on the GPU are the CPU's gradients, also through NCCL at world size 1).
 
-The cross-backend tests below (tiny-adam, char-lm and the CNN example on the CPU and on the
-GPU give byte-identical metrics.jsonl and final checkpoints; a GPU run resumed on the CPU
-matches) are written for the CUDA backend's exact lowering and skip while it refuses.
+Each run is a few steps (a few minutes in all on an H200, most of them the CPU's runs and the
+first compilation of the GPU's kernels); the whole runs are made once and shared.
 """
 
 from __future__ import annotations
@@ -19,9 +25,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from op_cases import CASES, case_graph, case_id  # noqa: E402
+from sexpgpu.backends.cuda.exact import EXACT  # noqa: E402
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +42,10 @@ EXAMPLES = ROOT / "examples"
 RUNS = {
     "tiny-adam.sexp": {":batch 64": ":batch 16 :microbatches 4 :arithmetic exact", ":steps 200": ":steps 4",
                        ":checkpoint 100": ":checkpoint 2"},
-    "char-lm.sexp": {":batch 16": ":batch 4 :microbatches 2 :arithmetic exact", ":steps 200": ":steps 2 :checkpoint 1"},
+    "char-lm.sexp": {":context 64 :width 64 :heads 4 :ff 256 :layers 2": ":context 16 :width 32 :heads 2 :ff 64 :layers 1",
+                     ":width 64 :heads 4 :ff 256": ":width 32 :heads 2 :ff 64",
+                     "(text pydoc :context 64)": "(text pydoc :context 16)",
+                     ":batch 16": ":batch 4 :microbatches 2 :arithmetic exact", ":steps 200": ":steps 2 :checkpoint 1"},
     "cnn.sexp": {":batch 32": ":batch 8 :microbatches 2 :arithmetic exact", ":steps 120": ":steps 2 :checkpoint 1"},
 }
 
@@ -51,17 +66,10 @@ def sexpgpu(*args) -> subprocess.CompletedProcess:
                           text=True, timeout=3600)
 
 
-def cuda_runs_exact() -> bool:
-    from sexpgpu.backends.select import select_backend
-    from sexpgpu.errors import SexpgpuError
-
-    try:
-        select_backend("cuda", "exact")
-    except SexpgpuError as refused:
-        if refused.code == "E-EXACT-003":
-            return False
-        raise
-    return True
+def run(path: Path, device: str, run_dir: Path, *more) -> Path:
+    result = sexpgpu("run", str(path), "--device", device, "--run-dir", str(run_dir), *more)
+    assert result.returncode == 0, result.stderr
+    return run_dir
 
 
 def final_tensors(run_dir: Path) -> dict:
@@ -69,28 +77,66 @@ def final_tensors(run_dir: Path) -> dict:
     return {name: (last / name).read_bytes() for name in ("model.safetensors", "optimizer.safetensors")}
 
 
-def test_the_cuda_backend_refuses_an_exact_run_until_it_computes_one(tmp_path):
-    if cuda_runs_exact():
-        pytest.skip("the CUDA backend runs :arithmetic exact: the cross-backend tests below hold it to the CPU")
-    result = sexpgpu("run", str(exact_file("tiny-adam.sexp", tmp_path)), "--device", "cuda",
-                     "--run-dir", str(tmp_path / "gpu"))
-    assert result.returncode == 2 and "E-EXACT-003" in result.stderr and "Traceback" not in result.stderr
+def metrics(run_dir: Path) -> list:
+    return (run_dir / "metrics.jsonl").read_text().splitlines()
 
 
-def same_bytes_on(devices, path: Path, tmp_path: Path) -> None:
-    """Runs of `path` on each device give byte-identical metrics.jsonl and final checkpoints."""
-    for device in devices:
-        result = sexpgpu("run", str(path), "--device", device, "--run-dir", str(tmp_path / device))
-        assert result.returncode == 0, result.stderr
-    first, other = (tmp_path / device for device in devices)
-    assert (first / "metrics.jsonl").read_bytes() == (other / "metrics.jsonl").read_bytes()
-    assert final_tensors(first) == final_tensors(other)
+@pytest.fixture(scope="module")
+def whole_runs(tmp_path_factory):
+    """{example: (file, {device: run directory})}: each example run once on each device."""
+    made = {}
+
+    def runs_of(name: str):
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name.removesuffix(".sexp"))
+            path = exact_file(name, folder)
+            made[name] = path, {device: run(path, device, folder / device) for device in ("cpu", "cuda")}
+        return made[name]
+
+    return runs_of
 
 
-def test_auto_on_a_gpu_machine_gives_the_cpu_bytes(tmp_path):
-    if cuda_runs_exact():
-        pytest.skip("auto takes the GPU for exact runs now: see the cross-backend tests")
-    same_bytes_on(("cpu", "auto"), exact_file("tiny-adam.sexp", tmp_path), tmp_path)
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_an_exact_run_on_the_cpu_and_on_the_gpu_gives_the_same_bytes(whole_runs, name):
+    _, runs = whole_runs(name)
+    assert (runs["cpu"] / "metrics.jsonl").read_bytes() == (runs["cuda"] / "metrics.jsonl").read_bytes()
+    assert final_tensors(runs["cpu"]) == final_tensors(runs["cuda"])
+    assert "exact on every device" in (runs["cuda"] / "report.txt").read_text()
+
+
+@pytest.mark.parametrize("written_on, resumed_on", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_a_checkpoint_resumes_on_the_other_device_with_the_same_bytes(whole_runs, tmp_path, written_on, resumed_on):
+    path, runs = whole_runs("tiny-adam.sexp")
+    resumed = run(path, resumed_on, tmp_path / resumed_on, "--resume", str(runs[written_on] / "step-2"))
+    assert metrics(resumed) == [line for line in metrics(runs[written_on]) if '"step": 3' in line or '"step": 4' in line]
+    assert final_tensors(resumed) == final_tensors(runs[written_on])
+
+
+def test_auto_takes_the_gpu_for_an_exact_run():
+    from sexpgpu.backends.select import select_backend
+
+    backend, facts = select_backend("auto", "exact")
+    assert backend.name == "cuda" and backend.arithmetic == "exact" and facts["kind"] == "cuda"
+    assert facts["determinism"].startswith("exact on every device: ")
+    assert facts["choices"].startswith("none: every sum exact and rounded once")
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case[0] in EXACT], ids=case_id)  # the exact lowerings
+def test_an_op_and_its_gradient_have_the_interpreters_bits_on_the_gpu(case):
+    from sexpgpu.backends.cpu import Interpreter
+    from sexpgpu.backends.cuda.backend import CudaBackend
+    from sexpgpu.exact import Accumulator
+
+    graph, values = case_graph(case)
+    want = Interpreter(arithmetic="exact").run(graph, values)
+    backend = CudaBackend(arithmetic="exact")
+    got = backend.run(graph, values)
+    for name, value in want.items():
+        if isinstance(value, Accumulator):
+            assert torch.equal(got[name].digits.cpu(), value.digits), name
+        else:
+            found = np.ascontiguousarray(backend.to_host(got[name]).astype(value.dtype))
+            assert found.tobytes() == np.ascontiguousarray(value).tobytes(), name
 
 
 def test_the_exact_gradient_sums_compose_on_the_gpu(tmp_path):
@@ -113,25 +159,3 @@ def test_the_exact_gradient_sums_compose_on_the_gpu(tmp_path):
             assert torch.equal(rounded.view(torch.int32), value.view(torch.int32)), name
     finally:
         dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_an_exact_run_on_the_cpu_and_on_the_gpu_gives_the_same_bytes(name, tmp_path):
-    if not cuda_runs_exact():
-        pytest.skip("the CUDA backend refuses :arithmetic exact (E-EXACT-003)")
-    same_bytes_on(("cpu", "cuda"), exact_file(name, tmp_path), tmp_path)
-
-
-def test_a_gpu_checkpoint_resumes_on_the_cpu_with_the_same_bytes(tmp_path):
-    if not cuda_runs_exact():
-        pytest.skip("the CUDA backend refuses :arithmetic exact (E-EXACT-003)")
-    path = exact_file("tiny-adam.sexp", tmp_path)
-    whole = sexpgpu("run", str(path), "--device", "cuda", "--run-dir", str(tmp_path / "gpu"))
-    assert whole.returncode == 0, whole.stderr
-    resumed = sexpgpu("run", str(path), "--device", "cpu", "--run-dir", str(tmp_path / "cpu"),
-                      "--resume", str(tmp_path / "gpu" / "step-2"))
-    assert resumed.returncode == 0, resumed.stderr
-    lines = (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()
-    again = (tmp_path / "cpu" / "metrics.jsonl").read_text().splitlines()
-    assert again == [line for line in lines if '"step": 3' in line or '"step": 4' in line]
-    assert final_tensors(tmp_path / "gpu") == final_tensors(tmp_path / "cpu")

@@ -33,3 +33,10 @@ def test_the_page_quotes_the_lines_of_an_exact_run():
     for name in ("determinism", "choices"):
         assert f"{name:<20}{facts[name]}" in PAGE, name
     assert determinism_line(How("exact"), "").startswith("exact on every device: ")
+
+
+def test_an_exact_run_on_the_gpu_states_the_lines_the_page_quotes():
+    from sexpgpu.backends.select import EXACT_FACTS
+
+    for name in ("determinism", "choices"):
+        assert f"{name:<20}{EXACT_FACTS[name]}" in PAGE, name

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from sexpgpu.backends.select import select_backend  # noqa: E402
+from sexpgpu.backends.select import cuda_problem, select_backend  # noqa: E402
 from sexpgpu.cli.main import main  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.lang.forms import experiment_to_json, parse_experiment, select_run  # noqa: E402
@@ -109,10 +109,12 @@ def test_a_gradient_that_would_round_between_its_sums_is_refused_at_compile_time
     print(said)
 
 
-def test_the_cuda_backend_refuses_exact_arithmetic_and_auto_takes_the_interpreter():
+def test_without_a_gpu_auto_takes_the_exact_interpreter_and_states_the_exact_lines():
+    if cuda_problem() is None:
+        pytest.skip("a GPU is present: auto takes it (tests/cuda/test_exact_mode_gpu.py)")
     with pytest.raises(SexpgpuError) as refused:
         select_backend("cuda", "exact")
-    assert refused.value.code == "E-EXACT-003"
+    assert refused.value.code == "E-DEVICE-001"
     backend, facts = select_backend("auto", "exact")
     assert backend.name == "cpu" and backend.arithmetic == "exact"
     assert facts["determinism"].startswith("exact on every device: ")
@@ -151,6 +153,18 @@ def test_an_exact_checkpoint_resumes_with_the_uninterrupted_bits_and_not_as_a_fl
     assert main(["run", str(text), "--run-dir", str(tmp_path / "float"), "--resume", str(cut / "step-2")]) == 2
     said = capsys.readouterr().err
     assert "E-CKPT-002" in said and "arithmetic" in said
+
+
+def test_a_pin_holds_nothing_in_an_exact_run(tmp_path, capsys):
+    """--choices names a record with stacking 2 (which a float run on the interpreter refuses,
+    E-CHOICE-001): an exact run takes no choices, so it runs, at the exact level."""
+    path = tmp_path / "fit.sexp"
+    path.write_text(EXACT_FIT)
+    record = tmp_path / "choices.json"
+    record.write_text(json.dumps({"choices": {"device": "compute_90 with 132 multiprocessors", "strict": False,
+                                              "stacking": 2, "recompute": 9.0, "convolutions": {}}}))
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "run"), "--choices", str(record)]) == 0
+    assert "exact on every device" in capsys.readouterr().out
 
 
 EXACT_FIT = """

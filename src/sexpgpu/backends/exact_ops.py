@@ -18,8 +18,12 @@ import math
 
 import torch
 
-from sexpgpu.exact import Accumulator, det_combine, det_finalize, det_gemm, det_gemm_partial, det_sum_partial
-from sexpgpu.exact.layout import WIDTH
+from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial, det_sum,
+                           det_sum_partial)
+from sexpgpu.exact.layout import MAX_K_PER_CALL, WIDTH
+from sexpgpu.exact.rounded import MAX_FAST_K
+
+LONG_SUM = MAX_FAST_K  # det_sum's fast path takes sums of up to this many terms
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -33,30 +37,61 @@ def rounded(acc: Accumulator, shape, dtype: str) -> torch.Tensor:
     return det_finalize(shaped(acc, shape), TORCH_DTYPES[dtype])
 
 
+def _summed_last(x: torch.Tensor, axes) -> torch.Tensor:
+    """x with `axes` moved last and flattened into one: the terms of each sum along -1."""
+    rest = [axis for axis in range(x.dim()) if axis not in axes]
+    moved = x.permute(*rest, *axes) if x.dim() else x  # a scalar is the one term of its sum
+    return moved.reshape(*[x.shape[axis] for axis in rest], -1)
+
+
 def summed(x: torch.Tensor, axes) -> Accumulator:
     """The exact sum of x over `axes`, shaped like x without them."""
-    rest = [axis for axis in range(x.dim()) if axis not in axes]
-    moved = x.permute(*rest, *axes)
-    return det_sum_partial(moved.reshape(*[x.shape[axis] for axis in rest], -1), -1)
+    return det_sum_partial(_summed_last(x, axes), -1)
+
+
+def rounded_sum(x: torch.Tensor, axes, shape, dtype: str) -> torch.Tensor:
+    """summed(x, axes) rounded once into `dtype` and shaped `shape`, by det_sum's fast path,
+    which rounds from bounds or the top slices to the same bits. Sums longer than it takes
+    (a gradient norm over every parameter) are cut into rows summed in one call instead of
+    K chunks summed in turn, their digits added."""
+    terms = _summed_last(x, axes)
+    if terms.shape[-1] <= LONG_SUM:
+        return det_sum(terms, -1, dtype=TORCH_DTYPES[dtype]).reshape(shape)
+    count, width = terms.shape[-1], MAX_K_PER_CALL
+    rows = -(-count // width)
+    laid = torch.nn.functional.pad(terms, (0, rows * width - count))  # zeros add nothing
+    parts = det_sum_partial(laid.reshape(*terms.shape[:-1], rows, width), -1).digits
+    return rounded(det_combine([Accumulator(parts[..., row]) for row in range(rows)]), shape, dtype)
+
+
+def _matrices(a: torch.Tensor, b: torch.Tensor, shape) -> tuple:
+    """(x (B, M, K), w (B, N, K)): the product's matrices, the batch axes broadcast to
+    `shape`'s and flattened, each right matrix transposed (x[i] @ w[i].T is output i)."""
+    batch = tuple(shape[:-2])
+    left = a.broadcast_to(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    right = b.broadcast_to(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    return left, right.transpose(1, 2)
 
 
 def product(a: torch.Tensor, b: torch.Tensor, shape) -> Accumulator:
     """The exact (..., M, K) x (..., K, N), leading dims broadcast to `shape`'s."""
     if b.dim() == 2:  # one matrix for the whole batch: the batch rows are more rows
         return shaped(det_gemm_partial(a.reshape(-1, a.shape[-1]), b.T.contiguous()), shape)
-    batch = tuple(shape[:-2])
-    left = a.broadcast_to(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
-    right = b.broadcast_to(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
-    parts = [det_gemm_partial(x, w.T.contiguous()).digits for x, w in zip(left, right)]
+    parts = [det_gemm_partial(x, w.contiguous()).digits for x, w in zip(*_matrices(a, b, shape))]
     return shaped(Accumulator(torch.stack(parts, 1)), shape)
 
 
 def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str) -> torch.Tensor:
-    """product(a, b, shape) rounded once; a float32 product by one matrix takes det_gemm's
-    fast path, which rounds from the top slices to the same bits."""
+    """product(a, b, shape) rounded once, by the fast paths, which round from bounds or the top
+    slices to the same bits: det_gemm for a float32 product by one matrix, det_gemm_batched
+    (all the matrices at once) for any other."""
     if dtype == "f32" and b.dim() == 2:
         return det_gemm(a.reshape(-1, a.shape[-1]), b.T.contiguous()).reshape(shape)
-    return rounded(product(a, b, shape), shape, dtype)
+    if b.dim() == 2:
+        left, right = a.reshape(1, -1, a.shape[-1]), b.T[None]
+    else:
+        left, right = _matrices(a, b, shape)
+    return det_gemm_batched(left.contiguous(), right.contiguous(), TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def scattered(ids: torch.Tensor, values: torch.Tensor, rows: int, shape) -> Accumulator:
@@ -158,6 +193,58 @@ def spread_values(values_at, shape, kernel, stride, counts) -> Accumulator:
     """Each element's exact sum of values_at(i) (N, C, OH, OW) over the windows reaching it."""
     parts = [det_sum_partial(values_at(index)[..., None], -1) for index in range(len(offsets(kernel)))]
     return spread(parts, shape, kernel, stride, counts)
+
+
+# --- maxima: exact in any order, with the interpreter's zeros and NaNs --------------------------
+
+
+def maxima(x: torch.Tensor, axes, keep: bool = False) -> torch.Tensor:
+    """The largest element over `axes`, as the interpreter takes it (cpu/folds.reduce_max):
+    NaN where any element is NaN, and +0 where the largest is a zero and some zero is +0."""
+    axes = tuple(axes)
+    if not axes:
+        return x.clone()
+    result = torch.amax(x, dim=axes, keepdim=keep)
+    positive_zero = ((x == 0) & ~torch.signbit(x)).to(torch.uint8).amax(dim=axes, keepdim=keep).bool()
+    zeros = torch.where(positive_zero, 0.0, -0.0).to(x.dtype)
+    return torch.where(result == 0, zeros, result)
+
+
+def window_maxima(x: torch.Tensor, kernel, stride, counts) -> torch.Tensor:
+    """The largest element of each (KH, KW) window of x, (N, C, OH, OW): max_pool2d."""
+    return maxima(torch.stack([at_offset(x, offset, stride, counts) for offset in offsets(kernel)]), (0,))
+
+
+def first_maxima(x: torch.Tensor, kernel, stride, counts) -> torch.Tensor:
+    """For every window, the index in C order of its first maximum (or first NaN), as the
+    interpreter finds it (cpu/conv.first_maxima)."""
+    window = offsets(kernel)
+    best = at_offset(x, window[0], stride, counts)
+    where = torch.zeros(best.shape, dtype=torch.int64, device=x.device)
+    for index, offset in enumerate(window[1:], start=1):
+        value = at_offset(x, offset, stride, counts)
+        better = (value > best) | (torch.isnan(value) & ~torch.isnan(best))
+        best = torch.where(better, value, best)
+        where = torch.where(better, index, where)
+    return where
+
+
+def max_pool2d_grad(x: torch.Tensor, g: torch.Tensor, kernel, stride, shape) -> Accumulator:
+    """Each element's exact sum of the cotangents g (N, C, OH, OW) of the windows whose first
+    maximum it is."""
+    counts = tuple(g.shape[2:])
+    first = first_maxima(x, kernel, stride, counts)
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    return spread_values(lambda index: torch.where(first == index, g, zero), shape, kernel, stride, counts)
+
+
+def max_pool2d_pick(x: torch.Tensor, h: torch.Tensor, kernel, stride, counts) -> torch.Tensor:
+    """h (N, C, H, W) read at each window's first maximum of x: (N, C, OH, OW)."""
+    first = first_maxima(x, kernel, stride, counts)
+    picked = torch.zeros(first.shape, dtype=h.dtype, device=h.device)
+    for index, offset in enumerate(offsets(kernel)):
+        picked = torch.where(first == index, at_offset(h, offset, stride, counts), picked)
+    return picked
 
 
 # --- the gradient region: accumulators in, accumulators out ----------------------------------

@@ -3,8 +3,8 @@
 `auto` takes the GPU when one is usable and the CPU interpreter otherwise. Each backend
 states the facts its lowering report ends with: its determinism level and its choices.
 
-Under `:arithmetic exact` only the CPU interpreter computes exact sums so far: `auto` takes
-it, and `--device cuda` is refused (E-EXACT-003) rather than run with rounded sums.
+Under `:arithmetic exact` both compute exact sums, with the same bits: `auto` takes the GPU
+when one is usable, as for any run, and either states the exact level and no choices.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ CPU_CHOICES = {
              "portable float32 math",
 }
 CPU_LEVELS = {"float": "interpreter", "exact": "exact"}
+# an exact run's closing lines, whichever backend computes it: nothing is left to choose
+EXACT_FACTS = {"determinism": determinism_line(How("exact"), ""), "choices": CPU_CHOICES["exact"]}
 
 
 def cpu_facts(arithmetic: str = "float") -> dict:
@@ -61,8 +63,6 @@ def select_backend(device: str, arithmetic: str = "float"):
     """(backend, facts) for a device name and the run's `:arithmetic`."""
     if device not in DEVICES:
         raise SexpgpuError("E-CLI-002", f"unknown device '{device}': expected one of {', '.join(DEVICES)}.")
-    if arithmetic == "exact":
-        return _exact_backend(device)
     if device == "cuda" or (device == "auto" and cuda_problem() is None):
         problem = cuda_problem()
         if problem is not None:
@@ -70,26 +70,22 @@ def select_backend(device: str, arithmetic: str = "float"):
                                hint="Use --device cpu to run on the CPU interpreter.")
         from sexpgpu.backends.cuda.backend import CudaBackend
 
-        backend = CudaBackend()
-        return backend, {"kind": "cuda", **backend.facts()}
+        backend = CudaBackend(arithmetic=arithmetic)
+        return backend, {"kind": "cuda", **backend.facts(), **(EXACT_FACTS if arithmetic == "exact" else {})}
     from sexpgpu.backends.cpu import Interpreter
 
-    return Interpreter(), cpu_facts()
+    return Interpreter(arithmetic=arithmetic), cpu_facts(arithmetic)
 
 
-def _exact_backend(device: str):
-    if device == "cuda":
-        raise SexpgpuError("E-EXACT-003", "the CUDA backend does not compute :arithmetic exact yet, and would round "
-                           "its sums otherwise.", hint="Run this file with --device cpu (or auto).")
-    from sexpgpu.backends.cpu import Interpreter
-
-    return Interpreter(arithmetic="exact"), cpu_facts("exact")
+def computes_exact(backend) -> bool:
+    """Whether the backend runs `:arithmetic exact`: then no choice of the plan changes a bit."""
+    return getattr(backend, "arithmetic", "float") == "exact"
 
 
 def probe_for(backend):
     """The DeviceProbe (plan/device.py) of a backend that offers choices, or None for one that
-    decides nothing (the CPU interpreter)."""
-    if getattr(backend, "name", None) != "cuda":
+    decides nothing (the CPU interpreter, and any backend computing exact sums)."""
+    if getattr(backend, "name", None) != "cuda" or computes_exact(backend):
         return None
     from sexpgpu.backends.cuda.probe import CudaProbe  # torch is optional: loaded with the CUDA backend
 

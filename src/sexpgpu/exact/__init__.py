@@ -11,6 +11,7 @@ once, to nearest with ties to even. See docs/exact.md.
     a2 = det_gemm_partial(x[:, k:], w[:, k:])
     assert torch.equal(det_finalize(det_combine([a1, a2])), y)
     y = det_finalize(det_all_reduce(det_gemm_partial(x_shard, w_shard)))
+    ys = det_gemm_batched(xs, ws)                        # xs[b] @ ws[b].T, each det_gemm's bits
 
 This package imports nothing else of SexpGPU, so that it also loads as a `kernels` kernel.
 """
@@ -22,6 +23,7 @@ except ImportError as missing:  # pragma: no cover - torch is installed wherever
 
 from . import backends, layout
 from .accumulator import Accumulator
+from .batched import det_gemm_batched
 from .distributed import det_all_reduce
 from .gemm import det_combine, det_finalize, det_gemm, det_gemm_partial
 from .linear import DetLinear
@@ -35,6 +37,7 @@ __all__ = [
     "det_combine",
     "det_finalize",
     "det_gemm",
+    "det_gemm_batched",
     "det_gemm_partial",
     "det_sum",
     "det_sum_partial",

@@ -41,31 +41,37 @@ def gamma(additions: int) -> float:
 
 @dataclass
 class Float64Product:
-    """The stage's float64 results for all of x @ w.T, and what later stages reuse."""
+    """The stage's float64 results for all of x @ w.T (of each matrix, for a batch), and what
+    later stages reuse."""
 
-    total: torch.Tensor  # float64 (M, N), within bound() of the exact sum
-    x_norm: torch.Tensor  # float64 (M,): at least ||x[m]||_2
-    w_norm: torch.Tensor  # float64 (N,)
+    total: torch.Tensor  # float64 (M, N), or (B, M, N): within bound() of the exact sum
+    x_norm: torch.Tensor  # float64 (M,) or (B, M): at least ||x[m]||_2
+    w_norm: torch.Tensor  # float64 (N,) or (B, N)
     factor: float  # gamma(D) * SLACK
 
     def bound(self) -> torch.Tensor:
-        """(x_norm[m] * w_norm[n]) * factor, float64 (M, N): inequality (1)."""
-        return torch.outer(self.x_norm, self.w_norm).mul_(self.factor)
+        """(x_norm[m] * w_norm[n]) * factor, float64 (M, N) or (B, M, N): inequality (1)."""
+        if self.x_norm.dim() == 1:
+            return torch.outer(self.x_norm, self.w_norm).mul_(self.factor)
+        return (self.x_norm[:, :, None] * self.w_norm[:, None, :]).mul_(self.factor)
 
 
 def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> Float64Product:
-    """x @ w.T in float64 for finite bf16 or f32 x (M, K) and w (N, K), with its error bound."""
+    """x @ w.T in float64 for finite bf16 or f32 x (M, K) and w (N, K), with its error bound;
+    for x (B, M, K) and w (B, N, K), each matrix's product and bound."""
     x64, w64 = x.to(torch.float64), w.to(torch.float64)
-    k = x.shape[1]
-    total = torch.zeros((x.shape[0], w.shape[0]), dtype=torch.float64, device=x.device)
+    k = x.shape[-1]
+    total = torch.zeros((*x.shape[:-1], w.shape[-2]), dtype=torch.float64, device=x.device)
+    add = torch.Tensor.addmm_ if x.dim() == 2 else torch.Tensor.baddbmm_
     for k0 in range(0, k, chunk):
-        total.addmm_(x64[:, k0 : k0 + chunk], w64[:, k0 : k0 + chunk].t())
+        add(total, x64[..., k0 : k0 + chunk], w64[..., k0 : k0 + chunk].transpose(-1, -2))
     chunks = -(-k // chunk)
     return Float64Product(total, upper_norms(x64), upper_norms(w64), gamma(min(k, chunk) + chunks + 1) * SLACK)
 
 
 def upper_norms(rows64: torch.Tensor) -> torch.Tensor:
-    """An upper bound of each row's Euclidean norm: squares are exact, their float64 sum is raised
-    by gamma(K) to cover its rounding, and SLACK covers the square root's."""
-    squares = rows64.square().sum(1)
-    return squares.mul_(1 + gamma(max(rows64.shape[1], 1))).sqrt_().mul_(SLACK)
+    """An upper bound of each row's Euclidean norm (rows along the last axis): squares are
+    exact, their float64 sum is raised by gamma(K) to cover its rounding, and SLACK covers
+    the square root's."""
+    squares = rows64.square().sum(-1)
+    return squares.mul_(1 + gamma(max(rows64.shape[-1], 1))).sqrt_().mul_(SLACK)

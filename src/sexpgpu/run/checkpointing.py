@@ -88,7 +88,7 @@ def save(built, state: TrainingState, root: str, options) -> str:
 
 
 def resume_state(built, options, run_dir: str) -> Resumed:
-    from sexpgpu.store import (check_same_experiment, check_tensors, read_checkpoint, recorded_pins,
+    from sexpgpu.store import (BIT_KEYS, check_same_experiment, check_tensors, read_checkpoint, recorded_pins,
                                resolve_checkpoint, uncommitted_after, verify_load_pin)
     from sexpgpu.run.setup import checkpoint_root
 
@@ -97,7 +97,11 @@ def resume_state(built, options, run_dir: str) -> Resumed:
     checkpoint = read_checkpoint(path)
     check_tensors(checkpoint, expected_tensors(built))
     recorded = checkpoint.experiment
-    check_same_experiment(recorded, checkpoint_record(built, TrainingState(checkpoint.step, {}), options))
+    # an exact run's bits are the same on every device (docs/determinism.md, "Exact runs"):
+    # its resume compares everything but the backend that wrote the checkpoint
+    exact = built.experiment.run.arithmetic == "exact"
+    bit_keys = tuple(key for key in BIT_KEYS if key != "device" or not exact)
+    check_same_experiment(recorded, checkpoint_record(built, TrainingState(checkpoint.step, {}), options), bit_keys)
     layout_note = _check_layout(recorded, built.experiment.run, options)
     pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded_pins(path, recorded)]
     built.load_pins = pins

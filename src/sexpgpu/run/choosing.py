@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
-from sexpgpu.backends.select import probe_for
+from sexpgpu.backends.select import computes_exact, probe_for
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.stacking import stack_training
 from sexpgpu.plan.cache import open_cache
@@ -164,9 +164,13 @@ def _decisions(keys) -> str:
 
 def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
     """A backend without a probe decides nothing: stacking 1, no fusion planner, no products
-    of its own to choose (the CPU interpreter). A pinned record must ask for nothing else."""
+    of its own to choose (the CPU interpreter). A pinned record must ask for nothing else,
+    unless the run is exact, where no choice changes a bit and a pin has nothing to hold."""
     device = built.backend_facts["name"]
     gradients = "f32" if settings.deterministic else settings.node_gradients
+    choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
+    if computes_exact(built.backend):
+        return interpreter_chosen(built, choices)
     if pinned is not None:
         record, source = pinned
         reasons = [(key, reason) for key, wrong, reason in (
@@ -179,7 +183,6 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
             raise SexpgpuError("E-CHOICE-001", f"this run is pinned to the choices of {source} and cannot take its "
                                                f"{key}: {reason}.",
                                hint="Run with --choices fresh to choose again here (level 3).")
-    choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
     if built.backend_facts.get("kind") == "cpu":
         return interpreter_chosen(built, choices)
     # a backend with no probe yet measures nothing: it states its fixed choices itself
@@ -193,9 +196,9 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
 
 
 def interpreter_chosen(built, choices: Choices) -> Chosen:
-    """The CPU interpreter's level: 1 on every machine, or with exact sums the exact level,
-    whose choices line is the backend's own (stacking and GPU count change no bit)."""
-    if getattr(built.backend, "arithmetic", "float") == "exact":
+    """The CPU interpreter's level: 1 on every machine; with exact sums, on any backend, the
+    exact level, whose choices line is the backend's own (stacking and GPU count change no bit)."""
+    if computes_exact(built.backend):
         return Chosen(choices, How("exact"), described=built.backend_facts["choices"])
     return Chosen(choices, How("interpreter"))
 

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import sexpgpu
+from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json, load_experiment
 from sexpgpu.plan.cache import open_cache
@@ -250,7 +251,7 @@ def _interpreter(built, settings: ChoiceSettings, record: dict, recorded: Choice
         read_pinned(settings.choices)  # a record that cannot be read is refused all the same
     name = built.backend_facts["name"]
     choices = Choices(name, False, 1, None, {}, {}, None)
-    if record.get("device", "cpu") == "cpu":
+    if record.get("device", "cpu") == "cpu" or computes_exact(built.backend):  # exact: the same values on any device
         return choosing.interpreter_chosen(built, choices)
     made_on = recorded.device if recorded is not None else record.get("device")
     return Chosen(choices, How("elsewhere", f"the checkpoint's choices were made on {made_on}"))

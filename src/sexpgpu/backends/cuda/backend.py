@@ -11,6 +11,11 @@ Each graph is lowered once (lowering.py) and kept; with SEXPGPU_OPTIMIZE=on a gr
 needs no host round trip is captured as a CUDA graph at its second run. `device="cpu"` runs
 the same lowering on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1): that is
 how CI checks the lowering without a GPU.
+
+`CudaBackend(arithmetic="exact")` computes `:arithmetic exact` runs (exact.py): every sum
+exact and rounded once, the interpreter's bits on any device. Its graphs return a
+parameter's gradient as an unrounded `Accumulator`, which the run loop combines and rounds
+with `exact_sums` (backends/exact_sums.py), as for the interpreter.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ from dataclasses import replace
 import numpy as np
 
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
+from sexpgpu.backends.exact_sums import ExactSums
 from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import Lowerer
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
-from sexpgpu.backends.cuda.steps import torch_dtype
+from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.attention_parts import composed_attention
 
@@ -32,13 +38,16 @@ from sexpgpu.graph.attention_parts import composed_attention
 class CudaBackend:
     name = "cuda"
 
-    def __init__(self, device: str | None = None, policy=None):
+    def __init__(self, device: str | None = None, policy=None, arithmetic: str = "float"):
         device_settings.configure()
         import torch
 
         self.torch = torch
         self.device = torch.device(device or "cuda")
         self.policy = policy or policy_from_environment()
+        self.arithmetic = arithmetic
+        # the rounded gradients stay on the device, where the update graph reads them
+        self.exact_sums = ExactSums(lambda tensor: tensor) if arithmetic == "exact" else None
         self._runners: dict = {}
         self._lowerings: dict = {}
 
@@ -87,7 +96,7 @@ class CudaBackend:
         if entry is None or entry[0] is not graph:
             # float32 attention runs as its composition: the fused kernels' float32 products
             # have no tensor cores and lose to cuBLAS's (docs/cuda.md, "Attention")
-            entry = (graph, Lowerer(composed_attention(graph), self.policy).lower())
+            entry = (graph, Lowerer(composed_attention(graph), self.policy, self.arithmetic).lower())
             self._lowerings[id(graph)] = entry
         return entry[1]
 
@@ -138,6 +147,7 @@ class CudaBackend:
         env.update({key: self._accept(name, graph.inputs[name], inputs[name])
                     for name, key in executable.lowered.inputs.items()})
         env.update(executable.output_buffers())
+        env[DEVICE] = self.device
         marks = []
         for step in executable.lowered.steps:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -9,6 +9,9 @@ the loss become row or column kernels that inline their input's expression (redu
 products, gathers, scatters and copies become steps of their own (special.py). Every step
 names its buffers; `finish` places them in one arena (memory.py).
 
+Under `:arithmetic exact` (`Lowerer(graph, policy, "exact")`) every op that sums takes
+exact.py's lowering instead, and the nodes of the gradient region give accumulators.
+
 What this decides depends only on the graph, the shapes and SEXPGPU_OPTIMIZE, never on
 timing or on the machine.
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from sexpgpu.backends.cuda import rowmerge, views
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
+from sexpgpu.backends.cuda.exact import ExactLowering
 from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcastable, loaded_bytes, recompute
 from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, nodes_in_order, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
@@ -28,6 +32,7 @@ from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.special import SPECIAL
 from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, same_memory, strided
+from sexpgpu.exact.layout import WIDTH
 
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
 _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
@@ -54,15 +59,23 @@ class Lowered:
         return len(self.steps)
 
 
+ARITHMETICS = ("float", "exact")
+
+
 class Lowerer:
-    def __init__(self, graph, policy: FusionPolicy):
+    def __init__(self, graph, policy: FusionPolicy, arithmetic: str = "float"):
+        if arithmetic not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, not {arithmetic!r}")
         self.graph = graph
         self.policy = policy
         self.readers = KernelReaders(graph, lambda node: node.op in EXPRESSIONS)
         self.values: dict = {}  # node -> Expr over node.shape
+        self.accumulators: dict = {}  # node -> buffer key of its digits (exact graphs' gradient region)
         self.steps: list = []
         self.buffers: dict = {}
-        self.capturable = True
+        # exact sums read counts back from the device, so an exact graph is never captured
+        self.exact = ExactLowering(graph) if arithmetic == "exact" else None
+        self.capturable = self.exact is None
         self._output_of: dict = {}  # node -> buffer key for its first output name
         self.shared: dict = {}  # buffers steps hand one another beside the nodes' values (attention's statistics)
 
@@ -80,6 +93,15 @@ class Lowerer:
         key = self.new_buffer(node.dtype, node.shape, kind)
         if kind == "output":
             self._output_of[node] = key
+        return key
+
+    def accumulator_buffer(self, node) -> str:
+        """Where a gradient-region node's digits live (exact.py): an entry of the step's
+        environment beside the arena, and the graph's output itself when it returns the node."""
+        key = self.new_buffer("i64", (WIDTH,) + tuple(node.shape), "accumulator")
+        self.accumulators[node] = key
+        if node in self._output_nodes:
+            self._output_of.setdefault(node, key)
         return key
 
     def loaded(self, node, key: str) -> Expr:
@@ -205,7 +227,10 @@ class Lowerer:
         for node in self.graph.nodes:
             if node.op == "input" or node in self.values:  # inputs, and values an earlier kernel wrote beside its own
                 continue
-            if node.op in views_ops():
+            exact = self.exact.lowering(node) if self.exact is not None else None
+            if exact is not None:
+                exact(self, node)
+            elif node.op in views_ops():
                 self._view(node)
             elif node.op in EXPRESSIONS:
                 self._elementwise(node)
@@ -250,7 +275,11 @@ class Lowerer:
             args = [self.value_through(ids, lambda view: views.broadcast(views.reshape(view, ids.shape, unit), unit, node.shape))]
         else:
             args = [self.value_in(source, node.shape) for source in node.inputs]
-        value = EXPRESSIONS[node.op](node, args)
+        self.take_value(node, EXPRESSIONS[node.op](node, args))
+
+    def take_value(self, node, value: Expr) -> None:
+        """`value`, the node's float32 result, as the node's value: rounded to bf16 for a bf16
+        node, and written out when the graph returns it or the fusion planner says so."""
         if node.dtype == "bf16" and node.op not in _EXACT_IN_BF16:
             value = cast(value, "bf16")
         self.values[node] = value
@@ -280,6 +309,9 @@ class Lowerer:
         outputs = {}
         for name, node in self.graph.outputs.items():
             key = self._output_of.get(node)
+            if node in self.accumulators:  # digits made for this call: one object under each of its names
+                outputs[name] = key
+                continue
             if key is None or key in outputs.values():
                 key = self.new_buffer(node.dtype, node.shape, "output")
                 self._copy_out(node, key)

@@ -54,7 +54,7 @@ def reduce(lowerer, node) -> None:
         lowerer.values[node] = lowerer.values[x]
         return
     if x.dtype in ("i32", "bool"):
-        _integer_reduction(lowerer, node)
+        integer_reduction(lowerer, node)
         return
     kept = tuple(axis for axis in range(x.rank) if axis not in axes)
     kept_shape = tuple(x.shape[axis] for axis in kept)
@@ -71,7 +71,7 @@ def reduce(lowerer, node) -> None:
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
-def _integer_reduction(lowerer, node) -> None:
+def integer_reduction(lowerer, node) -> None:
     """Sums and maxima of integers are exact in any order: PyTorch's own, in int64 and
     wrapped to int32 as the interpreter's int32 fold wraps."""
     import torch
@@ -143,7 +143,7 @@ def cross_entropy(lowerer, node) -> None:
     key = lowerer.result_buffer(node)
     column = iota(unit_view(space, len(space) - 1))
     outputs = [(key, per_row_view(space, len(lead)), node.dtype)]
-    softmax = _softmax_beside(lowerer, logits)
+    softmax = softmax_beside(lowerer, logits)
     exps = 1 if softmax is not None else None
     phases, loss = recipes.cross_entropy(lowerer.values[logits], label, column, exps_output=exps)
     row_stores = [(0, loss)]
@@ -158,7 +158,7 @@ def cross_entropy(lowerer, node) -> None:
         lowerer.values[softmax] = load(exps_key, contiguous(space)) / total
 
 
-def _softmax_beside(lowerer, logits):
+def softmax_beside(lowerer, logits):
     """The float32 softmax over the last axis of the same logits (the cross-entropy's
     gradient), which the loss kernel can give as exps and their per-row sum; else None."""
     for reader in lowerer.graph.consumers()[logits]:

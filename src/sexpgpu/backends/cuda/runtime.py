@@ -12,7 +12,7 @@ same configurations on the same addresses, so it gives the eager run's bits.
 from __future__ import annotations
 
 from sexpgpu.backends.cuda.placement import placements
-from sexpgpu.backends.cuda.steps import HOST_INPUTS, strided, torch_dtype
+from sexpgpu.backends.cuda.steps import DEVICE, HOST_INPUTS, strided, torch_dtype
 from sexpgpu.errors import SexpgpuError
 
 
@@ -56,7 +56,7 @@ class Executable:
     def output_buffers(self, skip=()) -> dict:
         outputs = {}
         for name, key in self.lowered.outputs.items():
-            if key in skip:
+            if key in skip or self.lowered.buffers[key].kind == "accumulator":  # a step makes those
                 continue
             buffer = self.lowered.buffers[key]
             outputs[key] = allocate(buffer.shape, buffer.dtype, self.device, f"output {name}")
@@ -82,6 +82,7 @@ class Executable:
         env.update({key: inputs[name] for name, key in self.lowered.inputs.items()})
         env.update(self.output_buffers())
         env[HOST_INPUTS] = {key: host[name] for name, key in self.lowered.inputs.items() if name in (host or {})}
+        env[DEVICE] = self.device
         self.execute(env)
         return {name: env[key] for name, key in self.lowered.outputs.items()}
 

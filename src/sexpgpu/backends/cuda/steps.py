@@ -15,8 +15,10 @@ from sexpgpu.backends.cuda.codegen.flat import FlatSpec, flat_kernel
 from sexpgpu.backends.cuda.codegen.space import View
 
 HOST_INPUTS = "host inputs"  # env entry: {buffer key: the input as the caller gave it on the host}
-TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "bool": "bool"}
-ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1}
+DEVICE = "device"  # env entry: the torch.device the graph runs on (for a step that makes a tensor)
+# i64: an exact graph's accumulators (exact.py), int64 digits kept beside the arena
+TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "bool": "bool", "i64": "int64"}
+ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1, "i64": 8}
 
 
 @dataclass
@@ -24,7 +26,7 @@ class Buffer:
     key: str
     dtype: str  # storage dtype: f32, bf16, i32, bool
     shape: tuple[int, ...]
-    kind: str  # input, arena or output
+    kind: str  # input, arena, output, or accumulator (an exact graph's digits, held in the environment)
     # held from the graph's first step: inputs may be placed in it before the run (placement.py)
     live_from_start: bool = False
 

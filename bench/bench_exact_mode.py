@@ -1,0 +1,110 @@
+"""`:arithmetic exact` on the GPU against the default float32 step, on a GPT-style model.
+
+    PYTHONPATH=src python3 bench/bench_exact_mode.py [--model gpt-50m|gpt-small] [--steps N] [--seconds S]
+
+Both steps are the run loop's (run/loop.py: the microbatches, the update, the loss read back,
+the parameters' digest) on the CUDA backend, in one process: the experiment as written, in
+float32 with the backend's default lowering (ordinary cuBLAS products with TF32 off, fused
+kernels, CUDA graphs), and the same experiment with `:arithmetic exact` (every sum exact and
+rounded once; backends/cuda/exact.py). Each takes WARMUP steps (compilation, capture), then
+timed steps until N of them or S seconds of them, whichever comes first (at least one).
+
+Printed: each step's time, the ratio exact / float32 against the goal (at most 2), and where
+the exact step's time goes (one profiled microbatch, by kind of step: exact-matmul,
+exact-sum, exact-region, elementwise, ...). `gpt-50m` is bench/gpt-50m.sexp; `gpt-small`
+is bench/gpt-small.sexp (4 layers, width 256, context 256, batch 16, vocabulary 8192), for
+when gpt-50m's exact step is too slow to time in a minute. One invocation takes at most a
+few minutes on an H200 when an exact step takes less than --seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {"gpt-50m": ROOT / "bench" / "gpt-50m.sexp", "gpt-small": ROOT / "bench" / "gpt-small.sexp"}
+ARITHMETICS = ("float", "exact")
+WARMUP = {"float": 2, "exact": 1}  # float32 captures its CUDA graphs at the second step
+GOAL = 2.0  # exact / float32, at most
+
+
+@dataclass(frozen=True)
+class Timed:
+    seconds: float  # per timed step
+    steps: int
+    first: float  # the warm-up steps, compilation included
+    loss: float  # the first step's
+    profile: dict  # {kind of step: seconds} of one microbatch
+
+
+def training(path: Path, arithmetic: str):
+    """(trainer, state, built) for the experiment with `:arithmetic` set, on the CUDA backend."""
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.loop import Trainer
+    from sexpgpu.run.setup import build_run
+
+    experiment = load_experiment(str(path))
+    run = replace(experiment.run, arithmetic=arithmetic)
+    experiment = replace(experiment, runs={**experiment.runs, run.name: run})
+    built = build_run(experiment, "cuda")
+    return Trainer(run, built.program, built.backend, built.feeder), built.initial_state(), built
+
+
+def time_steps(path: Path, arithmetic: str, steps: int, seconds: float) -> Timed:
+    import torch
+
+    trainer, state, built = training(path, arithmetic)
+    started = time.perf_counter()
+    loss = trainer.step(state)["loss"]
+    for _ in range(WARMUP[arithmetic] - 1):
+        trainer.step(state)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - started
+    started, timed = time.perf_counter(), 0
+    while timed < steps and (timed == 0 or time.perf_counter() - started < seconds):
+        trainer.step(state)
+        timed += 1
+    torch.cuda.synchronize()
+    per_step = (time.perf_counter() - started) / timed
+    profile = built.backend.profile(built.program.training.micro, trainer.first_inputs(state))
+    return Timed(per_step, timed, first, loss, profile)
+
+
+def report(name: str, timed: dict) -> None:
+    for arithmetic, found in timed.items():
+        print(f"  {arithmetic:<6} {found.seconds * 1e3:>10.1f} ms a step ({found.steps} timed after "
+              f"{WARMUP[arithmetic]} warm-up steps of {found.first:.1f} s); first loss {found.loss:.6f}")
+    ratio = timed["exact"].seconds / timed["float"].seconds
+    print(f"  exact / float32: {ratio:.2f} (goal <= {GOAL}) {'met' if ratio <= GOAL else 'NOT met'}")
+    profile = timed["exact"].profile
+    total = sum(profile.values())
+    parts = ", ".join(f"{kind} {value * 1e3:.1f} ms ({value / total:.0%})"
+                      for kind, value in sorted(profile.items(), key=lambda item: -item[1]))
+    print(f"  exact profiled microbatch ({total * 1e3:.1f} ms): {parts}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="gpt-50m", choices=sorted(MODELS))
+    parser.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
+    parser.add_argument("--seconds", type=float, default=40.0, help="stop timing after this many seconds (default 40)")
+    args = parser.parse_args(argv)
+    import torch
+
+    from sexpgpu.backends.select import cuda_problem
+
+    problem = cuda_problem()
+    if problem is not None:
+        parser.error(f"this benchmark runs on a GPU: {problem}")
+    timed = {arithmetic: time_steps(MODELS[args.model], arithmetic, args.steps, args.seconds)
+             for arithmetic in ARITHMETICS}
+    print(f"{args.model} ({MODELS[args.model].relative_to(ROOT)}) on {torch.cuda.get_device_name()}, "
+          f"torch {torch.__version__}, TF32 off")
+    report(args.model, timed)
+
+
+if __name__ == "__main__":
+    main()

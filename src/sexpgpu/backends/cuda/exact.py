@@ -1,0 +1,404 @@
+"""The CUDA backend's lowering under `:arithmetic exact`: the interpreter's exact rules, on the device.
+
+Every op that sums is a step calling the exact sums the interpreter calls
+(backends/exact_ops.py), on the device's tensors, by their fast paths where there are any
+(`rounded_sum`, `rounded_product`): each sum is formed exactly by sexpgpu.exact and rounded
+once, so its bits are a function of its terms alone and equal the interpreter's.
+What lies between the sums is elementwise arithmetic, lowered as in every graph
+(elementwise.py): fused kernels of the portable float32 math, each node rounded where the
+interpreter rounds it, so fusion moves no rounding. Where an op is more than one sum, the
+steps are those of backends/cpu/exact_kernels.py, each intermediate written out in float32
+where the interpreter holds it in a float32 array:
+
+- softmax: M = max, E = exp(x - M), S = round(exact sum of E), then E / S; log_softmax:
+  (x - M) - log(S); cross_entropy: -((x[label] - M) - log(S)), the label's logit copied out,
+  and the loss's gradient, the softmax of the same logits, reads the same E and S;
+- layernorm: c = x - round(exact sum of x) / D, q = c * c, y = c * rsqrt(round(exact sum of q) / D + eps);
+- avg_pool2d: round(exact window sum) / (KH * KW); avg_pool2d_grad: the share g / (KH * KW),
+  then each element's exact sum over the windows reaching it;
+- max, max_pool2d and the window's first maximum (max_pool2d_grad, max_pool2d_pick): exact in
+  any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima).
+
+The gradient region (graph/exact_region.py) gives `Accumulator`s: they live in the step's
+environment beside the arena (buffers of kind "accumulator"), and the graph returns them for
+the run loop to combine and round once a step (backends/exact_sums.py). A step that reads
+ids (an embedding's scatter and gather, a cross-entropy's labels) checks them as the
+interpreter does (E-INDEX-001), on the host, rather than index the device out of range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sexpgpu.backends import exact_ops as ops
+from sexpgpu.backends.cpu.op_kernels import check_ids
+from sexpgpu.backends.cuda.codegen.expr import Expr, load, scalar, unary
+from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
+from sexpgpu.backends.cuda.elementwise import constant
+from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
+from sexpgpu.backends.cuda.special import gather
+from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, strided
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.exact_region import gradient_region
+
+
+class ExactLowering:
+    """Which lowering a node of an exact graph takes instead of the float one: its gradient
+    region's when it lies there, else its op's exact lowering, if its op has one."""
+
+    def __init__(self, graph):
+        self.region = gradient_region(graph)
+
+    def lowering(self, node):
+        return REGION[node.op] if node in self.region else EXACT.get(node.op)
+
+
+# --- reading and writing buffers --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A node's value where a step reads it: a buffer seen through a view."""
+
+    key: str
+    view: View
+
+    def tensor(self, env) -> torch.Tensor:
+        """The value as the interpreter holds it: floats (bf16 ones too) as float32, integers as they are."""
+        value = strided(env, self.key, self.view)
+        return value.float() if value.is_floating_point() else value
+
+
+def operands(lowerer, nodes) -> list:
+    return [Operand(*lowerer.addressable(node)) for node in nodes]
+
+
+def _reads(sources) -> tuple:
+    return tuple(dict.fromkeys(source.key for source in sources))
+
+
+def _write(lowerer, key: str, sources, compute, kind: str = "exact") -> None:
+    """A step writing compute(*the sources' tensors) into buffer `key`; the result already has
+    the buffer's dtype (rounded once), so the copy rounds nothing."""
+    def run(env):
+        target = env[key]
+        target.copy_(compute(*[source.tensor(env) for source in sources]).reshape(target.shape))
+
+    lowerer.steps.append(TorchStep(run, _reads(sources), (key,), kind))
+
+
+def _node_step(lowerer, node, compute, kind: str = "exact") -> None:
+    """The node's value is compute(*its inputs' tensors), written into its own buffer."""
+    sources = operands(lowerer, node.inputs)
+    key = lowerer.result_buffer(node)
+    _write(lowerer, key, sources, compute, kind)
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _rounded(node, accumulate):
+    """compute(*tensors) for a node: the exact sums `accumulate` forms, rounded once into its dtype."""
+    return lambda *tensors: ops.rounded(accumulate(*tensors), node.shape, node.dtype)
+
+
+def _float_buffer(lowerer, shape, sources, compute, kind: str) -> str:
+    """A float32 buffer of `shape` holding compute(*the sources' tensors)."""
+    key = lowerer.new_buffer("f32", shape)
+    _write(lowerer, key, sources, compute, kind)
+    return key
+
+
+def _written(lowerer, value: Expr, shape) -> Operand:
+    """A float32 expression written out by a fused elementwise kernel, for a step to read."""
+    key = lowerer.new_buffer("f32", shape)
+    lowerer.emit_elementwise(tuple(shape), key, "f32", value)
+    return Operand(key, contiguous(shape))
+
+
+def _over(key: str, shape, space) -> Expr:
+    """A contiguous float32 buffer of `shape` read broadcast over `space`."""
+    return load(key, broadcast_view(shape, space), "f32")
+
+
+def _per_row(key: str, lead) -> Expr:
+    """A (*lead, 1) float32 buffer read over `lead`."""
+    return load(key, contiguous(lead), "f32") if lead else scalar(key, "f32")
+
+
+def _checked(node, bound: int, what: str):
+    """check(ids): the interpreter's E-INDEX-001 for an id outside 0..bound-1, read on the host."""
+    def check(ids: torch.Tensor) -> None:
+        check_ids(ids.cpu().numpy(), bound, what, node)
+
+    return check
+
+
+# --- sums and maxima ------------------------------------------------------------------------------
+
+
+def _matmul(lowerer, node) -> None:
+    _node_step(lowerer, node, lambda a, b: ops.rounded_product(a, b, node.shape, node.dtype), "exact-matmul")
+
+
+def _reduction(exact):
+    """A sum or max: `exact(node)` gives compute(x) for float inputs; integers, exact in any
+    order, reduce as in any graph."""
+    def lower(lowerer, node) -> None:
+        if node.inputs[0].dtype in ("i32", "bool"):
+            integer_reduction(lowerer, node)
+        else:
+            _node_step(lowerer, node, exact(node), f"exact-{node.op}")
+
+    return lower
+
+
+def _sum(node):
+    return lambda x: ops.rounded_sum(x, node.attrs["axes"], node.shape, node.dtype)
+
+
+def _max(node):
+    return lambda x: ops.maxima(x, node.attrs["axes"], node.attrs["keep"])
+
+
+def _scatter_add(lowerer, node) -> None:
+    rows = node.attrs["rows"]
+    check = _checked(node, rows, "embedding id")
+
+    def compute(ids, values):
+        check(ids)
+        return ops.rounded(ops.scattered(ids, values, rows, node.shape), node.shape, node.dtype)
+
+    _node_step(lowerer, node, compute, "exact-scatter")
+
+
+def _checked_gather(lowerer, node) -> None:
+    """An embedding lookup copies rows (exact); its ids are checked first."""
+    (ids,) = operands(lowerer, node.inputs[1:])
+    check = _checked(node, node.inputs[0].shape[0], "embedding id")
+    lowerer.steps.append(TorchStep(lambda env: check(ids.tensor(env)), (ids.key,), (), "check"))
+    gather(lowerer, node)
+
+
+# --- the rows of softmax, log_softmax and cross_entropy -----------------------------------------
+
+
+@dataclass(frozen=True)
+class RowParts:
+    """What a normalisation along `axis` of x computes, over x's axes: shifted = x - M (an
+    expression), exps = exp(shifted) and total = S broadcast (loads), and the buffers of the
+    row maxima M and the rounded exact sums S, each (*x's shape with axis 1)."""
+
+    shifted: Expr
+    exps: Expr
+    total: Expr
+    top: str
+    sums: str
+
+
+def _row_parts(lowerer, x, axis: int) -> RowParts:
+    kept = tuple(1 if index == axis else size for index, size in enumerate(x.shape))
+    source = operands(lowerer, [x])
+    top = _float_buffer(lowerer, kept, source, lambda t: ops.maxima(t, (axis,), keep=True), "exact-max")
+    shifted = lowerer.value_in(x, x.shape) - _over(top, kept, x.shape)
+    exps = _written(lowerer, unary("exp", shifted), x.shape)
+    sums = _float_buffer(lowerer, kept, [exps], lambda e: ops.rounded_sum(e, (axis,), kept, "f32"), "exact-sum")
+    return RowParts(shifted, load(exps.key, contiguous(x.shape), "f32"), _over(sums, kept, x.shape), top, sums)
+
+
+def _softmax(lowerer, node) -> None:
+    (x,) = node.inputs
+    parts = _row_parts(lowerer, x, node.attrs["axis"])
+    lowerer.take_value(node, parts.exps / parts.total)
+
+
+def _log_softmax(lowerer, node) -> None:
+    (x,) = node.inputs
+    parts = _row_parts(lowerer, x, node.attrs["axis"])
+    lowerer.take_value(node, parts.shifted - unary("log", parts.total))
+
+
+def _cross_entropy(lowerer, node) -> None:
+    logits, labels = node.inputs
+    classes, lead = logits.shape[-1], tuple(labels.shape)
+    parts = _row_parts(lowerer, logits, logits.rank - 1)
+    softmax = softmax_beside(lowerer, logits)
+    if softmax is not None:  # the interpreter's softmax of these logits is E / S to the bit
+        lowerer.take_value(softmax, parts.exps / parts.total)
+    check = _checked(node, classes, "cross-entropy label")
+
+    def pick(x, ids):
+        check(ids)
+        return torch.gather(x, -1, ids.to(torch.int64)[..., None])
+
+    picked = _float_buffer(lowerer, lead + (1,), operands(lowerer, [logits, labels]), pick, "exact-pick")
+    log_softmax = (_per_row(picked, lead) - _per_row(parts.top, lead)) - unary("log", _per_row(parts.sums, lead))
+    lowerer.take_value(node, -log_softmax)
+
+
+def _layernorm(lowerer, node) -> None:
+    (x,) = node.inputs
+    last, kept = x.rank - 1, tuple(x.shape[:-1]) + (1,)
+    count = constant(x.shape[-1], "f32")
+
+    def row_sums(t):
+        return ops.rounded_sum(t, (last,), kept, "f32")
+
+    mean = _over(_float_buffer(lowerer, kept, operands(lowerer, [x]), row_sums, "exact-sum"), kept, x.shape) / count
+    centered = lowerer.value_in(x, x.shape) - mean
+    squares = _written(lowerer, centered * centered, x.shape)
+    var = _over(_float_buffer(lowerer, kept, [squares], row_sums, "exact-sum"), kept, x.shape) / count
+    lowerer.take_value(node, centered * unary("rsqrt", var + constant(node.attrs["eps"], "f32")))
+
+
+# --- windows ------------------------------------------------------------------------------------------
+
+
+def _geometry(node) -> tuple:
+    return node.attrs["stride"], node.attrs["padding"]
+
+
+def _window(node) -> tuple:
+    return node.attrs["kernel"], node.attrs["stride"]
+
+
+def _window_size(node) -> Expr:
+    kernel = node.attrs["kernel"]
+    return constant(kernel[0] * kernel[1], "f32")
+
+
+def _conv2d(lowerer, node) -> None:
+    accumulate = lambda x, w: ops.conv2d(x, w, *_geometry(node), node.shape)  # noqa: E731
+    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
+
+
+def _conv2d_input_grad(lowerer, node) -> None:
+    accumulate = lambda g, w: ops.conv2d_input_grad(g, w, *_geometry(node), node.shape)  # noqa: E731
+    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
+
+
+def _conv2d_weight_grad(lowerer, node) -> None:
+    accumulate = lambda x, g: ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)  # noqa: E731
+    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
+
+
+def _avg_pool2d(lowerer, node) -> None:
+    kernel, stride = _window(node)
+
+    def window_sums(x):
+        return ops.rounded(ops.window_sums(x, kernel, stride, node.shape[2:]), node.shape, "f32")
+
+    total = _float_buffer(lowerer, node.shape, operands(lowerer, node.inputs), window_sums, "exact-pooling")
+    lowerer.take_value(node, load(total, contiguous(node.shape), "f32") / _window_size(node))
+
+
+def _avg_pool2d_grad(lowerer, node) -> None:
+    (g,) = node.inputs
+    kernel, stride = _window(node)
+    share = _written(lowerer, lowerer.value_in(g, g.shape) / _window_size(node), g.shape)
+
+    def spread(values):
+        return ops.spread_values(lambda index: values, node.shape, kernel, stride, g.shape[2:])
+
+    key = lowerer.result_buffer(node)
+    _write(lowerer, key, [share], _rounded(node, spread), "exact-pooling")
+    lowerer.values[node] = lowerer.loaded(node, key)
+
+
+def _max_pool2d(lowerer, node) -> None:
+    kernel, stride = _window(node)
+    _node_step(lowerer, node, lambda x: ops.window_maxima(x, kernel, stride, node.shape[2:]), "exact-pooling")
+
+
+def _max_pool2d_grad(lowerer, node) -> None:
+    kernel, stride = _window(node)
+    accumulate = lambda x, g: ops.max_pool2d_grad(x, g, kernel, stride, node.shape)  # noqa: E731
+    _node_step(lowerer, node, _rounded(node, accumulate), "exact-pooling")
+
+
+def _max_pool2d_pick(lowerer, node) -> None:
+    kernel, stride = _window(node)
+    _node_step(lowerer, node, lambda x, h: ops.max_pool2d_pick(x, h, kernel, stride, node.shape[2:]), "exact-pooling")
+
+
+def _refused(lowerer, node) -> None:
+    raise SexpgpuError("E-EXACT-003", f"the CUDA backend has no exact kernel for the bf16 op '{node.op}': "
+                       ":arithmetic exact computes attention in float32.", node.loc)
+
+
+EXACT = {
+    "matmul": _matmul,
+    "sum": _reduction(_sum),
+    "max": _reduction(_max),
+    "softmax": _softmax,
+    "log_softmax": _log_softmax,
+    "cross_entropy": _cross_entropy,
+    "layernorm": _layernorm,
+    "scatter_add": _scatter_add,
+    "gather": _checked_gather,
+    "conv2d": _conv2d,
+    "conv2d_input_grad": _conv2d_input_grad,
+    "conv2d_weight_grad": _conv2d_weight_grad,
+    "avg_pool2d": _avg_pool2d,
+    "avg_pool2d_grad": _avg_pool2d_grad,
+    "max_pool2d": _max_pool2d,
+    "max_pool2d_grad": _max_pool2d_grad,
+    "max_pool2d_pick": _max_pool2d_pick,
+    # a float32 attention op is written out as its composition before lowering; a bf16 one keeps its op
+    "attention_core": _refused,
+    "attention_grad_q": _refused,
+    "attention_grad_kv": _refused,
+}
+
+
+# --- the gradient region: accumulators in the environment -------------------------------------------
+
+
+def _region_step(lowerer, node, reads: tuple, compute) -> None:
+    """A step putting compute(env) (an Accumulator) at the node's accumulator key."""
+    key = lowerer.accumulator_buffer(node)
+
+    def run(env):
+        env[key] = compute(env)
+
+    lowerer.steps.append(TorchStep(run, reads, (key,), "exact-region"))
+
+
+def _reducing(accumulate):
+    """A region node that sums rounded values: accumulate(node, *its inputs' tensors)."""
+    def lower(lowerer, node) -> None:
+        sources = operands(lowerer, node.inputs)
+        _region_step(lowerer, node, _reads(sources),
+                     lambda env: accumulate(node, *[source.tensor(env) for source in sources]))
+
+    return lower
+
+
+def _carrying(move):
+    """A region node over accumulators: move(node, *its inputs' accumulators), exact."""
+    def lower(lowerer, node) -> None:
+        keys = tuple(lowerer.accumulators[source] for source in node.inputs)
+        _region_step(lowerer, node, keys, lambda env: move(node, *[env[key] for key in keys]))
+
+    return lower
+
+
+def _region_scatter(node, ids, values):
+    _checked(node, node.attrs["rows"], "embedding id")(ids)
+    return ops.scattered(ids, values, node.attrs["rows"], node.shape)
+
+
+def _region_const(lowerer, node) -> None:
+    _region_step(lowerer, node, (), lambda env: ops.constant(node.attrs["value"], node.shape, env[DEVICE]))
+
+
+REGION = {
+    "matmul": _reducing(lambda node, a, b: ops.product(a, b, node.shape)),
+    "sum": _reducing(lambda node, x: ops.shaped(ops.summed(x, node.attrs["axes"]), node.shape)),
+    "scatter_add": _reducing(_region_scatter),
+    "conv2d_weight_grad": _reducing(lambda node, x, g: ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)),
+    "add": _carrying(lambda node, *accumulators: ops.added(list(accumulators), node.shape)),
+    "reshape": _carrying(lambda node, acc: ops.shaped(acc, node.shape)),
+    "transpose": _carrying(lambda node, acc: ops.transposed(acc, node.attrs["perm"])),
+    "const": _region_const,
+}

@@ -1,0 +1,178 @@
+"""`:arithmetic exact` on the CUDA backend's lowering (backends/cuda/exact.py), run on the CPU by
+Triton's interpreter, against the CPU interpreter: the same bits, not a tolerance.
+
+Every op that sums, and those around the sums (maxima, pools, gathers, attention's
+composition), with its gradient; the gradient region's accumulators; and steps of the three
+examples through the run loop (tiny-adam stacked on the CUDA side, so the two backends also
+group the microbatches differently), each step's loss, gradient norm and parameter digest
+and the final parameters and optimizer state. tests/cuda/test_exact_mode_gpu.py repeats the
+runs on the device, through the command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_exact_mode_gpu.py instead
+    pytest.skip("a GPU is present: the GPU tests check exact runs there", allow_module_level=True)
+pytest.importorskip("triton")
+
+from op_cases import CASES, case_graph, case_id  # noqa: E402
+from sexpgpu.backends.cpu import Interpreter  # noqa: E402
+from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
+from sexpgpu.backends.cuda.exact import EXACT  # noqa: E402
+from sexpgpu.errors import SexpgpuError  # noqa: E402
+from sexpgpu.exact import Accumulator, det_finalize  # noqa: E402
+from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.lang.forms import parse_experiment, select_run  # noqa: E402
+from sexpgpu.lang.reader import read_text  # noqa: E402
+from sexpgpu.run.choosing import stacked_training  # noqa: E402
+from sexpgpu.run.loop import Stacking, Trainer  # noqa: E402
+from sexpgpu.run.setup import build_run  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CPU = Interpreter(arithmetic="exact")
+# each example cut to a few seconds a step under Triton's interpreter
+RUNS = {
+    "tiny-adam": ("tiny-adam.sexp", {":batch 64": ":batch 8 :microbatches 2 :arithmetic exact",
+                                     ":passes ((eval :every 50 :batches 4))": ":passes ((eval :every 2 :batches 1))"}),
+    "char-lm": ("char-lm.sexp", {":context 64 :width 64 :heads 4 :ff 256 :layers 2": ":context 4 :width 8 :heads 2 :ff 8 :layers 1",
+                                 ":width 64 :heads 4 :ff 256": ":width 8 :heads 2 :ff 8",
+                                 "(text pydoc :context 64)": "(text pydoc :context 4)",
+                                 ":batch 16": ":batch 2 :arithmetic exact"}),
+    "cnn": ("cnn.sexp", {":size 12": ":size 6", ":width 8 :wide 16": ":width 2 :wide 3", ":kernel 6": ":kernel 3",
+                         ":batch 32": ":batch 2 :microbatches 2 :arithmetic exact"}),
+}
+
+
+class HostDigests(CudaBackend):
+    """The exact CUDA backend with the step digest's fingerprints taken on the host: the device
+    kernel gives the CPU's bits (test_fingerprint_interpret.py), and Triton's interpreter
+    takes seconds for each."""
+
+    def fingerprints(self, values: list) -> list[int]:
+        return CPU.fingerprints([self.to_host(value) for value in values])
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return HostDigests(device="cpu", arithmetic="exact")
+
+
+def bits(value) -> bytes:
+    return np.ascontiguousarray(value).tobytes()
+
+
+def assert_same_bits(backend, want: dict, got: dict) -> None:
+    for name, value in want.items():
+        found = got[name]
+        if isinstance(value, Accumulator):
+            assert torch.equal(found.digits, value.digits), name
+            continue
+        assert bits(backend.to_host(found).astype(value.dtype)) == bits(value), name
+
+
+# the ops whose exact lowering is not the float one's (elementwise ops lower alike in both)
+@pytest.mark.parametrize("case", [case for case in CASES if case[0] in EXACT], ids=case_id)
+def test_an_op_and_its_gradient_have_the_interpreters_bits(cuda, case):
+    graph, values = case_graph(case)
+    assert_same_bits(cuda, CPU.run(graph, values), cuda.run(graph, values))
+
+
+def region_graph():
+    """A parameter used twice and one that is not used: its gradients go through every node
+    a gradient region holds (a product, a sum, an add, a transpose, a zero constant)."""
+    e = Emitter()
+    x, w, b, unused = e.input("x", "f32", (5, 3)), e.input("w", "f32", (3, 4)), e.input("b", "f32", (4,)), \
+        e.input("u", "f32", (2,))
+    y = e("add", e("matmul", x, w), b)
+    g = e.input("g", "f32", (5, 4))
+    grad_w = e("add", e("matmul", e("transpose", x, perm=(1, 0)), g),
+               e("transpose", e("matmul", e("transpose", g, perm=(1, 0)), x), perm=(1, 0)))
+    zero = e("const", value=0.0, dtype="f32", shape=(2,))
+    outputs = {"y": y, "grad/w": grad_w, "grad/b": e("sum", g, axes=(0,)), "grad/u": zero}
+    rng = np.random.default_rng(3)
+    values = {name: (rng.standard_normal(node.shape) * 2.0 ** rng.integers(-20, 20, node.shape)).astype(np.float32)
+              for name, node in {"x": x, "w": w, "b": b, "u": unused, "g": g}.items()}
+    return e.graph({"x": x, "w": w, "b": b, "u": unused, "g": g}, outputs), values
+
+
+def test_the_gradient_region_returns_the_interpreters_digits(cuda):
+    graph, values = region_graph()
+    want, got = CPU.run(graph, values), cuda.run(graph, values)
+    assert all(isinstance(got[name], Accumulator) for name in ("grad/w", "grad/b", "grad/u"))
+    assert_same_bits(cuda, want, got)
+    assert bits(det_finalize(got["grad/w"])) == bits(det_finalize(want["grad/w"]))
+
+
+def test_an_id_out_of_range_is_the_interpreters_error(cuda):
+    graph, values = case_graph(("scatter_add", [("i32", (6,), "labels:4"), ("f32", (6, 3), "normal")], {"rows": 4}),
+                               differentiate=False)
+    values["x0"] = np.array([0, 1, 2, 3, 4, 0], np.int32)
+    for backend in (CPU, cuda):
+        with pytest.raises(SexpgpuError) as refused:
+            backend.run(graph, values)
+        assert refused.value.code == "E-INDEX-001" and "embedding id 4 is outside 0..3" in refused.value.message
+
+
+def test_a_bf16_attention_op_is_refused_as_by_the_interpreter(cuda):
+    graph, values = case_graph(("attention_core", [("bf16", (2, 4, 3), "normal")] * 3, {"scale": 0.5, "causal": True}),
+                               differentiate=False)
+    for backend in (CPU, cuda):
+        with pytest.raises(SexpgpuError) as refused:
+            backend.run(graph, values)
+        assert refused.value.code == "E-EXACT-003" and "attention_core" in refused.value.message
+
+
+def experiment(name: str):
+    file, edits = RUNS[name]
+    text = (EXAMPLES / file).read_text().replace('"data/', f'"{EXAMPLES}/data/')
+    for old, new in edits.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return select_run(parse_experiment(read_text(text, file), str(EXAMPLES / file), ""), None)
+
+
+def steps_on(chosen, backend, steps: int, degree: int = 1) -> tuple:
+    """(step and pass records, final parameters and optimizer state as bytes) on `backend`."""
+    built = build_run(chosen, "cpu")
+    built.backend = built.feeder.backend = backend
+    trainer = Trainer(chosen.run, built.program, backend, built.feeder,
+                      Stacking(stacked_training(built.program, degree), degree))
+    state = built.initial_state()
+    records = []
+    for _ in range(steps):
+        records.append(trainer.step(state))
+        records += [trainer.evaluate(state, spec, built.pass_name(spec)) for spec in chosen.run.passes
+                    if state.step % spec.every == 0]
+    return records, {name: bits(backend.to_host(value)) for name, value in {**state.params, **state.optimizer}.items()}
+
+
+@pytest.mark.parametrize("name, steps, degree", [("tiny-adam", 2, 2), ("char-lm", 1, 1), ("cnn", 1, 1)])
+def test_an_examples_steps_have_the_interpreters_bits(cuda, name, steps, degree):
+    chosen = experiment(name)
+    assert steps_on(chosen, cuda, steps, degree) == steps_on(chosen, Interpreter(arithmetic="exact"), steps)
+
+
+def test_the_benchmark_refuses_an_unknown_model_and_a_machine_without_a_gpu(tmp_path, capsys):
+    import sys
+
+    from sexpgpu.cli.main import main
+
+    sys.path.insert(0, str(EXAMPLES.parent / "bench"))
+    import bench_exact_mode
+
+    for argv, said in ((["--model", "gpt-1b"], "invalid choice: 'gpt-1b'"), ([], "this benchmark runs on a GPU")):
+        with pytest.raises(SystemExit) as stopped:
+            bench_exact_mode.main(argv)
+        assert stopped.value.code == 2 and said in capsys.readouterr().err
+    # the smaller model compiles with exact gradients (E-EXACT-002 would stop it here)
+    text = bench_exact_mode.MODELS["gpt-small"].read_text().replace(":batch 16", ":batch 16 :arithmetic exact")
+    (tmp_path / "gpt-small.sexp").write_text(text)
+    assert main(["check", str(tmp_path / "gpt-small.sexp")]) == 0
