@@ -26,7 +26,6 @@ from sexpgpu.backends.cuda.lowering import Lowerer
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import torch_dtype
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.attention_parts import composed_attention
 
 
 class CudaBackend:
@@ -85,9 +84,7 @@ class CudaBackend:
         allocates nothing."""
         entry = self._lowerings.get(id(graph))
         if entry is None or entry[0] is not graph:
-            # float32 attention runs as its composition: the fused kernels' float32 products
-            # have no tensor cores and lose to cuBLAS's (docs/cuda.md, "Attention")
-            entry = (graph, Lowerer(composed_attention(graph), self.policy).lower())
+            entry = (graph, Lowerer(graph, self.policy).lower())
             self._lowerings[id(graph)] = entry
         return entry[1]
 
