@@ -73,6 +73,46 @@ def _parts(X, BIG, SMALL, DOT, PARTS: tl.constexpr, PRODUCT: tl.constexpr, BLOCK
     tl.store(DOT + at, PRODUCT(x, tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)))
 
 
+# one attention layer between an embedding and a head, float32: the heads are split from the
+# projections and merged back before `wo`, as the attention layer does
+LAYER = """
+(defgenerator tokens :vocab 16 :context 6
+  (let text (randint (batch 7) :low 0 :high vocab :salt (:step :trip)))
+  (record :x (slice text :axis 1 :start 0 :stop context)
+          :y (slice text :axis 1 :start 1 :stop 7)))
+(defgraph lm (x) :width 16 :heads 2
+  (let h (add (embedding x :vocab 16 :dim width :as embed) (param pos (6 width) :init (normal :std 0.02))))
+  (linear (add h (attention (layernorm h :as ln) :heads heads :as attn)) :out 16 :as head))
+(defrun lm :seed 3 :data (generator tokens) :model (lm x) :loss (cross-entropy y)
+  :optimizer (sgd :lr 0.1) :batch 2 :steps 1)
+"""
+
+
+def test_an_attention_layer_follows_the_interpreter_and_its_products_read_the_results_where_written(backend, tmp_path):
+    """A microbatch's loss and gradients within op_cases' float32 tolerance; the output, dq,
+    dk and dv are written laid out as the heads merge reads them, so no kernel copies them."""
+    from op_cases import assert_matches
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.setup import build_run
+
+    path = tmp_path / "layer.sexp"
+    path.write_text(LAYER)
+    built = build_run(load_experiment(str(path)), "cpu")
+    micro = built.program.training.micro
+    values = {f"param/{name}": value for name, value in built.initial_state().params.items()}
+    values.update(built.feeder.train_batch(1, 0))
+    values.update({"step": np.int32(1), "microbatch": np.int32(0)})
+    values = {name: values[name] for name in micro.inputs}
+    want = built.backend.run(micro, values)
+    got = backend.run(micro, values)
+    for name in want:
+        assert_matches(name, backend.to_host(got[name]), want[name], "f32")
+    lowered = backend.lowered(micro)
+    written = {key for step in lowered.steps if step.kind == "attention" for key in step.writes}
+    readers = {step.kind for step in lowered.steps for key in step.reads if key in written}
+    assert readers <= {"attention", "matmul"}, readers
+
+
 def test_the_interpreted_kernels_split_float32_operands_as_tf32x3_does():
     """tf32 parts: big is rounded to nearest with ties away from zero at 10 fraction bits,
     small is the rest with its low 13 bits dropped; a product of parts drops small x small,
