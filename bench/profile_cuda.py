@@ -68,12 +68,12 @@ def captured_parts(ours: OurStep, graph, inputs: dict, count: int = 5) -> str:
     return ", ".join(timed)
 
 
-def eager_kernels(options: dict, batch: int, precision: str) -> list[tuple[str, float, int]]:
+def eager_kernels(name: str, options: dict, batch: int, precision: str) -> list[tuple[str, float, int]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     torch.use_deterministic_algorithms(False)
-    step = torch_step(options, batch, PEERS[f"eager-{precision}"])
+    step = torch_step(name, options, batch, PEERS[f"eager-{precision}"])
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -115,7 +115,8 @@ def main() -> None:
           f"update graph {replay_milliseconds(ours, training.update, update):.2f} ms")
     print(f"ours, captured microbatch call: {captured_parts(ours, training.micro, micro)}")
     print(f"ours, captured update call: {captured_parts(ours, training.update, update)}")
-    show(f"PyTorch eager ({args.precision}), one step, CUDA kernels", eager_kernels(options, batch, args.precision), args.top)
+    show(f"PyTorch eager ({args.precision}), one step, CUDA kernels",
+         eager_kernels(args.model, options, batch, args.precision), args.top)
 
 
 if __name__ == "__main__":

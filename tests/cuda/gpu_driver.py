@@ -1,12 +1,35 @@
 """A run loop for the GPU tests that reads values back through the backend's `to_host`:
 microbatches in order, their gradients summed left to right, then the update, as
-run/loop.py does. It lets a test compare two runs' parameters and losses bit for bit."""
+run/loop.py does. It lets a test compare two runs' parameters and losses bit for bit.
+`run_on_the_gpu` runs a file through the command line instead."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from sexpgpu.run.schedule import learning_rate
+
+# The loss envelope between a CPU and a GPU run of one file: their sums run in different
+# orders, so the trajectories part by rounding and the curves may wander apart. Each step's
+# GPU loss stays within ENVELOPE_STEP of the CPU loss (relative), and the mean of the last
+# ten steps within ENVELOPE_TAIL.
+ENVELOPE_STEP = 0.10
+ENVELOPE_TAIL = 0.05
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_on_the_gpu(path, run_dir: Path) -> Path:
+    """`sexpgpu run PATH --device cuda --run-dir RUN_DIR` in a fresh process; the run directory."""
+    command = [sys.executable, "-m", "sexpgpu", "run", str(path), "--device", "cuda", "--run-dir", str(run_dir)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return run_dir
 
 
 def train(experiment, backend, steps: int):

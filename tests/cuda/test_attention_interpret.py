@@ -1,19 +1,27 @@
 """The fused attention kernels (backends/cuda/codegen/attention.py) under Triton's
 interpreter against the CPU interpreter: forward and both cotangents, causal or not, float32
-and bf16, lengths that leave partial blocks, one query, different q and k lengths, and a
-head wider than the fused kernels take (attention_wide.py); two runs give the same bits.
+and bf16, lengths that leave partial blocks, one query, different q and k lengths, the
+float32 head widths up to the widest fused one (64) and past it, and a head wider than the
+fused kernels take (attention_wide.py); float32 results against float64 too; two runs give
+the same bits. Under the interpreter the kernels split float32 operands into their tf32
+parts themselves, as Triton's tf32x3 does on the GPU (the interpreter ignores
+input_precision), so the checks see the terms 3xTF32 drops.
 tests/cuda/test_attention_gpu.py repeats these on the GPU with its own tiles."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 if torch.cuda.is_available():  # pragma: no cover - a GPU machine runs tests/cuda/test_attention_gpu.py instead
     pytest.skip("a GPU is present: the GPU test checks these kernels there", allow_module_level=True)
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
-from attention_checks import check  # noqa: E402
+import triton.language as tl  # noqa: E402  (kernels are decorated in the tests, under the interpreter)
+
+from attention_checks import attention_case, check  # noqa: E402
+from op_cases import case_graph  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
@@ -25,6 +33,10 @@ CASES = [
     ([(1, 17, 4), (1, 9, 4), (1, 9, 6)], "bf16", False),
     ([(1, 1, 1, 4)] * 3, "f32", True),
     ([(3, 5, 6)] * 3, "f32", True),
+    ([(1, 23, 16)] * 3, "f32", True),
+    ([(1, 27, 32)] * 3, "f32", False),
+    ([(1, 35, 64)] * 3, "f32", True),
+    ([(1, 6, 96)] * 3, "f32", True),
     ([(1, 5, 130), (1, 6, 130), (1, 6, 3)], "f32", False),
     ([(1, 6, 130)] * 3, "bf16", True),
 ]
@@ -38,3 +50,90 @@ def backend():
 @pytest.mark.parametrize("shapes,dtype,causal", CASES, ids=lambda value: str(value).replace(" ", ""))
 def test_fused_attention_matches_the_interpreter_and_repeats_its_bits(backend, shapes, dtype, causal):
     check(backend, shapes, dtype, causal)
+
+
+def test_float32_attention_lowers_to_the_fused_kernels_without_the_scores_in_memory(backend):
+    """No buffer of the T x T scores, no product: the attention steps and the loss's own."""
+    length = 40
+    graph, _ = case_graph(attention_case([(2, 3, length, 16)] * 3, "f32", True))
+    lowered = backend.lowered(graph)
+    kinds = {step.kind for step in lowered.steps}
+    assert "attention" in kinds and "matmul" not in kinds, kinds
+    assert all(buffer.shape[-2:] != (length, length) for buffer in lowered.buffers.values())
+
+
+def _parts(X, BIG, SMALL, DOT, PARTS: tl.constexpr, PRODUCT: tl.constexpr, BLOCK: tl.constexpr):
+    """x's tf32 parts, and x times the identity as the interpreted kernels multiply."""
+    rows = tl.arange(0, BLOCK)
+    at = rows[:, None] * BLOCK + rows[None, :]
+    x = tl.load(X + at)
+    big, small = PARTS(x)
+    tl.store(BIG + at, big)
+    tl.store(SMALL + at, small)
+    tl.store(DOT + at, PRODUCT(x, tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)))
+
+
+# one attention layer between an embedding and a head, float32: the heads are split from the
+# projections and merged back before `wo`, as the attention layer does
+LAYER = """
+(defgenerator tokens :vocab 16 :context 6
+  (let text (randint (batch 7) :low 0 :high vocab :salt (:step :trip)))
+  (record :x (slice text :axis 1 :start 0 :stop context)
+          :y (slice text :axis 1 :start 1 :stop 7)))
+(defgraph lm (x) :width 16 :heads 2
+  (let h (add (embedding x :vocab 16 :dim width :as embed) (param pos (6 width) :init (normal :std 0.02))))
+  (linear (add h (attention (layernorm h :as ln) :heads heads :as attn)) :out 16 :as head))
+(defrun lm :seed 3 :data (generator tokens) :model (lm x) :loss (cross-entropy y)
+  :optimizer (sgd :lr 0.1) :batch 2 :steps 1)
+"""
+
+
+def test_an_attention_layer_follows_the_interpreter_and_its_products_read_the_results_where_written(backend, tmp_path):
+    """A microbatch's loss and gradients within op_cases' float32 tolerance; the output, dq,
+    dk and dv are written laid out as the heads merge reads them, so no kernel copies them."""
+    from op_cases import assert_matches
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.setup import build_run
+
+    path = tmp_path / "layer.sexp"
+    path.write_text(LAYER)
+    built = build_run(load_experiment(str(path)), "cpu")
+    micro = built.program.training.micro
+    values = {f"param/{name}": value for name, value in built.initial_state().params.items()}
+    values.update(built.feeder.train_batch(1, 0))
+    values.update({"step": np.int32(1), "microbatch": np.int32(0)})
+    values = {name: values[name] for name in micro.inputs}
+    want = built.backend.run(micro, values)
+    got = backend.run(micro, values)
+    for name in want:
+        assert_matches(name, backend.to_host(got[name]), want[name], "f32")
+    lowered = backend.lowered(micro)
+    written = {key for step in lowered.steps if step.kind == "attention" for key in step.writes}
+    readers = {step.kind for step in lowered.steps for key in step.reads if key in written}
+    assert readers <= {"attention", "matmul"}, readers
+
+
+def test_the_interpreted_kernels_split_float32_operands_as_tf32x3_does():
+    """tf32 parts: big is rounded to nearest with ties away from zero at 10 fraction bits,
+    small is the rest with its low 13 bits dropped; a product of parts drops small x small,
+    so 1 + 2^-11 + 2^-23 times one comes out as 1 + 2^-11 + 2^-22 (small's 12th bit lost)."""
+    special = [1 + 2**-11, -(1 + 2**-11), 1 + 2**-11 + 2**-23, 1 + 2**-11 - 2**-23, 3.0, -0.0, 2**-140,
+               np.inf, -np.inf, np.nan, float(np.finfo(np.float32).max), 1 / 3]
+    values = np.zeros((16, 16), dtype=np.float32)
+    values[range(len(special)), range(len(special))] = special  # x times the identity keeps each row's own
+    x = torch.from_numpy(values)
+    big, small, dot = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    from sexpgpu.backends.cuda.codegen.attention import _dot_3xtf32, _tf32_parts
+
+    triton.jit(_parts)[(1,)](x, big, small, dot, _tf32_parts, _dot_3xtf32, 16)
+    bits = values.view(np.uint32).astype(np.uint64)
+    want_big = (((bits + 0x1000) >> 13) << 13).astype(np.uint32).view(np.float32)
+    want_big = np.where(np.isnan(values), values, want_big)
+    with np.errstate(invalid="ignore", over="ignore"):
+        rest = (values - want_big).view(np.uint32)
+    want_small = ((rest >> 13) << 13).view(np.float32)
+    np.testing.assert_array_equal(big.numpy(), want_big)
+    np.testing.assert_array_equal(small.numpy(), want_small)
+    assert big.numpy()[0, 0] == 1 + 2**-10 and big.numpy()[1, 1] == -(1 + 2**-10)  # ties away from zero
+    assert dot.numpy()[2, 2] == np.float32(1 + 2**-11 + 2**-22)
+    assert dot.numpy()[4, 4] == 3.0 and dot.numpy()[7, 7] == np.inf  # an infinite part: its NaN cleared

@@ -7,9 +7,6 @@ Run on a GPU machine with:  PYTHONPATH=src python3 -m pytest tests/cuda -m gpu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
 from op_cases import CASES, FORWARD_CASES, GPU_CASES, assert_matches, case_graph, case_id  # noqa: E402
-from gpu_driver import train  # noqa: E402
+from gpu_driver import ENVELOPE_STEP, ENVELOPE_TAIL, run_on_the_gpu, train  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 
@@ -27,12 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(path.name for path in (ROOT / "examples").glob("*.sexp"))
 CPU = Interpreter()
 
-# The loss envelope between a CPU and a GPU run of one file: their sums run in different
-# orders, so the trajectories part by rounding and the curves may wander apart. Each step's
-# GPU loss stays within ENVELOPE_STEP of the CPU loss (relative), and the mean of the last
-# ten steps within ENVELOPE_TAIL.
-ENVELOPE_STEP = 0.10
-ENVELOPE_TAIL = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +118,7 @@ def test_cpu_and_gpu_loss_curves_stay_in_the_envelope(backend, name, steps):
 def test_the_command_line_runs_each_example_twice_with_the_same_bits(name, tmp_path):
     logs = []
     for attempt in range(2):
-        run_dir = tmp_path / f"run{attempt}"
-        command = [sys.executable, "-m", "sexpgpu", "run", str(ROOT / "examples" / name), "--device", "cuda",
-                   "--run-dir", str(run_dir)]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
+        run_dir = run_on_the_gpu(ROOT / "examples" / name, tmp_path / f"run{attempt}")
         logs.append((run_dir / "metrics.jsonl").read_text())
         report = (run_dir / "report.txt").read_text()
         assert "choices" in report and "compute_" in report

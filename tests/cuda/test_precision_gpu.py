@@ -6,9 +6,6 @@ Run on a GPU machine with:  PYTHONPATH=src python3 -m pytest tests/cuda/test_pre
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,14 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-from gpu_driver import train  # noqa: E402
+from gpu_driver import ENVELOPE_STEP, ENVELOPE_TAIL, run_on_the_gpu, train  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
-# the float32 envelope of test_cuda_gpu.py holds in bf16 too (docs/cuda.md, "Mixed precision")
-ENVELOPE_STEP = 0.10
-ENVELOPE_TAIL = 0.05
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+# the float32 envelope (gpu_driver.py) holds in bf16 too (docs/cuda.md, "Mixed precision")
 
 
 def in_bf16(name: str, tmp_path: Path, steps: int) -> Path:
@@ -46,14 +40,8 @@ def bf16_experiment(name: str):
 
 @pytest.mark.parametrize("name, steps", [("tiny-adam.sexp", 200), ("char-lm.sexp", 40)])
 def test_a_bf16_run_twice_gives_the_same_metrics(name, steps, tmp_path):
-    file, logs = in_bf16(name, tmp_path, steps), []
-    for attempt in range(2):
-        run_dir = tmp_path / f"run{attempt}"
-        command = [sys.executable, "-m", "sexpgpu", "run", str(file), "--device", "cuda", "--run-dir", str(run_dir)]
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        logs.append((run_dir / "metrics.jsonl").read_text())
+    file = in_bf16(name, tmp_path, steps)
+    logs = [(run_on_the_gpu(file, tmp_path / f"run{attempt}") / "metrics.jsonl").read_text() for attempt in range(2)]
     assert logs[0] == logs[1]
 
 

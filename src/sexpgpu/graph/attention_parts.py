@@ -3,8 +3,8 @@
 attention_core, attention_grad_q and attention_grad_kv are single ops so that a backend may
 run them fused; their definition (graph/ops.py) is a composition of ordinary ops, the one the
 CPU interpreter follows step for step. `composed_attention` gives a graph in which each
-float32 attention op is that composition, node for node (a backend whose fused kernels are
-slower in float32, the CUDA backend's, lowers that graph):
+float32 attention op is that composition, node for node (the interpreter's exact mode sums
+that graph exactly; the CUDA backend fuses float32 attention too and never composes it):
 
     P  = softmax(where(causal_mask, (q @ k^T) * scale, -inf))     along the keys
     o  = P @ v

@@ -10,14 +10,23 @@
 
 q, k and v are read through the views the lowering already has (the heads split off by a
 transpose view of the projections' buffer); a view whose leading axes do not fold into
-(lead, heads) is copied. Results are written into their contiguous buffers;
-attention_grad_kv's buffer holds dk then dv along the last axis, and the gradient rule's
-slices read them as views.
+(lead, heads) is copied. A result goes into a buffer laid out for its readers: when every
+reader merges the heads back (the attention layer's transpose of the heads and time axes,
+then a reshape to the projections' width) or is a cotangent op, the buffer holds
+(..., T, heads, E) and the node is a transposed view of it, so the merge is a view too and
+the products read the result where the kernel wrote it; else the node's own contiguous
+shape. attention_grad_kv's dk and dv each get such a buffer when the gradient rule's two
+slices are all that read it (the slices' values are then those buffers); else one buffer
+holds dk then dv along the last axis, and the slices read it as views.
 """
 
 from __future__ import annotations
 
+from sexpgpu.backends.cuda.codegen.expr import load
+from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
 from sexpgpu.backends.cuda.steps import TorchStep, strided
+
+COTANGENTS = ("attention_grad_q", "attention_grad_kv")
 
 
 def _four_axes(tensor):
@@ -35,11 +44,46 @@ def _tensors(env, operands) -> list:
     return [_four_axes(strided(env, key, view)) for key, view in operands]
 
 
+def _written(env, results) -> list:
+    """The results' (lead, heads, T, E) views, never copies: the kernels write through them."""
+    views = []
+    for key, view in results:
+        tensor = strided(env, key, view)
+        heads = tensor.shape[-3] if tensor.dim() > 2 else 1
+        views.append(tensor.view((-1, heads) + tuple(tensor.shape[-2:])))
+    return views
+
+
 def _reads(operands, *more) -> tuple:
     return tuple(dict.fromkeys([key for key, _ in operands] + list(more)))
 
 
-def _forward_step(lowerer, node, out: str, lse: str) -> None:
+def _heads_merge(node) -> tuple:
+    """The permutation of the attention layer's heads merge on `node`: heads and time swapped."""
+    rank = node.rank
+    return tuple(range(rank - 3)) + (rank - 2, rank - 3, rank - 1)
+
+
+def _merged_by_every_reader(lowerer, node, also=()) -> bool:
+    """Whether every reader of `node` merges its heads back, or is an op of `also` (which
+    reads through any view), and the caller does not take it as an output."""
+    readers = lowerer.readers.consumers[node]
+    merge = _heads_merge(node) if node.rank >= 3 else None
+    return bool(readers) and merge is not None and node not in lowerer.readers.outputs and all(
+        (reader.op == "transpose" and tuple(reader.attrs["perm"]) == merge) or reader.op in also for reader in readers)
+
+
+def _result(lowerer, node, also=()) -> tuple[str, View]:
+    """(buffer, view of the node's axes) the kernel writes `node` through."""
+    if not _merged_by_every_reader(lowerer, node, also):
+        return lowerer.result_buffer(node), contiguous(node.shape)
+    merge = _heads_merge(node)
+    layout = tuple(node.shape[axis] for axis in merge)
+    strides = contiguous_strides(layout)
+    return lowerer.new_buffer(node.dtype, layout), View(node.shape, tuple(strides[axis] for axis in merge))
+
+
+def _forward_step(lowerer, node, out: tuple, lse: str) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_forward
 
     operands = _operands(lowerer, node.inputs[:3])
@@ -47,17 +91,18 @@ def _forward_step(lowerer, node, out: str, lse: str) -> None:
 
     def run(env):
         q, k, v = _tensors(env, operands)
-        run_forward(q, k, v, _four_axes(env[out]), env[lse], scale, causal)
+        (written,) = _written(env, [out])
+        run_forward(q, k, v, written, env[lse], scale, causal)
 
-    lowerer.steps.append(TorchStep(run, _reads(operands), (out, lse), "attention"))
+    lowerer.steps.append(TorchStep(run, _reads(operands), (out[0], lse), "attention"))
 
 
 def attention_core(lowerer, node) -> None:
-    out = lowerer.result_buffer(node)
+    out = _result(lowerer, node, also=COTANGENTS)
     lse = lowerer.new_buffer("f32", node.shape[:-1])
     _forward_step(lowerer, node, out, lse)
     lowerer.shared[("attention lse", node)] = lse
-    lowerer.values[node] = lowerer.loaded(node, out)
+    lowerer.values[node] = load(*out, node.dtype)
 
 
 def _log_sum_exp(lowerer, node) -> str:
@@ -68,7 +113,7 @@ def _log_sum_exp(lowerer, node) -> str:
     key = lowerer.shared.get(("attention lse", o)) if forward else None
     if key is None:
         key = lowerer.new_buffer("f32", o.shape[:-1])
-        _forward_step(lowerer, node, lowerer.new_buffer(o.dtype, o.shape), key)
+        _forward_step(lowerer, node, (lowerer.new_buffer(o.dtype, o.shape), contiguous(o.shape)), key)
     return key
 
 
@@ -90,37 +135,61 @@ def _row_delta(lowerer, o, g) -> str:
     return key
 
 
-def _cotangent_step(lowerer, node, launch) -> None:
-    """A step running `launch(q, k, v, g, lse, delta, result, scale, causal)`."""
+def _cotangent_step(lowerer, node, launch, results: list) -> None:
+    """A step running `launch(q, k, v, g, lse, delta, *results, scale, causal)`, each result
+    a (buffer, view) the kernel writes through."""
     lse = _log_sum_exp(lowerer, node)
     delta = _row_delta(lowerer, node.inputs[3], node.inputs[4])
     operands = _operands(lowerer, node.inputs[:3] + node.inputs[4:])
-    key = lowerer.result_buffer(node)
     scale, causal = node.attrs["scale"], node.attrs["causal"]
 
     def run(env):
         q, k, v, g = _tensors(env, operands)
-        launch(q, k, v, g, env[lse], env[delta], _four_axes(env[key]), scale, causal)
+        launch(q, k, v, g, env[lse], env[delta], *_written(env, results), scale, causal)
 
-    lowerer.steps.append(TorchStep(run, _reads(operands, lse, delta), (key,), "attention"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    writes = tuple(dict.fromkeys(key for key, _ in results))
+    lowerer.steps.append(TorchStep(run, _reads(operands, lse, delta), writes, "attention"))
 
 
 def attention_grad_q(lowerer, node) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_backward_q
 
-    _cotangent_step(lowerer, node, run_backward_q)
+    result = _result(lowerer, node)
+    _cotangent_step(lowerer, node, run_backward_q, [result])
+    lowerer.values[node] = load(*result, node.dtype)
+
+
+def _kv_slices(lowerer, node) -> tuple | None:
+    """The gradient rule's slices of `node`, dk then dv, when they are all that reads it."""
+    width, axis = node.inputs[1].shape[-1], node.rank - 1
+    halves = {(0, width): 0, (width, node.shape[-1]): 1}
+    found = [None, None]
+    for reader in lowerer.readers.consumers[node]:
+        along = reader.op == "slice" and reader.attrs["axis"] % node.rank == axis
+        at = halves.get((reader.attrs["start"], reader.attrs["stop"])) if along else None
+        if at is None or found[at] is not None:
+            return None
+        found[at] = reader
+    if None in found or node in lowerer.readers.outputs:
+        return None
+    return tuple(found)
 
 
 def attention_grad_kv(lowerer, node) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_backward_kv
 
-    width = node.inputs[1].shape[-1]
-
-    def launch(q, k, v, g, lse, delta, result, scale, causal):
-        run_backward_kv(q, k, v, g, lse, delta, result[..., :width], result[..., width:], scale, causal)
-
-    _cotangent_step(lowerer, node, launch)
+    slices = _kv_slices(lowerer, node)
+    if slices is not None:
+        results = [_result(lowerer, part) for part in slices]
+        _cotangent_step(lowerer, node, run_backward_kv, results)
+        for part, result in zip(slices, results):
+            lowerer.values[part] = load(*result, part.dtype)
+        return
+    key, width = lowerer.result_buffer(node), node.inputs[1].shape[-1]
+    whole = contiguous(node.shape)
+    halves = [View(node.inputs[1].shape, whole.strides), View(node.inputs[2].shape, whole.strides, width)]
+    _cotangent_step(lowerer, node, run_backward_kv, [(key, half) for half in halves])
+    lowerer.values[node] = load(key, whole, node.dtype)
 
 
 ATTENTION = {

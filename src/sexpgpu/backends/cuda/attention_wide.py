@@ -1,8 +1,9 @@
 """Attention for heads wider than the fused kernels take (codegen/attention.py,
-MAX_FUSED_WIDTH): the same formula, with the same operands, statistics and rounding points,
-through PyTorch on 4-d (lead, heads, T, E) tensors. Every sum is a cuBLAS float32 product
-(TF32 off) or a PyTorch reduction, none with atomics, so the bits repeat; the scores are
-held in memory (lead x heads x TQ x TK floats), as the fused kernels avoid.
+MAX_FUSED_WIDTH: float32 64, bf16 128): the same formula, with the same operands,
+statistics and rounding points, through PyTorch on 4-d (lead, heads, T, E) tensors. Every
+sum is a cuBLAS float32 product (TF32 off) or a PyTorch reduction, none with atomics, so the
+bits repeat; the scores are held in memory (lead x heads x TQ x TK floats), as the fused
+kernels avoid.
 """
 
 from __future__ import annotations

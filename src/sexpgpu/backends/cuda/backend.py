@@ -94,9 +94,10 @@ class CudaBackend:
         allocates nothing."""
         entry = self._lowerings.get(id(graph))
         if entry is None or entry[0] is not graph:
-            # float32 attention runs as its composition: the fused kernels' float32 products
-            # have no tensor cores and lose to cuBLAS's (docs/cuda.md, "Attention")
-            entry = (graph, Lowerer(composed_attention(graph), self.policy, self.arithmetic).lower())
+            # exact runs sum attention's products and softmax exactly, op by op as the
+            # interpreter writes float32 attention out; float runs take the fused kernels
+            form = composed_attention(graph) if self.arithmetic == "exact" else graph
+            entry = (graph, Lowerer(form, self.policy, self.arithmetic).lower())
             self._lowerings[id(graph)] = entry
         return entry[1]
 

@@ -21,12 +21,17 @@ by the shapes and the block sizes (functions of the shapes and dtype alone), and
 block by `tl.dot`'s fixed reduction: no atomics, so every run gives the same bits. bf16
 operands reach the products as bf16 (float32 accumulation); the scores are rounded to bf16
 as the interpreter's bf16 product rounds them, and the probabilities and dS are rounded to
-bf16 where they enter a product. Statistics and sums stay float32. Float32 products run with
-IEEE float32 multiply-adds (no TF32).
+bf16 where they enter a product. Statistics and sums stay float32. Float32 products are
+3xTF32 on the tensor cores (`input_precision="tf32x3"`): each operand is split into a tf32
+part and the rest, and the three products of parts other than rest x rest are summed in
+float32. That drops about 2^-22 of each term, where an IEEE float32 product rounds to 2^-24,
+and runs on the tensor cores instead of multiply-adds (docs/cuda.md, "Attention").
 
 Under Triton's interpreter (CPU tensors), bf16 values are widened to float32 through their
-bits before a product (its products are then exact, the sum float32, as on the GPU), and
-loops whose bounds depend on the program are `while` loops, which the interpreter can run.
+bits before a product (its products are then exact, the sum float32, as on the GPU); float32
+operands are split into their tf32 parts by the kernel itself (`_dot_3xtf32`), since the
+interpreter ignores input_precision; and loops whose bounds depend on the program are
+`while` loops, which the interpreter can run.
 As in generated kernels (compile.py), no @triton.jit function of triton.language.standard
 (tl.sum, tl.max, tl.zeros) is called: reductions are tl.reduce with bits.py's combiners.
 """
@@ -40,7 +45,6 @@ from sexpgpu.backends.cuda import attention_wide
 from sexpgpu.backends.cuda.codegen.bits import add, load_bf16, max_nan, round_bf16, store_bf16
 
 NEG_INF = tl.constexpr(float("-inf"))
-MAX_FUSED_WIDTH = 128  # wider heads run attention_wide.py: the tiles would not fit in registers
 
 
 @triton.jit
@@ -76,11 +80,38 @@ def _load_float(pointers, mask, BF16: tl.constexpr):
 
 
 @triton.jit
-def _dot(a, b, BF16: tl.constexpr):
+def _tf32_parts(x):
+    """(big, small) with x = big + small + what 3xTF32 drops: big is x rounded to the
+    nearest tf32 (10 fraction bits, ties away from zero: cvt.rna.tf32.f32), small the rest
+    as the tensor core reads it (its low 13 bits dropped). NaN stays in big."""
+    bits = x.to(tl.uint32, bitcast=True)
+    big = tl.where(x != x, x, (((bits + 0x1000) >> 13) << 13).to(tl.float32, bitcast=True))
+    rest = (x - big).to(tl.uint32, bitcast=True)
+    return big, ((rest >> 13) << 13).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot_3xtf32(a, b):
+    """a b as Triton's tf32x3 computes it on the GPU, for Triton's interpreter (which
+    ignores input_precision): small a x big b, plus big a x small b, NaN cleared (an infinite
+    operand's small part is NaN), plus big a x big b, each product of parts summed in float32."""
+    a_big, a_small = _tf32_parts(a)
+    b_big, b_small = _tf32_parts(b)
+    correction = tl.dot(a_big, b_small, tl.dot(a_small, b_big, input_precision="ieee"), input_precision="ieee")
+    correction = tl.where(correction != correction, 0.0, correction)
+    return tl.dot(a_big, b_big, correction, input_precision="ieee")
+
+
+@triton.jit
+def _dot(a, b, BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """A product of two tiles: bf16 operands on the tensor cores with float32 sums; float32
+    operands as 3xTF32 on the tensor cores (the module's docstring says why and what it drops)."""
     if BF16:
         return tl.dot(a, b)
+    elif NATIVE:
+        return tl.dot(a, b, input_precision="tf32x3")
     else:
-        return tl.dot(a, b, input_precision="ieee")
+        return _dot_3xtf32(a, b)
 
 
 @triton.jit
@@ -100,10 +131,10 @@ def _program_head(HEADS):
 
 
 @triton.jit
-def _scores(a, b, rows, cols, TQ, TK, scale, BF16: tl.constexpr, CAUSAL: tl.constexpr):
+def _scores(a, b, rows, cols, TQ, TK, scale, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
     """(a b) * scale over (rows, cols) of queries and keys, -inf where masked; a is the
     operand whose rows are `rows` (q, or k for the transposed tile)."""
-    s = _dot(a, b, BF16)
+    s = _dot(a, b, BF16, NATIVE)
     if BF16:
         s = round_bf16(s)
     s = s * scale
@@ -114,9 +145,9 @@ def _scores(a, b, rows, cols, TQ, TK, scale, BF16: tl.constexpr, CAUSAL: tl.cons
 
 
 @triton.jit
-def _scores_t(a, b, keys, queries, TQ, TK, scale, BF16: tl.constexpr, CAUSAL: tl.constexpr):
+def _scores_t(a, b, keys, queries, TQ, TK, scale, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
     """The transposed tile: (k q^T) * scale over (keys, queries), -inf where masked."""
-    s = _dot(a, b, BF16)
+    s = _dot(a, b, BF16, NATIVE)
     if BF16:
         s = round_bf16(s)
     s = s * scale
@@ -135,7 +166,7 @@ def _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, s
     ev = tl.arange(0, BLOCK_EV)
     key_t = _load_operand(K + k_base + cols[None, :] * skt + e[:, None] * ske,
                           (cols[None, :] < TK) & (e[:, None] < E), BF16, NATIVE)
-    s = _scores(q, key_t, rows, cols, TQ, TK, scale, BF16, CAUSAL)
+    s = _scores(q, key_t, rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL)
     m_new = tl.maximum(m_i, tl.reduce(s, 1, max_nan))
     m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a row with nothing seen yet keeps l = 0
     p = tl.exp(s - m_safe[:, None])
@@ -143,7 +174,7 @@ def _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, s
     l_i = l_i * alpha + tl.reduce(p, 1, add)
     value = _load_operand(V + v_base + cols[:, None] * svt + ev[None, :] * sve,
                           (cols[:, None] < TK) & (ev[None, :] < EV), BF16, NATIVE)
-    acc = acc * alpha[:, None] + _dot(_operand(p, BF16, NATIVE), value, BF16)
+    acc = acc * alpha[:, None] + _dot(_operand(p, BF16, NATIVE), value, BF16, NATIVE)
     return m_new, l_i, acc
 
 
@@ -207,12 +238,12 @@ def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, sta
                           seen[:, None] & (e[None, :] < E), BF16, NATIVE)
     lse = tl.load(LSE + stat_base + queries, mask=seen, other=0.0)
     delta = tl.load(DELTA + stat_base + queries, mask=seen, other=0.0)
-    p_t = tl.exp(_scores_t(k, tl.trans(query), keys, queries, TQ, TK, scale, BF16, CAUSAL) - lse[None, :])
+    p_t = tl.exp(_scores_t(k, tl.trans(query), keys, queries, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[None, :])
     g = _load_operand(G + g_base + queries[:, None] * sgt + ev[None, :] * sge,
                       seen[:, None] & (ev[None, :] < EV), BF16, NATIVE)
-    dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16)
-    ds_t = p_t * (_dot(v, tl.trans(g), BF16) - delta[None, :])
-    dk += _dot(_operand(ds_t, BF16, NATIVE), query, BF16)
+    dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16, NATIVE)
+    ds_t = p_t * (_dot(v, tl.trans(g), BF16, NATIVE) - delta[None, :])
+    dk += _dot(_operand(ds_t, BF16, NATIVE), query, BF16, NATIVE)
     return dk, dv
 
 
@@ -266,11 +297,11 @@ def _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske
     seen = cols < TK
     key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
                         seen[:, None] & (e[None, :] < E), BF16, NATIVE)
-    p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, CAUSAL) - lse[:, None])
+    p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
     value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
                             seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
-    ds = p * (_dot(g, value_t, BF16) - delta[:, None])
-    return dq + _dot(_operand(ds, BF16, NATIVE), key, BF16)
+    ds = p * (_dot(g, value_t, BF16, NATIVE) - delta[:, None])
+    return dq + _dot(_operand(ds, BF16, NATIVE), key, BF16, NATIVE)
 
 
 @triton.jit
@@ -326,16 +357,42 @@ def _power_of_two(size: int, least: int = 16) -> int:
     return max(least, 1 << (max(size, 1) - 1).bit_length())
 
 
+# (kernel, dtype, padded head width over 64) -> tiles on the GPU. Float32 heads are fused up
+# to 64 wide: the 3xTF32 products hold each operand twice (its tf32 parts), and wider tiles
+# spill registers; compiled for sm_90, these take at most 255 registers with no spills and at
+# most 164 KB of shared memory. The backward kernels' own block (queries for dQ, keys for dK
+# and dV) is the tensor cores' 64 rows or more, the block they walk is 32.
+TILES = {
+    ("forward", "bf16", False): Blocks(128, 64, 8, 2),
+    ("forward", "bf16", True): Blocks(64, 64, 4, 2),
+    ("backward_kv", "bf16", False): Blocks(64, 64, 4, 2),
+    ("backward_kv", "bf16", True): Blocks(64, 32, 4, 1),
+    ("backward_q", "bf16", False): Blocks(64, 64, 4, 2),
+    ("backward_q", "bf16", True): Blocks(64, 32, 4, 1),
+    ("forward", "f32", False): Blocks(128, 64, 8, 2),
+    ("backward_kv", "f32", False): Blocks(32, 128, 8, 2),
+    ("backward_q", "f32", False): Blocks(128, 32, 8, 2),
+}
+# the widest head each dtype's fused kernels take; wider ones run attention_wide.py
+MAX_FUSED_WIDTH = {"bf16": 128, "f32": 64}
+INTERPRETED_TILES = Blocks(16, 16, 1, 1)  # many blocks, partial ones included, on small test shapes
+
+
 def blocks(kind: str, bf16: bool, width: int, native: bool) -> Blocks:
     """The tiles of a kernel: functions of the kernel, the dtype and the padded head width
-    alone, so a shape always runs the same sums. Under the interpreter, small tiles (many
-    blocks, partial ones included, on small test shapes)."""
+    alone, so a shape always runs the same sums."""
     if not native:
-        return Blocks(16, 16, 1, 1)
-    wide = width > 64
-    if kind == "forward":
-        return Blocks(128, 64, 8, 2) if bf16 and not wide else Blocks(64, 64 if bf16 else 32, 4, 2)
-    return Blocks(64, 64, 4, 2) if bf16 and not wide else Blocks(64 if bf16 else 32, 32, 4, 1)
+        return INTERPRETED_TILES
+    return TILES[(kind, _dtype(bf16), width > 64)]
+
+
+def _dtype(bf16: bool) -> str:
+    return "bf16" if bf16 else "f32"
+
+
+def fused(width: int, value_width: int, bf16: bool) -> bool:
+    """Whether the fused kernels take heads this wide (else attention_wide.py runs them)."""
+    return max(width, value_width) <= MAX_FUSED_WIDTH[_dtype(bf16)]
 
 
 def _strides(*tensors) -> list:
@@ -359,7 +416,7 @@ def run_forward(q, k, v, out, lse, scale: float, causal: bool) -> None:
     """out = attention(q, k, v) and lse = the log-sum-exp of each query's scores, for
     4-d (lead, heads, T, E) views; lse is float32 (lead, heads, TQ) contiguous."""
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
-    if max(width, value_width) > MAX_FUSED_WIDTH:
+    if not fused(width, value_width, bf16):
         return attention_wide.forward(q, k, v, out, lse, scale, causal)
     tile = blocks("forward", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
@@ -380,9 +437,9 @@ def run_row_delta(out, g, delta) -> None:
 
 def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) -> None:
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
-    if max(width, value_width) > MAX_FUSED_WIDTH:
+    if not fused(width, value_width, bf16):
         return attention_wide.backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
-    tile = blocks("backward", bf16, max(block_e, block_ev), native)
+    tile = blocks("backward_kv", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     grid = (triton.cdiv(keys, tile.n), lead * heads)
     backward_kv[grid](q, k, v, g, lse, delta, dk, dv, *_strides(q, k, v, g, dk, dv), heads, queries, keys, scale,
@@ -392,9 +449,9 @@ def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) 
 
 def run_backward_q(q, k, v, g, lse, delta, dq, scale: float, causal: bool) -> None:
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
-    if max(width, value_width) > MAX_FUSED_WIDTH:
+    if not fused(width, value_width, bf16):
         return attention_wide.backward_q(q, k, v, g, lse, delta, dq, scale, causal)
-    tile = blocks("backward", bf16, max(block_e, block_ev), native)
+    tile = blocks("backward_q", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     grid = (triton.cdiv(queries, tile.m), lead * heads)
     backward_q[grid](q, k, v, g, lse, delta, dq, *_strides(q, k, v, g, dq), heads, queries, keys, scale,
