@@ -11,6 +11,11 @@ Each graph is lowered once (lowering.py) and kept; with SEXPGPU_OPTIMIZE=on a gr
 needs no host round trip is captured as a CUDA graph at its second run. `device="cpu"` runs
 the same lowering on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1): that is
 how CI checks the lowering without a GPU.
+
+A backend made without a policy takes the environment's (SEXPGPU_OPTIMIZE) with the patterns
+the plan puts on here (plan/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
+supports on this device, cudnn_patterns.py); `patterns` says which and why the others are off.
+A policy given is taken as it is, its patterns included (none by default).
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ from dataclasses import replace
 
 import numpy as np
 
+from sexpgpu import settings
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
 from sexpgpu.backends.cuda import device as device_settings
+from sexpgpu.backends.cuda.cudnn_patterns import support
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import Lowerer
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.attention_parts import composed_attention
+from sexpgpu.plan.patterns import PatternsInEffect, decide_patterns
 
 
 class CudaBackend:
@@ -38,7 +46,12 @@ class CudaBackend:
 
         self.torch = torch
         self.device = torch.device(device or "cuda")
-        self.policy = policy or policy_from_environment()
+        if policy is None:
+            self.patterns = patterns_here(self.device)
+            policy = replace(policy_from_environment(), patterns=self.patterns.on)
+        else:
+            self.patterns = PatternsInEffect(policy.patterns, ())
+        self.policy = policy
         self._runners: dict = {}
         self._lowerings: dict = {}
 
@@ -200,3 +213,8 @@ def _check_bf16(name: str, array: np.ndarray) -> None:
     the host, since a check on the device would wait for the GPU."""
     if np.any((array.view(np.uint32) & 0xFFFF) != 0) or np.any(np.isnan(array)):
         raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
+
+
+def patterns_here(device) -> PatternsInEffect:
+    """The patterns the plan puts on for this device: SEXPGPU_PATTERNS and cuDNN's support."""
+    return decide_patterns(settings.value("SEXPGPU_PATTERNS"), support(device))

@@ -6,11 +6,13 @@ movement op changes the views of its source's loads (views.py); an elementwise o
 its inputs' expressions (elementwise.py), so chains of them fuse; the fusion planner
 (fusion.py) decides where a value is written out instead. Reductions, normalisations and
 the loss become row or column kernels that inline their input's expression (reductions.py);
-products, gathers, scatters and copies become steps of their own (special.py). Every step
-names its buffers; `finish` places them in one arena (memory.py).
+products, gathers, scatters and copies become steps of their own (special.py). A group of
+nodes that one of cuDNN's native pattern graphs on computes is one step (pattern_steps.py).
+Every step names its buffers; `finish` places them in one arena (memory.py).
 
-What this decides depends only on the graph, the shapes and SEXPGPU_OPTIMIZE, never on
-timing or on the machine.
+What this decides depends only on the graph, the shapes, SEXPGPU_OPTIMIZE and the plan's
+choices, never on timing; with patterns on, also on which groups cuDNN builds plans for, a
+fact of the device and its cuDNN.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcasta
 from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, nodes_in_order, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
+from sexpgpu.backends.cuda.pattern_steps import Patterns
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.special import SPECIAL
 from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, same_memory, strided
@@ -49,6 +52,8 @@ class Lowered:
     offsets: dict  # arena buffer key -> byte offset
     arena_bytes: int
     capturable: bool
+    patterns: tuple = ()  # plan/patterns.py's PatternUse of each match met
+    covered: frozenset = frozenset()  # the nodes cuDNN's pattern graphs compute
 
     def kernel_count(self) -> int:
         return len(self.steps)
@@ -65,6 +70,7 @@ class Lowerer:
         self.capturable = True
         self._output_of: dict = {}  # node -> buffer key for its first output name
         self.shared: dict = {}  # buffers steps hand one another beside the nodes' values (attention's statistics)
+        self.patterns = Patterns(graph, policy.patterns)
 
     # --- buffers ------------------------------------------------------------------------------
 
@@ -203,7 +209,11 @@ class Lowerer:
             inputs[name] = key
             self.values[node] = self.loaded(node, key)
         for node in self.graph.nodes:
+            if self.patterns.skip(self, node):  # computed by a pattern's step, which runs at its last such node
+                continue
             if node.op == "input" or node in self.values:  # inputs, and values an earlier kernel wrote beside its own
+                continue
+            if self.patterns.take(self, node):
                 continue
             if node.op in views_ops():
                 self._view(node)
@@ -305,7 +315,8 @@ class Lowerer:
         plan = plan_arena(lifetimes)
         used = {key for step in steps for key in step.reads + step.writes}
         buffers = {key: buffer for key, buffer in self.buffers.items() if key in used or buffer.kind != "arena"}
-        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable)
+        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable,
+                       tuple(self.patterns.uses), frozenset(self.patterns.covered))
 
 
 def _copier(key: str, source: str, view: View):
