@@ -12,8 +12,6 @@ to engines); and which patterns a backend puts on (SEXPGPU_PATTERNS, the device)
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -26,12 +24,12 @@ import fake_frontend  # noqa: E402
 from attention_checks import ENVELOPE, attention_case  # noqa: E402
 from fake_frontend import Plan  # noqa: E402
 from op_cases import case_graph, random_array  # noqa: E402
+from pattern_cases import epilogue_graph, strided_attention_graph  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda import backend as backend_module, cudnn_engines, cudnn_patterns  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.probe import CudaProbe  # noqa: E402
-from sexpgpu.graph.autodiff import gradients  # noqa: E402
 from sexpgpu.graph.emit import Emitter  # noqa: E402
 from sexpgpu.plan.convolutions import graph_convolutions  # noqa: E402
 from sexpgpu.plan.patterns import PATTERN_NAMES, patterns_line  # noqa: E402
@@ -68,38 +66,6 @@ def run_both(graph, values, policy=PATTERNS_ON):
     return backend, backend.lowered(graph)
 
 
-def epilogue_graph(product: str, dtype: str, activation: str | None, seed: int = 0, differentiate: bool = True):
-    """x -> product with w -> (cast to f32) -> + bias -> activation, a weighted sum as the
-    loss, and the gradients of x, w and the bias: the training graph of a layer (without
-    `differentiate`, its forward alone)."""
-    rng = np.random.default_rng(seed)
-    e = Emitter()
-    shapes = {"matmul": ((2, 3, 8), (5, 8), (5,)), "conv2d": ((2, 3, 6, 6), (4, 3, 3, 3), (4,))}[product]
-    inputs = {name: e.input(name, "f32", shape) for name, shape in zip(("x", "w", "b"), shapes)}
-    values = {name: random_array(rng, "f32", shape, "normal") for name, shape in zip(("x", "w", "b"), shapes)}
-    x, w, b = inputs.values()
-
-    def narrowed(node):
-        return node if dtype == "f32" else e("cast", node, dtype=dtype)
-
-    if product == "matmul":
-        made = e("matmul", narrowed(x), narrowed(e("transpose", w, perm=(1, 0))))
-        bias = b
-    else:
-        made = e("conv2d", narrowed(x), narrowed(w), stride=(1, 1), padding=(1, 1))
-        bias = e("reshape", b, shape=(shapes[1][0], 1, 1))
-    summed = e("add", made if dtype == "f32" else e("cast", made, dtype="f32"), bias)
-    y = e(activation, summed) if activation else summed
-    if not differentiate:
-        return e.graph(inputs, {"y": y}), values
-    weights = inputs["g"] = e.input("g", "f32", y.shape)
-    values["g"] = random_array(rng, "f32", y.shape, "normal")
-    loss = e("sum", e("mul", y, weights), axes=None)
-    grads = gradients(e, loss, [x, w, b])
-    outputs = {"y": y, "loss": loss, **{f"grad/{name}": grad for name, grad in zip("xwb", grads)}}
-    return e.graph(inputs, outputs), values
-
-
 def pattern_steps(lowered) -> list:
     return [step for step in lowered.steps if step.kind == "pattern"]
 
@@ -125,18 +91,7 @@ def test_bf16_attention_runs_cudnns_forward_and_deterministic_backward_within_th
 def test_heads_are_read_in_place_and_dk_dv_written_side_by_side():
     """q, k, v as (batch, heads, tokens, width) transposed views of (batch, tokens, heads,
     width) buffers, no causal mask, unequal lengths: cuDNN is given the views' strides."""
-    rng = np.random.default_rng(3)
-    e = Emitter()
-    shapes = {"q": (2, 5, 2, 8), "k": (2, 7, 2, 8), "v": (2, 7, 2, 8)}
-    nodes = {name: e.input(name, "bf16", shape) for name, shape in shapes.items()}
-    values = {name: random_array(rng, "bf16", shape, "normal") for name, shape in shapes.items()}
-    q, k, v = (e("transpose", node, perm=(0, 2, 1, 3)) for node in nodes.values())
-    out = e("attention_core", q, k, v, scale=1 / math.sqrt(8), causal=False)
-    weights = e.input("g", "bf16", out.shape)
-    values["g"] = random_array(rng, "bf16", out.shape, "normal")
-    loss = e("sum", e("cast", e("mul", out, weights), dtype="f32"), axes=None)
-    grads = gradients(e, loss, list(nodes.values()))
-    graph = e.graph({**nodes, "g": weights}, {"y": out, "loss": loss, **{f"d{n}": g for n, g in zip("qkv", grads)}})
+    graph, values = strided_attention_graph({"q": (2, 5, 2, 8), "k": (2, 7, 2, 8), "v": (2, 7, 2, 8)}, causal=False)
     run_both(graph, values)
     forward, backward = fake_frontend.GRAPHS[0], fake_frontend.GRAPHS[1]
     assert forward.tensors[0].dim == [2, 2, 5, 8] and forward.tensors[0].stride == [80, 8, 16, 1]
