@@ -141,6 +141,10 @@ CASES = {
                                                              shapes=((32, 8, 6, 6), (16, 8, 3, 3), (16,))),
     "convolution + bias + relu, bf16": lambda: epilogue_graph("conv2d", "bf16", "relu",
                                                               shapes=((32, 8, 6, 6), (16, 8, 3, 3), (16,))),
+    "product + bias + relu, bf16, forward only": lambda: epilogue_graph(
+        "matmul", "bf16", "relu", differentiate=False, shapes=((8, 128, 256), (512, 256), (512,))),
+    "convolution + bias + relu, bf16, forward only": lambda: epilogue_graph(
+        "conv2d", "bf16", "relu", differentiate=False, shapes=((32, 8, 6, 6), (16, 8, 3, 3), (16,))),
     "convolution + bias + relu, the CNN's first, f32": lambda: epilogue_graph(
         "conv2d", "f32", "relu", shapes=((32, 1, 12, 12), (8, 1, 3, 3), (8,))),
 }
@@ -215,8 +219,8 @@ MODEL = """
   (let h (add (embedding x :vocab 256 :dim 64 :as embed) (param positions (64 64) :init (normal :std 0.02))))
   (linear (layernorm (block h :as block0) :as final-norm) :out 256 :as head))
 (defrun lm :seed 7 :data (text pydoc :context 64) :model (lm x) :loss (cross-entropy y)
-  :optimizer (adamw :lr 0.003 :weight-decay 0.01 :clip 1.0) :batch 8 :steps 6 :checkpoint 3
-  :precision bf16 :passes ((eval :every 3 :batches 1)))
+  :optimizer (adamw :lr 0.003 :weight-decay 0.01 :clip 1.0) :batch 8 :steps 4 :checkpoint 2
+  :precision bf16 :passes ((eval :every 2 :batches 1)))
 """
 
 
@@ -229,8 +233,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("pattern-runs")
     models = {"lm": root / "lm.sexp", "cnn": root / "cnn.sexp"}
     models["lm"].write_text(MODEL)
-    cnn = (ROOT / "examples" / "cnn.sexp").read_text().replace(":steps 120", ":steps 6 :checkpoint 3 :precision bf16")
-    models["cnn"].write_text(cnn.replace("(eval :every 40 :batches 4)", "(eval :every 3 :batches 1)"))
+    cnn = (ROOT / "examples" / "cnn.sexp").read_text().replace(":steps 120", ":steps 4 :checkpoint 2 :precision bf16")
+    models["cnn"].write_text(cnn.replace("(eval :every 40 :batches 4)", "(eval :every 2 :batches 1)"))
     done, made = {}, {}
     with pytest.MonkeyPatch.context() as patch:
         for name in ("SEXPGPU_CHOICES", "SEXPGPU_DETERMINISTIC", "SEXPGPU_NODE_GRADIENTS", "SEXPGPU_PATTERNS"):
@@ -253,10 +257,10 @@ def runs(tmp_path_factory):
             for setting in (None, "off"):
                 for attempt in range(2):
                     run(model, setting, attempt)
-        # the default run's directory, resumed from its step 3 with patterns off (a copy: the
+        # the default run's directory, resumed from its step 2 with patterns off (a copy: the
         # runs above stay as they ended, whatever the resume does)
         shutil.copytree(root / "lm-None-0", root / "lm-off-resumed")
-        made["resume"] = run("lm", "off", "resumed", "--resume", str(root / "lm-off-resumed" / "step-3"))
+        made["resume"] = run("lm", "off", "resumed", "--resume", str(root / "lm-off-resumed" / "step-2"))
     return done, made
 
 
@@ -274,14 +278,14 @@ def test_a_run_twice_gives_the_same_metrics_and_records_its_patterns(frontend, r
     line = report_line(first, "patterns")
     print(f"{model}, SEXPGPU_PATTERNS={setting or '(default)'}: patterns {line}")
     assert (first / "metrics.jsonl").read_text() == (second / "metrics.jsonl").read_text(), line
-    recorded = json.loads((first / "step-3" / "experiment.json").read_text())
+    recorded = json.loads((first / "step-2" / "experiment.json").read_text())
     device = recorded["choices"]["device"]
     if setting == "off":
         assert line == "off: SEXPGPU_PATTERNS=off" and device.endswith("patterns off")
         assert recorded["environment"]["SEXPGPU_PATTERNS"] == "off"
         return
     assert device.endswith("patterns on") and recorded["environment"]["SEXPGPU_PATTERNS"] == "on", device
-    expected = "fused attention on: 3 of 3 by cuDNN" if model == "lm" else "convolutions with their epilogues on: 2 of 2"
+    expected = "fused attention on: 3 of 3 by cuDNN" if model == "lm" else "convolutions with their epilogues on: 4 of 4 by cuDNN"
     assert expected in line, f"{line}\n{diagnosis()}"
     # patterns change bits by design: the same run without them sums otherwise
     assert (first / "metrics.jsonl").read_text() != (done[(model, "off", 0)][1] / "metrics.jsonl").read_text()
@@ -289,8 +293,8 @@ def test_a_run_twice_gives_the_same_metrics_and_records_its_patterns(frontend, r
 
 def test_a_resume_with_other_patterns_is_refused(frontend, runs):
     """The default run's checkpoint, resumed with SEXPGPU_PATTERNS=off: E-CKPT-002 (exit 2,
-    its message on stderr), and nothing written after step 3."""
+    its message on stderr), and nothing written after step 2."""
     _, made = runs
     code, run_dir, said = made["resume"]
     assert code == 2 and "E-CKPT-002" in said and 'environment.SEXPGPU_PATTERNS: checkpoint "on", now "off"' in said, said
-    assert json.loads((run_dir / "step-6" / "experiment.json").read_text())["environment"]["SEXPGPU_PATTERNS"] == "on"
+    assert json.loads((run_dir / "step-4" / "experiment.json").read_text())["environment"]["SEXPGPU_PATTERNS"] == "on"

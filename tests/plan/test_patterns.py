@@ -86,9 +86,9 @@ def test_the_cnns_convolutions_with_their_relu_are_matched_in_both_precisions(tm
              if match.pattern == "convolutions"]
     assert [match.key.key() for match in found] == [
         f"Forward Spec {{ batch: 32, height: 12, width: 12, channels: 1, kh: 3, kw: 3, out: 8, stride: 1, padding: 1 }} "
-        f"{precision} + bias + relu",
+        f"{precision} + bias + relu, keeping the sum",
         f"Forward Spec {{ batch: 32, height: 6, width: 6, channels: 8, kh: 3, kw: 3, out: 16, stride: 1, padding: 1 }} "
-        f"{precision} + bias + relu",
+        f"{precision} + bias + relu, keeping the sum",
     ]
     assert all(match.key.keeps_sum and match.operands[2].shape == (match.key.product.out, 1, 1) for match in found)
     # the head's linear is a float32 product: no pattern (bf16's is)

@@ -108,7 +108,8 @@ class EpilogueKey:
         return self.product.dtype
 
     def key(self) -> str:
-        return self.product.key() + " + bias" + (f" + {self.activation}" if self.activation else "")
+        activation = f" + {self.activation}" if self.activation else ""
+        return f"{self.product.key()} + bias{activation}" + (", keeping the sum" if self.keeps_sum else "")
 
 
 @dataclass(frozen=True)
@@ -237,28 +238,28 @@ def _epilogue_matches(name: str, rule: ProductRule, graph, consumers, order) -> 
     """product -> (a cast to float32, for a bf16 product) -> add a bias -> (an activation):
     the sum of products and the bias in float32, in one cuDNN graph."""
     outputs = set(graph.outputs.values())
-    matches = []
-    for product in graph.nodes:
-        if product.op != rule.op or product.dtype not in rule.dtypes or rule.key(product) is None:
-            continue
-        nodes, summed = [product], product
-        if product.dtype != "f32":
-            widened = _only_reader(product, consumers, outputs)
-            if widened is None or widened.op != "cast" or widened.dtype != "f32":
-                continue
-            nodes.append(widened)
-            summed = widened
-        found = _bias_sum(summed, consumers, outputs, rule, product)
-        if found is None:
-            continue
-        add, bias = found
-        active = _activation(add, consumers, order)
-        keeps_sum = active is not None and (len(consumers[add]) > 1 or add in outputs)
-        results = (add,) if active is None else ((add, active) if keeps_sum else (active,))
-        key = EpilogueKey(rule.key(product), active.op if active is not None else None, keeps_sum)
-        nodes += [add] + ([active] if active is not None else [])
-        matches.append(Match(name, key, tuple(nodes), tuple(product.inputs) + (bias,), results, nodes[-1]))
-    return matches
+    found = (_epilogue(name, rule, node, consumers, outputs, order) for node in graph.nodes
+             if node.op == rule.op and node.dtype in rule.dtypes and rule.key(node) is not None)
+    return [match for match in found if match is not None]
+
+
+def _epilogue(name: str, rule: ProductRule, product, consumers, outputs, order):
+    nodes, summed = [product], product
+    if product.dtype != "f32":
+        summed = _only_reader(product, consumers, outputs)
+        if summed is None or summed.op != "cast" or summed.dtype != "f32":
+            return None
+        nodes.append(summed)
+    found = _bias_sum(summed, consumers, outputs, rule, product)
+    if found is None:
+        return None
+    add, bias = found
+    active = _activation(add, consumers, order)
+    keeps_sum = active is not None and (len(consumers[add]) > 1 or add in outputs)
+    results = (add,) if active is None else ((add, active) if keeps_sum else (active,))
+    key = EpilogueKey(rule.key(product), active.op if active is not None else None, keeps_sum)
+    nodes += [add] + ([active] if active is not None else [])
+    return Match(name, key, tuple(nodes), tuple(product.inputs) + (bias,), results, nodes[-1])
 
 
 PATTERNS = (

@@ -34,7 +34,9 @@ from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_faile
 from sexpgpu.backends.cuda.steps import torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.attention_parts import composed_attention
-from sexpgpu.plan.patterns import PatternsInEffect, decide_patterns
+from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
+
+GIVEN = "the backend was made with a policy without it"
 
 
 class CudaBackend:
@@ -50,7 +52,8 @@ class CudaBackend:
             self.patterns = patterns_here(self.device)
             policy = replace(policy_from_environment(), patterns=self.patterns.on)
         else:
-            self.patterns = PatternsInEffect(policy.patterns, ())
+            self.patterns = decide_patterns(None, {name: None if name in policy.patterns else GIVEN
+                                                   for name in PATTERN_NAMES})
         self.policy = policy
         self._runners: dict = {}
         self._lowerings: dict = {}
