@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from sexpgpu.plan.convolutions import graph_convolutions
 from sexpgpu.plan.cost import graph_products
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
+from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect
 
 GIB = 2**30
 
 A100 = DeviceFacts(gpu="NVIDIA A100-SXM4-80GB", compute="compute_80", multiprocessors=108, driver="13000",
-                   libraries={"cuBLAS": "130101", "cuDNN": "91300", "Triton": "3.6.0"}, patterns=True)
+                   libraries={"cuBLAS": "130101", "cuDNN": "91300", "Triton": "3.6.0"}, patterns=PATTERN_NAMES)
 H200 = DeviceFacts(gpu="NVIDIA H200", compute="compute_90", multiprocessors=132, driver="13000",
-                   libraries={"cuBLAS": "130100", "cuDNN": "91900", "Triton": "3.6.0"}, patterns=True)
+                   libraries={"cuBLAS": "130100", "cuDNN": "91900", "Triton": "3.6.0"}, patterns=PATTERN_NAMES)
 
 
 @dataclass
@@ -30,6 +31,8 @@ class FakeDevice:
     convolution_seconds: dict = field(default_factory=dict)  # engine text -> seconds, offered for every convolution
     engines_for: dict = field(default_factory=dict)  # ConvolutionKey.key() -> the engines offered, in order
     unavailable: str | None = None  # convolutions_unavailable()'s answer
+    patterns: PatternsInEffect = PatternsInEffect(PATTERN_NAMES)  # patterns_in_effect()'s answer
+    uses: dict = field(default_factory=dict)  # id(graph) -> the PatternUses of its lowering
     measured: list = field(default_factory=list)
 
     def device_facts(self) -> DeviceFacts:
@@ -73,3 +76,9 @@ class FakeDevice:
     def time_convolution(self, key, engine: str) -> float:
         self.measured.append(("convolution", key.key(), engine))
         return self.convolution_seconds[engine]
+
+    def patterns_in_effect(self) -> PatternsInEffect:
+        return self.patterns
+
+    def pattern_uses(self, graph) -> tuple:
+        return tuple(self.uses.get(id(graph), ()))

@@ -76,9 +76,11 @@ SETTINGS = {setting.name: setting for setting in (
     Setting("SEXPGPU_OPTIMIZE", "on, off", "on",
             "how much the CUDA backend fuses: `off` gives every node its own kernel and captures no "
             "CUDA graph; both give the same bits", _one_of("on", "off")),
-    Setting("SEXPGPU_PATTERNS", "on, off", "off",
-            "whether the CUDA backend may lower recognised multi-node patterns as one kernel (it knows none "
-            "yet: the report says `patterns off`); part of a run's bits", _one_of("on", "off")),
+    Setting("SEXPGPU_PATTERNS", "on, off", "on",
+            "whether the CUDA backend lowers cuDNN's native pattern graphs (fused bf16 attention, forward and "
+            "backward; bf16 products, and convolutions, with their bias and activation) where cuDNN supports them "
+            "on the device; `off`: none. The report's `patterns` line says which are on, and why the others "
+            "are off. Part of a run's bits, of its recorded device and of what a resume checks", _one_of("on", "off")),
     Setting("SEXPGPU_DETERMINISTIC", "0, 1", "0",
             "`1` is `--deterministic`: no measured choices", _one_of("0", "1")),
     Setting("SEXPGPU_CHOICES", "fresh, or a path or s3://bucket/prefix", "(none)",
@@ -121,6 +123,12 @@ def value(name: str, environ=None):
     except ValueError:
         raise SexpgpuError("E-CONFIG-001", f"{name} is '{_shown(text)}': expected {setting.allowed}.",
                            hint=f"Unset it for the default ({setting.default}); docs/settings.md lists every setting.") from None
+
+
+def resolved(name: str, environ=None) -> str:
+    """A known setting's value as text: the parsed value, or its default when unset."""
+    found = value(name, environ)
+    return SETTINGS[name].default if found is None else str(found)
 
 
 def check_part_count(nbytes: int, part_size: int) -> None:

@@ -1,22 +1,31 @@
 """A stand-in for cuDNN's frontend (`import cudnn`, the package nvidia-cudnn-frontend) on the CPU,
-for tests of backends/cuda/cudnn_engines.py and the lowering's engine steps without a GPU.
+for tests of backends/cuda/cudnn_engines.py, cudnn_patterns.py and the lowering's engine and
+pattern steps without a GPU.
 
-It has the part of the frontend's graph API that cudnn_engines.py calls, with the
-frontend's names and call order (`pygraph`, `tensor`, `conv_fprop` / `conv_dgrad` /
-`conv_wgrad`, `validate`, `build_operation_graph`, `deselect_numeric_notes`,
-`deselect_behavior_notes`, `create_execution_plans`, `get_execution_plan_count`,
-`get_engine_and_knobs_at_index`, `get_behavior_notes_for_plan_at_index`,
-`build_plan_at_index`, `get_workspace_size_plan_at_index`, `execute_plan_at_index`), and its
-plans are a list the test sets: (engine id, knobs, numerical notes, behaviour notes, builds).
-Executing a plan computes the convolution with PyTorch on the CPU and records which plan
-ran, with which buffers. It checks what the real one would refuse: a plan deselected by
-its notes, or one that does not build, raises when built; a variant pack that misses an
-operand, or a buffer of another shape, raises when executed.
+It has the part of the frontend's graph API that those modules call, with the frontend's
+names, keywords and call order (`pygraph`, `tensor`, `conv_fprop` / `conv_dgrad` /
+`conv_wgrad`, `matmul`, `add`, `relu`, `gelu`, `sdpa`, `sdpa_backward`, `validate`,
+`build_operation_graph`, `deselect_numeric_notes`, `deselect_behavior_notes`,
+`create_execution_plans`, `get_execution_plan_count`, `get_engine_and_knobs_at_index`,
+`get_behavior_notes_for_plan_at_index`, `build_plan_at_index`,
+`get_workspace_size_plan_at_index`, `execute_plan_at_index`), and its plans are a list the
+test sets: (engine id, knobs, numerical notes, behaviour notes, builds), the same for every
+graph, except that a graph holding a node of a kind in DECLINED has none.
+
+Executing a plan computes the graph's nodes with PyTorch on the CPU in float32 (each result
+rounded to its tensor's dtype as it is written, every intermediate kept in float32), and
+records which plan ran, with which buffers. It checks what the real one would refuse: a plan
+deselected by its notes, or one that does not build, raises when built; a result whose dims
+and strides were not named raises at validation; a variant pack that misses an operand, or a
+buffer of another shape or strides than declared, raises when executed; an attention
+backward not asked for the deterministic algorithm raises when planned.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
+import math
 from dataclasses import dataclass, field
 
 
@@ -55,6 +64,11 @@ class data_type(enum.IntEnum):
     BFLOAT16 = 9
 
 
+class diagonal_alignment(enum.IntEnum):
+    TOP_LEFT = 0
+    BOTTOM_RIGHT = 1
+
+
 class cudnnGraphNotSupportedError(RuntimeError):
     pass
 
@@ -70,13 +84,17 @@ class Plan:
 
 
 __version__ = "0.0-fake"
+VERSION = 91900
 PLANS = {"A": [], "FALLBACK": []}  # heuristics mode name -> the plans it lists, set by the test
-EXECUTED: list = []  # (engine, role, shapes of the pack's buffers) of each plan executed
+DECLINED: set = set()  # node kinds ("sdpa_backward", "matmul", ...) whose graphs have no plans, set by the test
+EXECUTED: list = []  # (engine, the graph's node kinds joined by "+", shapes of the pack's buffers) of each run
+ATTENTION_CALLS: list = []  # the keywords of each sdpa and sdpa_backward node made
+GRAPHS: list = []  # every pygraph made, in order
 HANDLES: list = []
 
 
 def backend_version() -> int:
-    return 91900
+    return VERSION
 
 
 def create_handle():
@@ -95,9 +113,10 @@ class Tensor:
     stride: list
     data_type: object = None
     output: bool = False
+    virtual: bool = False  # a node's result not (yet) made an output
 
     def set_output(self, value):
-        self.output = value
+        self.output, self.virtual = value, not value
         return self
 
     def set_data_type(self, value):
@@ -113,36 +132,78 @@ class Tensor:
         return self
 
 
+@dataclass
+class Node:
+    kind: str
+    inputs: dict  # name -> Tensor
+    params: dict
+    results: list
+
+
 class pygraph:
     def __init__(self, io_data_type=None, intermediate_data_type=None, compute_data_type=None, handle=None):
         assert handle in HANDLES and compute_data_type == data_type.FLOAT
+        assert intermediate_data_type == data_type.FLOAT
         self.io = io_data_type
-        self.tensors, self.node, self.state = [], None, "building"
+        self.tensors, self.nodes, self.state = [], [], "building"
         self.numerics, self.behaviours, self.plans, self.built = set(), set(), [], set()
+        GRAPHS.append(self)
 
     def tensor(self, name, dim, stride, data_type):
         self.tensors.append(Tensor(name, list(dim), list(stride), data_type))
         return self.tensors[-1]
 
-    def _node(self, role, inputs, params):
-        assert self.node is None, "one node a graph"
-        assert params["dilation"] == [1, 1] and len(params["padding"]) == 2 == len(params["stride"])
-        result = Tensor(f"{role}::out", [], [])
-        self.node = (role, inputs, params, result)
-        return result
+    def _node(self, kind, inputs, params, results=1):
+        assert self.state == "building"
+        for tensor in inputs.values():
+            assert tensor is None or tensor in self.tensors, f"{kind}: an input of another graph"
+        made = [Tensor(f"{kind}::{index}", [], [], virtual=True) for index in range(results)]
+        self.tensors += made
+        self.nodes.append(Node(kind, inputs, params, made))
+        return made
 
-    def conv_fprop(self, image, weight, padding, stride, dilation):
-        return self._node("fprop", (image, weight), dict(padding=padding, stride=stride, dilation=dilation))
+    def _convolution(self, kind, inputs, padding, stride, dilation, name=""):
+        assert dilation == [1, 1] and len(padding) == 2 == len(stride)
+        return self._node(kind, inputs, dict(padding=padding, stride=stride))[0]
 
-    def conv_dgrad(self, loss, filter, padding, stride, dilation):
-        return self._node("dgrad", (loss, filter), dict(padding=padding, stride=stride, dilation=dilation))
+    def conv_fprop(self, image, weight, padding, stride, dilation, name=""):
+        return self._convolution("fprop", dict(image=image, weight=weight), padding, stride, dilation)
 
-    def conv_wgrad(self, image, loss, padding, stride, dilation):
-        return self._node("wgrad", (image, loss), dict(padding=padding, stride=stride, dilation=dilation))
+    def conv_dgrad(self, loss, filter, padding, stride, dilation, name=""):
+        return self._convolution("dgrad", dict(loss=loss, filter=filter), padding, stride, dilation)
+
+    def conv_wgrad(self, image, loss, padding, stride, dilation, name=""):
+        return self._convolution("wgrad", dict(image=image, loss=loss), padding, stride, dilation)
+
+    def matmul(self, A, B, compute_data_type=None, padding=0.0, name=""):
+        return self._node("matmul", dict(A=A, B=B), {})[0]
+
+    def add(self, a, b, name="", compute_data_type=None):
+        return self._node("add", dict(a=a, b=b), {})[0]
+
+    def relu(self, input, name="", compute_data_type=None):
+        return self._node("relu", dict(input=input), {})[0]
+
+    def gelu(self, input, name="", compute_data_type=None):
+        return self._node("gelu", dict(input=input), {})[0]
+
+    def sdpa(self, q, k, v, generate_stats=None, attn_scale=None, name="", **mask):
+        ATTENTION_CALLS.append(dict(mask, kind="sdpa", generate_stats=generate_stats, attn_scale=attn_scale))
+        o, stats = self._node("sdpa", dict(q=q, k=k, v=v), dict(mask, scale=attn_scale), results=2)
+        return [o, stats if generate_stats else None]
+
+    def sdpa_backward(self, q, k, v, o, dO, stats, attn_scale=None, use_deterministic_algorithm=False, name="",
+                      **mask):
+        ATTENTION_CALLS.append(dict(mask, kind="sdpa_backward", attn_scale=attn_scale,
+                                    use_deterministic_algorithm=use_deterministic_algorithm))
+        return self._node("sdpa_backward", dict(q=q, k=k, v=v, o=o, dO=dO, stats=stats),
+                          dict(mask, scale=attn_scale, deterministic=use_deterministic_algorithm), results=3)
 
     def validate(self):
-        role, inputs, params, result = self.node
-        assert result.output and result.dim and result.stride, "the result's dims and strides are named"
+        for tensor in self.tensors:
+            if tensor.output:
+                assert tensor.dim and tensor.stride and tensor.data_type is not None, \
+                    f"{tensor.name}: a result's dims, strides and dtype are named"
         self.state = "validated"
 
     def build_operation_graph(self):
@@ -157,10 +218,14 @@ class pygraph:
 
     def create_execution_plans(self, modes):
         assert self.state == "operation graph" and self.plans == [], "planning is one-shot"
-        for mode in modes:
-            self.plans += PLANS[mode.name]
+        kinds = {node.kind for node in self.nodes}
+        assert "sdpa_backward" not in kinds or self.nodes[-1].params["deterministic"], \
+            "an attention backward must ask for the deterministic algorithm"
+        if not kinds & DECLINED:
+            for mode in modes:
+                self.plans += PLANS[mode.name]
         if not self.plans:
-            raise cudnnGraphNotSupportedError("No valid engine configs")
+            raise cudnnGraphNotSupportedError(f"No valid engine configs for {'+'.join(n.kind for n in self.nodes)}")
 
     def get_execution_plan_count(self):
         return len(self.plans)
@@ -186,24 +251,105 @@ class pygraph:
         return self.plans[index].workspace
 
     def execute_plan_at_index(self, pack, workspace=None, index=0, handle=None):
-        import torch
-        import torch.nn.functional as functional
-
         assert index in self.built and handle in HANDLES
-        role, (first, second), params, result = self.node
-        for tensor in (first, second, result):
+        bound = [tensor for tensor in self.tensors if not tensor.virtual]
+        for tensor in bound:
             buffer = pack[tensor]
-            assert list(buffer.shape) == tensor.dim and list(buffer.stride()) == tensor.stride, tensor.name
+            assert list(buffer.shape) == tensor.dim and list(buffer.stride()) == tensor.stride, \
+                (tensor.name, tuple(buffer.shape), buffer.stride(), tensor.dim, tensor.stride)
         assert (workspace is None) == (self.plans[index].workspace == 0)
         if workspace is not None:
             assert workspace.numel() * workspace.element_size() >= self.plans[index].workspace
-        a, b, out = (pack[tensor].float() for tensor in (first, second, result))
-        geometry = dict(stride=tuple(params["stride"]), padding=tuple(params["padding"]))
-        if role == "fprop":
-            value = functional.conv2d(a, b, **geometry)
-        elif role == "dgrad":
-            value = torch.nn.grad.conv2d_input(tuple(out.shape), b, a, **geometry)
-        else:
-            value = torch.nn.grad.conv2d_weight(a, tuple(out.shape), b, **geometry)
-        pack[result].copy_(value)
-        EXECUTED.append((self.plans[index].engine, role, tuple(tuple(pack[t].shape) for t in (first, second, result))))
+        values = {tensor: pack[tensor].float() for tensor in bound if not tensor.output}
+        for node in self.nodes:
+            found = COMPUTE[node.kind](node, *[values[tensor] for tensor in node.inputs.values()])
+            values.update(zip(node.results, found if isinstance(found, tuple) else (found,)))
+        for tensor in bound:
+            if tensor.output:
+                pack[tensor].copy_(values[tensor])
+        EXECUTED.append((self.plans[index].engine, "+".join(node.kind for node in self.nodes),
+                         tuple(tuple(pack[tensor].shape) for tensor in bound)))
+
+
+def _convolution(node, first, second):
+    import torch
+    import torch.nn.functional as functional
+
+    geometry = dict(stride=tuple(node.params["stride"]), padding=tuple(node.params["padding"]))
+    shape = tuple(node.results[0].dim)  # a cotangent's shape is named: strides make it ambiguous
+    if node.kind == "fprop":
+        return functional.conv2d(first, second, **geometry)
+    if node.kind == "dgrad":
+        return torch.nn.grad.conv2d_input(shape, second, first, **geometry)
+    return torch.nn.grad.conv2d_weight(first, shape, second, **geometry)
+
+
+def _scores(q, k, scale, mask):
+    import torch
+
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if mask.get("diagonal_band_right_bound") == 0:
+        assert mask.get("diagonal_alignment") == diagonal_alignment.TOP_LEFT
+        rows, cols = scores.shape[-2:]
+        later = torch.ones(rows, cols, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(later, -math.inf)
+    return scores
+
+
+def _sdpa(q, k, v, scale, **mask):
+    scores = _scores(q, k, scale, mask)
+    stats = scores.logsumexp(-1, keepdim=True)
+    return (scores - stats).exp() @ v, stats
+
+
+def _sdpa_backward(q, k, v, o, d_o, stats, scale, deterministic, **mask):
+    probabilities = (_scores(q, k, scale, mask) - stats).exp()
+    delta = (d_o * o).sum(-1, keepdim=True)
+    d_scores = probabilities * (d_o @ v.transpose(-1, -2) - delta)
+    return (d_scores @ k) * scale, (d_scores.transpose(-1, -2) @ q) * scale, probabilities.transpose(-1, -2) @ d_o
+
+
+def _gelu(x):
+    import torch
+
+    return x * 0.5 * (1 + torch.erf(x / math.sqrt(2.0)))
+
+
+COMPUTE = {  # kind -> compute(node, *inputs): the node's results in float32
+    "fprop": _convolution,
+    "dgrad": _convolution,
+    "wgrad": _convolution,
+    "matmul": lambda node, a, b: a @ b,
+    "add": lambda node, a, b: a + b,
+    "relu": lambda node, x: x.clamp_min(0),
+    "gelu": lambda node, x: _gelu(x),
+    "sdpa": lambda node, q, k, v: _sdpa(q, k, v, **node.params),
+    "sdpa_backward": lambda node, *operands: _sdpa_backward(*operands, **node.params),
+}
+
+
+def installed(monkeypatch, plans: dict):
+    """This module in the real frontend's place for one test, on the CPU, listing `plans`
+    (mode name -> [Plan]); every plan, handle and record of an earlier test is dropped."""
+    from sexpgpu.backends.cuda import cudnn_engines
+
+    PLANS.clear()
+    PLANS.update({mode: list(listed) for mode, listed in plans.items()})
+    for kept in (EXECUTED, ATTENTION_CALLS, GRAPHS, DECLINED):
+        kept.clear()
+    monkeypatch.setattr(cudnn_engines, "_found", {"module": sys.modules[__name__], "why": None})
+    monkeypatch.setattr(cudnn_engines, "_plans", {})
+    monkeypatch.setattr(cudnn_engines, "_handles", {})
+    monkeypatch.setattr(cudnn_engines, "current_device", lambda: 0)
+    monkeypatch.setattr(cudnn_engines, "on_device", lambda index: _Nowhere())
+    monkeypatch.setattr(cudnn_engines, "current_stream", lambda: 0)
+
+
+class _Nowhere:
+    """No device to make the handle and plans on: the CPU."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -71,9 +71,12 @@ SMALL_GPT = """
 
 @pytest.fixture(scope="module")
 def backend():
+    """The backend's own kernels: a policy given has no pattern graphs (cuDNN's attention is
+    tests/cuda/test_patterns_gpu.py's)."""
     from sexpgpu.backends.cuda.backend import CudaBackend
+    from sexpgpu.backends.cuda.fusion import policy_from_environment
 
-    return CudaBackend()
+    return CudaBackend(policy=policy_from_environment())
 
 
 @pytest.mark.parametrize("shapes,dtype,causal", CASES, ids=lambda value: str(value).replace(" ", ""))

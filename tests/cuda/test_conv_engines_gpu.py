@@ -161,7 +161,9 @@ def run(experiment, run_dir, home, *flags, code=0):
     environment = {key: value for key, value in os.environ.items() if key not in CHOICE_SETTINGS}
     # keep the caller's PYTHONPATH (where the frontend may be installed) behind this tree's src
     path = os.pathsep.join(part for part in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if part)
-    environment.update({"PYTHONPATH": path, "HOME": str(home)})
+    # these runs are about the engines the plan chooses: no convolution goes to a pattern graph
+    # (tests/cuda/test_patterns_gpu.py runs those)
+    environment.update({"PYTHONPATH": path, "HOME": str(home), "SEXPGPU_PATTERNS": "off"})
     done = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(experiment), "--device", "cuda", "--run-dir",
                            str(run_dir), *map(str, flags)], cwd=ROOT, capture_output=True, text=True,
                           env=environment, timeout=900)

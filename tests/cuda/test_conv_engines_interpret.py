@@ -47,24 +47,8 @@ PLANS = {
 @pytest.fixture(autouse=True)
 def frontend(monkeypatch):
     """The fake frontend in the real one's place, on the CPU; each test builds its plans afresh."""
-    fake_frontend.PLANS.clear()
-    fake_frontend.PLANS.update({mode: list(plans) for mode, plans in PLANS.items()})
-    fake_frontend.EXECUTED.clear()
-    monkeypatch.setattr(cudnn_engines, "_found", {"module": fake_frontend, "why": None})
-    monkeypatch.setattr(cudnn_engines, "_plans", {})
-    monkeypatch.setattr(cudnn_engines, "_handles", {})
-    monkeypatch.setattr(cudnn_engines, "current_device", lambda: 0)
-    monkeypatch.setattr(cudnn_engines, "on_device", lambda index: _Nothing())
-    monkeypatch.setattr(cudnn_engines, "current_stream", lambda: 0)
+    fake_frontend.installed(monkeypatch, PLANS)
     return fake_frontend
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def key_of(case):

@@ -162,6 +162,33 @@ def test_data_changed_under_the_same_path_is_E_CKPT_002(tmp_path, capsys):
     assert status == 2 and "E-CKPT-002" in err and "sha256" in err, err
 
 
+@pytest.mark.parametrize("written, resumed, refused", [(None, "off", True), (None, "on", False), ("off", None, True)])
+def test_a_resume_under_another_patterns_setting_is_E_CKPT_002(tmp_path, capsys, monkeypatch, written, resumed, refused):
+    """SEXPGPU_PATTERNS is part of a run's configuration (determinism.md, "What the run's
+    configuration decides"): its default is recorded as `on`, so an explicit `on` resumes it."""
+    file, run_dir = tiny_file(tmp_path), tmp_path / "run"
+    for setting, then in ((written, None), (resumed, run_dir / "step-2")):
+        if setting is None:
+            monkeypatch.delenv("SEXPGPU_PATTERNS", raising=False)
+        else:
+            monkeypatch.setenv("SEXPGPU_PATTERNS", setting)
+        status, _, err = run(capsys, file, tmp_path / ("again" if then else "run"), *(("--resume", then) if then else ()))
+    recorded = json.loads((run_dir / "step-2" / "experiment.json").read_text())["environment"]
+    assert recorded["SEXPGPU_PATTERNS"] == (written or "on")
+    if refused:
+        assert status == 2 and "E-CKPT-002" in err and "environment.SEXPGPU_PATTERNS: checkpoint" in err, err
+    else:
+        assert status == 0, err
+
+
+def test_a_checkpoint_from_before_patterns_were_recorded_ran_none():
+    from sexpgpu.run.checkpointing import _patterns_recorded
+
+    old = {"environment": {"SEXPGPU_OPTIMIZE": "on"}, "step": 2}
+    assert _patterns_recorded(old) == {"environment": {"SEXPGPU_OPTIMIZE": "on", "SEXPGPU_PATTERNS": "off"}, "step": 2}
+    assert _patterns_recorded({"environment": {"SEXPGPU_PATTERNS": "on"}})["environment"] == {"SEXPGPU_PATTERNS": "on"}
+
+
 # -- checkpoint --verify -----------------------------------------------------------------
 
 

@@ -338,6 +338,24 @@ def _write(path: Path, content: dict) -> Path:
     return path
 
 
+def test_the_report_says_which_patterns_are_on_and_the_device_records_them(sexpgpu, tiny, tmp_path):
+    from dataclasses import replace
+
+    from sexpgpu.plan.patterns import PATTERN_NAMES, decide_patterns
+
+    old = "cuDNN 8907 is older than 90000, the first with its graph"
+    decided = decide_patterns(None, dict(dict.fromkeys(PATTERN_NAMES), products=old))
+    device = FakeDevice(facts=replace(H200, patterns=decided.on), patterns=decided)
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=device)
+    assert code == 0
+    assert line(out, "patterns") == ("fused attention on: none in these graphs; products with their epilogues off: "
+                                     f"{old}; convolutions with their epilogues on: none in these graphs")
+    assert choices_of(tmp_path / "r/experiment.json")["device"].endswith("Triton 3.6.0, patterns attention+convolutions")
+    assert choices_of(tmp_path / "r/step-3/experiment.json")["device"] == choices_of(tmp_path / "r/experiment.json")["device"]
+    code, out, _ = sexpgpu("run", tiny, "--device", "cpu", "--run-dir", tmp_path / "cpu")
+    assert code == 0 and "  patterns" not in out  # the interpreter runs no pattern graph
+
+
 def test_a_backend_without_a_probe_keeps_its_own_choices_line(sexpgpu, tiny, tmp_path, monkeypatch):
     """A device backend that measures nothing yet (the CUDA backend before its probe) states
     its fixed choices and device facts itself, at level 1 on its own machine."""

@@ -35,6 +35,7 @@ def check_tiny(capsys) -> tuple[int, str]:
     ("SEXPGPU_DETERMINISTIC", "banana", "0, 1"),
     ("SEXPGPU_NODE_GRADIENTS", "fp8", "bf16, f32"),
     ("SEXPGPU_PATTERNS", "yes", "on, off"),
+    ("SEXPGPU_PATTERNS", "maybe", "on, off"),
     ("SEXPGPU_S3_PART_SIZE", "abc", "5242880 (5 MiB) to 5368709120 (5 GiB)"),
     ("SEXPGPU_S3_PART_SIZE", str(5 * MIB - 1), "5242880 (5 MiB)"),
     ("SEXPGPU_S3_PART_SIZE", str(5 * 1024 * MIB + 1), "5368709120 (5 GiB)"),
@@ -54,7 +55,7 @@ def test_a_bad_setting_stops_a_cpu_command_with_the_allowed_values(clean_environ
 @pytest.mark.parametrize("name, text", [
     ("SEXPGPU_OPTIMIZE", "Off"), ("SEXPGPU_DETERMINISTIC", "1"), ("SEXPGPU_NODE_GRADIENTS", "f32"),
     ("SEXPGPU_CHOICES", "fresh"), ("SEXPGPU_CHOICES", "s3://bucket/run/step-10"), ("SEXPGPU_S3_PART_SIZE", str(5 * MIB)),
-    ("SEXPGPU_CPU_THREADS", "2"), ("SEXPGPU_DEBUG", "0"),
+    ("SEXPGPU_CPU_THREADS", "2"), ("SEXPGPU_DEBUG", "0"), ("SEXPGPU_PATTERNS", " OFF "),
 ])
 def test_allowed_values_pass(clean_environment, capsys, name, text):
     clean_environment.setenv(name, text)

@@ -69,6 +69,7 @@ def identity(facts: DeviceFacts, training, generators=()) -> dict:
         "gpu": facts.gpu,
         "driver": facts.driver,
         "libraries": dict(sorted(facts.libraries.items())),
+        "patterns": list(facts.patterns),  # another set of cuDNN pattern graphs lowers the graphs otherwise
         "executable": executable_identity(),
         "training": graph_hash([training.micro, training.update]),
         "generators": graph_hash(generators) if generators else None,

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from sexpgpu.plan.patterns import PatternsInEffect, patterns_text
+
 
 @dataclass(frozen=True)
 class DeviceFacts:
@@ -24,7 +26,7 @@ class DeviceFacts:
     multiprocessors: int
     driver: str  # the CUDA driver API version, e.g. "13000"
     libraries: dict = field(default_factory=dict)  # name -> version: cuBLAS, cuDNN, and the kernels' compiler
-    patterns: bool = False  # SEXPGPU_PATTERNS: cuDNN's native pattern graphs on or off
+    patterns: tuple = ()  # the names of cuDNN's native pattern graphs on (plan/patterns.py)
     gpus: int = 1
     nodes: int = 1
 
@@ -34,7 +36,7 @@ class DeviceFacts:
         libraries = ", ".join(f"{name} {version}" for name, version in self.libraries.items())
         text = f"{self.compute} with {self.multiprocessors} multiprocessors"
         text += f", {libraries}" if libraries else ""
-        text += f", patterns {'on' if self.patterns else 'off'}"
+        text += f", patterns {patterns_text(self.patterns)}"
         if self.gpus > 1 or self.nodes > 1:
             text += f", {self.gpus} GPUs on {self.nodes} nodes"
         return text
@@ -114,3 +116,11 @@ class DeviceProbe(Protocol):
 
     def time_convolution(self, key, engine: str) -> float:
         """Seconds of one convolution of `key` with this engine."""
+
+    def patterns_in_effect(self) -> PatternsInEffect:
+        """cuDNN's native pattern graphs this device lowers (SEXPGPU_PATTERNS and what cuDNN
+        supports here), and why the others are off."""
+
+    def pattern_uses(self, graph) -> tuple:
+        """What the lowering of `graph` does with each group a pattern on matches
+        (plan/patterns.py's PatternUse): cuDNN's graph computes it, or cuDNN declines it."""

@@ -9,6 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
 from sexpgpu.run.setup import load_source
@@ -65,7 +66,7 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
                        "name": run.name, "file": experiment_to_json(built.experiment)},
         "selection": run.name,
         "flags": options.flags.get("bits", {}),
-        "environment": options.flags.get("environment", {}),
+        "environment": recorded_environment(options.flags.get("environment", {})),
         "device": built.backend_facts.get("kind", "cpu"),
         "step": state.step,
         "data_position": {"next_step": state.step + 1,
@@ -76,6 +77,22 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
         "backend": built.backend_facts["name"],
         "loads": [pin.to_json() for pin in built.load_pins],
     }
+
+
+def recorded_environment(environment: dict) -> dict:
+    """The settings that change bits as the run has them: those set (cli/commands.py), and
+    SEXPGPU_PATTERNS always, its default too, so that a run with the default and a resume
+    that says `on` agree, and one that says `off` does not (E-CKPT-002)."""
+    return dict(environment, SEXPGPU_PATTERNS=settings.resolved("SEXPGPU_PATTERNS"))
+
+
+def _patterns_recorded(recorded: dict) -> dict:
+    """A checkpoint's record with SEXPGPU_PATTERNS: one written before the setting was always
+    recorded ran no pattern graph (there were none), as a run under `off` does."""
+    environment = recorded.get("environment")
+    if not isinstance(environment, dict) or "SEXPGPU_PATTERNS" in environment:
+        return recorded
+    return dict(recorded, environment=dict(environment, SEXPGPU_PATTERNS="off"))
 
 
 def save(built, state: TrainingState, root: str, options) -> str:
@@ -101,7 +118,8 @@ def resume_state(built, options, run_dir: str) -> Resumed:
     # its resume compares everything but the backend that wrote the checkpoint
     exact = built.experiment.run.arithmetic == "exact"
     bit_keys = tuple(key for key in BIT_KEYS if key != "device" or not exact)
-    check_same_experiment(recorded, checkpoint_record(built, TrainingState(checkpoint.step, {}), options), bit_keys)
+    check_same_experiment(_patterns_recorded(recorded), checkpoint_record(built, TrainingState(checkpoint.step, {}),
+                                                                          options), bit_keys)
     layout_note = _check_layout(recorded, built.experiment.run, options)
     pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded_pins(path, recorded)]
     built.load_pins = pins

@@ -23,6 +23,7 @@ from sexpgpu.plan.choices import (
     take_pinned,
 )
 from sexpgpu.plan.levels import How, choices_line, determinism_line
+from sexpgpu.plan.patterns import patterns_line
 from sexpgpu.store import read_record
 
 FRESH = "fresh"
@@ -61,6 +62,7 @@ class Chosen:
     how: How
     notes: list = field(default_factory=list)
     described: str | None = None  # the backend's own choices line, for a backend with no probe yet
+    patterns: str | None = None  # the report's patterns line, for a backend with cuDNN's pattern graphs
 
     @property
     def pinned(self) -> bool:
@@ -69,6 +71,7 @@ class Chosen:
     def report_lines(self) -> list:
         """(label, text) pairs: how the choices were made, then the closing two lines."""
         lines = [("choosing", note) for note in self.notes]
+        lines += [("patterns", self.patterns)] if self.patterns is not None else []
         return lines + [("determinism", determinism_line(self.how, self.choices.device)),
                         ("choices", self.described or choices_line(self.choices))]
 
@@ -102,15 +105,27 @@ def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_s
                           settings.node_gradients, first_step_inputs=first_step_inputs,
                           passes=tuple(program.passes.values()))
     if settings.deterministic:
-        return Chosen(decide_strictly(situation), How("strict"), situation.notes)
-    if pinned is not None:
+        chosen = Chosen(decide_strictly(situation), How("strict"), situation.notes)
+    elif pinned is not None:
         record, source = pinned
-        return Chosen(take_pinned(situation, record, source), How("pinned", source, record.device), situation.notes)
-    generators = [program.generator, *program.pass_generators.values()] if program.generator is not None else []
-    cache = open_cache(probe.device_facts(), program.training, generators)
-    choices = decide(situation, cache)
-    notes = situation.notes + cache.notes + _cache_notes(cache)
-    return Chosen(choices, _own_or_rechosen(settings, resumed_record), notes)
+        chosen = Chosen(take_pinned(situation, record, source), How("pinned", source, record.device), situation.notes)
+    else:
+        generators = [program.generator, *program.pass_generators.values()] if program.generator is not None else []
+        cache = open_cache(probe.device_facts(), program.training, generators)
+        choices = decide(situation, cache)
+        notes = situation.notes + cache.notes + _cache_notes(cache)
+        chosen = Chosen(choices, _own_or_rechosen(settings, resumed_record), notes)
+    chosen.patterns = _patterns(probe, situation)
+    return chosen
+
+
+def _patterns(probe, situation: Situation) -> str:
+    """The patterns line: those on, and what the lowering of the graphs the run executes (at
+    the stacking chosen) does with each group they match."""
+    uses = []
+    for graph in (*situation.running_training().graphs, *situation.passes):
+        uses += probe.pattern_uses(graph)
+    return patterns_line(probe.patterns_in_effect(), uses)
 
 
 def _refuse_contradictions(settings: ChoiceSettings) -> None:

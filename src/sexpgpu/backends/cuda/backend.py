@@ -16,6 +16,11 @@ how CI checks the lowering without a GPU.
 exact and rounded once, the interpreter's bits on any device. Its graphs return a
 parameter's gradient as an unrounded `Accumulator`, which the run loop combines and rounds
 with `exact_sums` (backends/exact_sums.py), as for the interpreter.
+
+A backend made without a policy takes the environment's (SEXPGPU_OPTIMIZE) with the patterns
+the plan puts on here (plan/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
+supports on this device, cudnn_patterns.py); `patterns` says which and why the others are off.
+A policy given is taken as it is, its patterns included (none by default).
 """
 
 from __future__ import annotations
@@ -24,15 +29,20 @@ from dataclasses import replace
 
 import numpy as np
 
+from sexpgpu import settings
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
 from sexpgpu.backends.exact_sums import ExactSums
 from sexpgpu.backends.cuda import device as device_settings
+from sexpgpu.backends.cuda.cudnn_patterns import support
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import Lowerer
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.attention_parts import composed_attention
+from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
+
+GIVEN = "the backend was made with a policy without it"
 
 
 class CudaBackend:
@@ -44,7 +54,13 @@ class CudaBackend:
 
         self.torch = torch
         self.device = torch.device(device or "cuda")
-        self.policy = policy or policy_from_environment()
+        if policy is None:
+            self.patterns = patterns_here(self.device)
+            policy = replace(policy_from_environment(), patterns=self.patterns.on)
+        else:
+            self.patterns = decide_patterns(None, {name: None if name in policy.patterns else GIVEN
+                                                   for name in PATTERN_NAMES})
+        self.policy = policy
         self.arithmetic = arithmetic
         # the rounded gradients stay on the device, where the update graph reads them
         self.exact_sums = ExactSums(lambda tensor: tensor) if arithmetic == "exact" else None
@@ -211,3 +227,8 @@ def _check_bf16(name: str, array: np.ndarray) -> None:
     the host, since a check on the device would wait for the GPU."""
     if np.any((array.view(np.uint32) & 0xFFFF) != 0) or np.any(np.isnan(array)):
         raise ValueError(f"input {name} is bf16 but holds values that are not bfloat16")
+
+
+def patterns_here(device) -> PatternsInEffect:
+    """The patterns the plan puts on for this device: SEXPGPU_PATTERNS and cuDNN's support."""
+    return decide_patterns(settings.value("SEXPGPU_PATTERNS"), support(device))

@@ -28,6 +28,9 @@ So every engine offered repeats its bits run to run, and two engines round diffe
 An engine is named by its `Engine.text()`; the plans of a convolution are built once in a
 process and shared by every graph that runs it. The plan (plan/choices.py) chooses among
 them; this module only lists, builds and runs.
+
+cuDNN's native pattern graphs (cudnn_patterns.py) are listed, built and run the same way:
+`plans_for` takes another graph builder for their keys, with the same notes left out.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ HEURISTICS = ("A", "FALLBACK")
 
 _found: dict = {}  # "module" and "why", once a process
 _handles: dict = {}  # device index -> the frontend's cuDNN handle
-_plans: dict = {}  # (ConvolutionKey, device index) -> Plans
+_plans: dict = {}  # (a key: ConvolutionKey, or a pattern graph's, device index) -> Plans
 
 
 def frontend():
@@ -92,9 +95,9 @@ class Graph:
 
 @dataclass
 class Plans:
-    """One convolution's frontend graphs with their offered plans built."""
+    """One convolution's (or pattern graph's) frontend graphs with their offered plans built."""
 
-    key: ConvolutionKey
+    key: object
     handle: object = None
     graphs: list = field(default_factory=list)  # one Graph a heuristics mode that cuDNN answered
     indices: dict = field(default_factory=dict)  # engine text -> (Graph, plan index), in the heuristics' order
@@ -107,14 +110,17 @@ def offered(key: ConvolutionKey, device_index: int) -> tuple:
     return tuple(plans_for(key, device_index).indices)
 
 
-def plans_for(key: ConvolutionKey, device_index: int) -> Plans:
+def plans_for(key, device_index: int, builder=None, limit: int | None = None) -> Plans:
+    """The offered plans of `key`'s graph, built once a process: a convolution's by default,
+    or `builder(cudnn, key, handle) -> (graph, operands)`'s for another key (which has a
+    `dtype`); with `limit`, only the first `limit` offered are built."""
     found = _plans.get((key, device_index))
     if found is None:
-        found = _plans[(key, device_index)] = _build(key, device_index)
+        found = _plans[(key, device_index)] = _build(key, device_index, builder or _graph, limit)
     return found
 
 
-def _build(key: ConvolutionKey, device_index: int) -> Plans:
+def _build(key, device_index: int, builder, limit: int | None) -> Plans:
     cudnn = frontend()
     plans = Plans(key)
     if cudnn is None:
@@ -123,8 +129,10 @@ def _build(key: ConvolutionKey, device_index: int) -> Plans:
     with on_device(device_index):
         plans.handle = _handle(cudnn, device_index)
         for mode in HEURISTICS:
+            if limit is not None and len(plans.indices) >= limit:
+                break
             try:
-                graph = _planned(cudnn, key, plans.handle, mode)
+                graph = _planned(cudnn, key, plans.handle, mode, builder)
             except Exception as error:  # cuDNN declines the graph in this mode: it has no plans from it
                 plans.declined += f"{'; ' if plans.declined else ''}{mode}: {type(error).__name__}: {error}"
                 continue
@@ -132,15 +140,17 @@ def _build(key: ConvolutionKey, device_index: int) -> Plans:
             count = graph.graph.get_execution_plan_count()
             plans.plan_count += count
             for index in range(count):
+                if limit is not None and len(plans.indices) >= limit:
+                    break
                 text = _offered_plan(cudnn, graph.graph, index)
                 if text is not None and text not in plans.indices:
                     plans.indices[text] = (graph, index)
     return plans
 
 
-def _planned(cudnn, key: ConvolutionKey, handle, mode: str) -> Graph:
+def _planned(cudnn, key, handle, mode: str, builder) -> Graph:
     """The key's graph with the heuristics' plans of one mode, the left-out notes deselected."""
-    graph, operands = _graph(cudnn, key, handle)
+    graph, operands = builder(cudnn, key, handle)
     graph.validate()
     graph.build_operation_graph()
     graph.deselect_numeric_notes(_notes(cudnn.numerical_note, _left_out_numerics(key)))
@@ -175,7 +185,7 @@ def current_stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-def _left_out_numerics(key: ConvolutionKey) -> tuple:
+def _left_out_numerics(key) -> tuple:
     return LEFT_OUT_NUMERICS + (LEFT_OUT_F32 if key.dtype == "f32" else ())
 
 
@@ -255,16 +265,21 @@ class Prepared:
     def run(self, first, second, result, workspace) -> None:
         """result = the convolution of (first, second): contiguous device tensors, written on
         PyTorch's current stream (so a CUDA graph capture records it)."""
+        self.execute((first, second, result), workspace)
+
+    def execute(self, tensors, workspace) -> None:
+        """The plan on device tensors, one for each of the graph's operands in its order
+        (inputs and results alike), on PyTorch's current stream."""
         frontend().set_stream(self.handle, current_stream())
-        pack = dict(zip(self.graph.operands, (first, second, result)))
+        pack = dict(zip(self.graph.operands, tensors))
         self.graph.graph.execute_plan_at_index(pack, workspace if self.workspace_bytes else None, index=self.index,
                                                handle=self.handle)
 
 
-def prepared(key: ConvolutionKey, engine: str, device_index: int) -> Prepared:
+def prepared(key, engine: str, device_index: int, builder=None) -> Prepared:
     """The built plan of `engine` for `key`; a ValueError when it is not offered here (the
     plan checks a pin against `offered` before handing an engine over)."""
-    plans = plans_for(key, device_index)
+    plans = plans_for(key, device_index, builder)
     found = plans.indices.get(engine)
     if found is None:
         why = plans.declined or unavailable() or f"offered: {', '.join(plans.indices) or 'none'}"

@@ -15,6 +15,7 @@ import os
 
 from sexpgpu.backends.cuda.fusion import FusionPolicy
 from sexpgpu.plan.levels import How, determinism_line
+from sexpgpu.plan.patterns import patterns_text
 
 CUBLAS_LIBRARIES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
 
@@ -80,6 +81,6 @@ def facts(device, policy: FusionPolicy) -> dict:
         "determinism": determinism_line(How("own"), found["device"]),
         "choices": (
             f"stacking 1, recompute {policy.budget:.2f} flops a byte, 0 convolution engines; "
-            f"on {found['device']}, {found['versions']}, patterns off"
+            f"on {found['device']}, {found['versions']}, patterns {patterns_text(policy.patterns)}"
         ),
     }

@@ -60,13 +60,15 @@ class FusionPolicy:
     """How the backend lowers, as the plan decided it (plan/choices.py): the fusion level,
     the recompute budget in flops a byte (BUDGET_FLOPS_PER_BYTE under --deterministic and by
     default), {ProductShape.key(): implementation} for float32 products (products.py;
-    a shape not named is ordinary), and {ConvolutionKey.key(): engine text} for
-    convolutions (windows.py; one not named runs PyTorch's cuDNN call)."""
+    a shape not named is ordinary), {ConvolutionKey.key(): engine text} for
+    convolutions (windows.py; one not named runs PyTorch's cuDNN call), and the names of
+    cuDNN's native pattern graphs on (plan/patterns.py; pattern_steps.py)."""
 
     level: str = "on"
     budget: float = BUDGET_FLOPS_PER_BYTE
     products: dict = field(default_factory=dict, hash=False)
     convolutions: dict = field(default_factory=dict, hash=False)
+    patterns: tuple = ()
 
     def __post_init__(self):
         if not (0 < self.budget < float("inf")):

@@ -6,8 +6,13 @@ movement op changes the views of its source's loads (views.py); an elementwise o
 its inputs' expressions (elementwise.py), so chains of them fuse; the fusion planner
 (fusion.py) decides where a value is written out instead. Reductions, normalisations and
 the loss become row or column kernels that inline their input's expression (reductions.py);
-products, gathers, scatters and copies become steps of their own (special.py). Every step
-names its buffers; `finish` places them in one arena (memory.py).
+products, gathers, scatters and copies become steps of their own (special.py). A group of
+nodes that one of cuDNN's native pattern graphs on computes is one step (pattern_steps.py).
+Every step names its buffers; `finish` places them in one arena (memory.py).
+
+What this decides depends only on the graph, the shapes, SEXPGPU_OPTIMIZE and the plan's
+choices, never on timing; with patterns on, also on which groups cuDNN builds plans for, a
+fact of the device and its cuDNN.
 
 Under `:arithmetic exact` (`Lowerer(graph, policy, "exact")`) every op that sums takes
 exact.py's lowering instead, and the nodes of the gradient region give accumulators.
@@ -29,6 +34,7 @@ from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcasta
 from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, nodes_in_order, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
+from sexpgpu.backends.cuda.pattern_steps import Patterns
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.special import SPECIAL
 from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, same_memory, strided
@@ -54,6 +60,8 @@ class Lowered:
     offsets: dict  # arena buffer key -> byte offset
     arena_bytes: int
     capturable: bool
+    patterns: tuple = ()  # plan/patterns.py's PatternUse of each match met
+    covered: frozenset = frozenset()  # the nodes cuDNN's pattern graphs compute
 
     def kernel_count(self) -> int:
         return len(self.steps)
@@ -78,6 +86,8 @@ class Lowerer:
         self.capturable = self.exact is None
         self._output_of: dict = {}  # node -> buffer key for its first output name
         self.shared: dict = {}  # buffers steps hand one another beside the nodes' values (attention's statistics)
+        # pattern graphs round as cuDNN does: an exact run sums every product itself
+        self.patterns = Patterns(graph, () if self.exact is not None else policy.patterns)
 
     # --- buffers ------------------------------------------------------------------------------
 
@@ -225,12 +235,17 @@ class Lowerer:
             inputs[name] = key
             self.values[node] = self.loaded(node, key)
         for node in self.graph.nodes:
+            if self.patterns.skip(self, node):  # computed by a pattern's step, which runs at its last such node
+                continue
             if node.op == "input" or node in self.values:  # inputs, and values an earlier kernel wrote beside its own
                 continue
             exact = self.exact.lowering(node) if self.exact is not None else None
             if exact is not None:
                 exact(self, node)
-            elif node.op in views_ops():
+                continue
+            if self.patterns.take(self, node):
+                continue
+            if node.op in views_ops():
                 self._view(node)
             elif node.op in EXPRESSIONS:
                 self._elementwise(node)
@@ -337,7 +352,8 @@ class Lowerer:
         plan = plan_arena(lifetimes)
         used = {key for step in steps for key in step.reads + step.writes}
         buffers = {key: buffer for key, buffer in self.buffers.items() if key in used or buffer.kind != "arena"}
-        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable)
+        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable,
+                       tuple(self.patterns.uses), frozenset(self.patterns.covered))
 
 
 def _copier(key: str, source: str, view: View):

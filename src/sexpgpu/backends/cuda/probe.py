@@ -8,6 +8,7 @@
     probe.product_implementations(shape); probe.time_product(shape, "split-k 2")
     probe.measure_throughput()               # f32 FMA flops and copy bandwidth: the recompute budget
     probe.convolution_engines(key); probe.time_convolution(key, "engine 47 knobs 2=3")
+    probe.patterns_in_effect(); probe.pattern_uses(graph)   # cuDNN's native pattern graphs
 
 A probe measures; it never chooses, and it changes nothing the backend runs: timings use
 backends of their own with the candidate's policy. Timings are CUDA events around warm
@@ -32,8 +33,9 @@ from sexpgpu.backends.cuda.device import cublas_version
 from sexpgpu.backends.cuda.products import implementations
 from sexpgpu.graph.emit import Emitter
 from sexpgpu.graph.stacking import stack_training
-from sexpgpu.plan.convolutions import ConvolutionKey, graph_convolutions
+from sexpgpu.plan.convolutions import ConvolutionKey, convolution_key, graph_convolutions
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
+from sexpgpu.plan.patterns import PatternsInEffect
 
 TIMED_CALLS = 5  # each timing is the median of this many warm calls
 FMA_ROUNDS = 512  # multiply-adds per element of the flops kernel: arithmetic, not memory, bounds it
@@ -73,7 +75,7 @@ class CudaProbe:
         libraries["Triton"] = triton.__version__  # the generated kernels' compiler
         return DeviceFacts(gpu=properties.name, compute=f"compute_{properties.major}{properties.minor}",
                            multiprocessors=properties.multi_processor_count, driver=driver_version(),
-                           libraries=libraries, patterns=False)
+                           libraries=libraries, patterns=self.backend.policy.patterns)
 
     def free_memory_bytes(self) -> int:
         free, _ = self.torch.cuda.mem_get_info(self.device)
@@ -137,7 +139,19 @@ class CudaProbe:
         return self._operands_of[1]
 
     def convolution_keys(self, graph) -> tuple:
-        return graph_convolutions(graph)
+        """The convolutions the lowering runs as convolutions: not those a pattern graph
+        computes with their epilogues."""
+        if "convolutions" not in self.backend.policy.patterns:
+            return graph_convolutions(graph)
+        lowered = self.backend.lowered(graph)
+        keys = (convolution_key(node) for node in lowered.graph.nodes if node not in lowered.covered)
+        return tuple(dict.fromkeys(key for key in keys if key is not None))
+
+    def patterns_in_effect(self) -> PatternsInEffect:
+        return self.backend.patterns
+
+    def pattern_uses(self, graph) -> tuple:
+        return self.backend.lowered(graph).patterns if self.backend.policy.patterns else ()
 
     def convolution_engines(self, key: ConvolutionKey) -> tuple:
         """cuDNN's offered plans for the convolution (cudnn_engines.py), built once a process."""

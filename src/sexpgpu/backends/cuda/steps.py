@@ -110,6 +110,7 @@ class TorchStep:
     aliases: tuple = ()
     product: object = None  # a float32 product's ProductShape: the key of the plan's choice for it
     engine: str | None = None  # the cuDNN engine a convolution's step runs (None: PyTorch's convolution)
+    pattern: str | None = None  # the key of the cuDNN pattern graph the step runs (pattern_steps.py)
 
     def __call__(self, env: dict) -> None:
         self.run(env)
