@@ -4,33 +4,19 @@ stages and returns the exit status."""
 from __future__ import annotations
 
 import json
-import os
 import sys
-
-# Settings that change a run's bits by design (determinism.md, "What the run's configuration decides").
-# The choice settings (SEXPGPU_CHOICES, SEXPGPU_DETERMINISTIC, SEXPGPU_NODE_GRADIENTS) are not
-# among them: a resume's choices are checked by its pin (E-CHOICE-001), not its identity.
-BIT_SETTINGS = ("SEXPGPU_OPTIMIZE", "SEXPGPU_PATTERNS")
-
-
-def _flags(args) -> dict:
-    """What the run records of its command line: the flags that change bits (none yet beyond the
-    device, recorded by the backend) and the settings in the environment that do."""
-    return {"device": args.device, "bits": {},
-            "environment": {name: os.environ[name] for name in BIT_SETTINGS if name in os.environ}}
 
 
 def run(args) -> int:
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.choosing import choice_settings
-    from sexpgpu.run.session import RunOptions, execute
+    from sexpgpu.run.session import RunOptions, execute, run_flags
 
     experiment = load_experiment(args.file, args.selection)
     settings = choice_settings(args.choices, args.deterministic)
-    flags = dict(_flags(args), choices=settings.to_json())
     options = RunOptions(run_dir=args.run_dir, device=args.device, resume=args.resume,
                          checkpoint_to=args.checkpoint_to, allow_layout_change=args.allow_layout_change,
-                         flags=flags, choices=settings)
+                         flags=run_flags(args.device, settings), choices=settings)
     result = execute(experiment, options)
     return 130 if result.interrupted else 0
 
@@ -92,3 +78,14 @@ def plot(args) -> int:
 
     print(f"wrote {plot_runs(args.runs, args.output)}")
     return 0
+
+
+def ladder(args) -> int:
+    from sexpgpu.run.ladder import LadderOptions, regenerate_envelopes, run_ladder
+
+    options = LadderOptions(tiers=tuple(args.tiers), device=args.device, quick=args.quick, run_dir=args.run_dir,
+                            folder=args.ladder)
+    if args.envelopes:
+        regenerate_envelopes(options)
+        return 0
+    return 1 if run_ladder(options).failed else 0

@@ -22,6 +22,7 @@ examples:
   sexpgpu run FILE --run-dir runs/a --resume latest
                                                    continue a run from its newest checkpoint
   sexpgpu checkpoint runs/a/step-100               show what a checkpoint holds
+  sexpgpu ladder --quick                           check the determinism promises on the quick tiers
 
 Documentation: docs/language.md (the experiment language), docs/errors.md (error codes).
 """
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_diff(commands)
     _add_replay(commands)
     _add_plot(commands)
+    _add_ladder(commands)
     return parser
 
 
@@ -166,6 +168,34 @@ def _add_plot(commands) -> None:
                     "matplotlib: pip install 'sexpgpu[plot]'. See docs/tools.md.")
     parser.add_argument("runs", metavar="RUN", nargs="+", help="a run directory, or its metrics.jsonl")
     parser.add_argument("-o", "--output", metavar="FILE.png", required=True, help="the PNG to write")
+
+
+def _add_ladder(commands) -> None:
+    parser = commands.add_parser(
+        "ladder", help="run the reference tiers and check every determinism promise",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the ladder's tiers (ladder/tiers.json) on this machine and check each promise of\n"
+                    "docs/determinism.md on each: level 1, level 2, level 3 (inside the tier's envelope),\n"
+                    "--deterministic, resume, evaluate, and :arithmetic exact. Writes report.md, report.json\n"
+                    "and a plot a tier into the run directory. Exit status 0: every row passes (or is not run\n"
+                    "here); 1: a row fails (an answer, not an error); 2: bad input. With --envelopes, measure\n"
+                    "the tiers' envelopes again on this device instead (ladder/envelopes/). See docs/ladder.md.",
+        epilog="examples:\n"
+               "  sexpgpu ladder --quick --device cpu      the quick tiers on the CPU (CI)\n"
+               "  sexpgpu ladder --device cuda             every tier on the GPU\n"
+               "  sexpgpu ladder --envelopes --device cuda measure every tier's envelope again on the GPU")
+    parser.add_argument("tiers", metavar="TIER", nargs="*", help="the tiers to run (default: every tier of the device)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where to run: auto takes a GPU when one is usable (default: auto)")
+    parser.add_argument("--quick", action="store_true", help="only the tiers marked quick, when no TIER is named")
+    parser.add_argument("--envelopes", action="store_true",
+                        help="measure the tiers' envelopes again on this device and write them into the ladder folder "
+                             "(the other devices' sources are kept)")
+    parser.add_argument("--run-dir", metavar="DIR",
+                        help="where the report, plots and runs go: a new or empty directory (default: a new folder "
+                             "under runs/)")
+    parser.add_argument("--ladder", metavar="DIR", default="ladder",
+                        help="the ladder folder: tiers.json, the tiers' files and envelopes/ (default: ladder)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,15 +40,32 @@ def plot_runs(paths, output: str) -> str:
 
 
 def _pyplot():
+    pyplot = optional_pyplot()
+    if pyplot is None:
+        raise SexpgpuError("E-DIFF-003", "sexpgpu plot draws with matplotlib, which is not installed.",
+                           hint="Install the optional extra: pip install 'sexpgpu[plot]'.")
+    return pyplot
+
+
+def optional_pyplot():
+    """matplotlib's pyplot drawing into files, or None where matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
-        raise SexpgpuError("E-DIFF-003", "sexpgpu plot draws with matplotlib, which is not installed.",
-                           hint="Install the optional extra: pip install 'sexpgpu[plot]'.") from None
+        return None
     matplotlib.use("Agg")  # a file, never a window
     from matplotlib import pyplot
 
     return pyplot
+
+
+def relative_difference(left, right) -> np.ndarray:
+    """|a - b| / max(|a|, |b|) per step (0 where both are 0), at least FLOOR: what a log scale
+    can draw, exact agreement at FLOOR."""
+    left, right = np.asarray(left, dtype=np.float64), np.asarray(right, dtype=np.float64)
+    scale = np.maximum(np.abs(left), np.abs(right))
+    relative = np.where(scale > 0, np.abs(left - right) / np.where(scale > 0, scale, 1), 0.0)
+    return np.maximum(relative, FLOOR)
 
 
 def _curves(axes, runs) -> None:
@@ -66,11 +83,8 @@ def _curves(axes, runs) -> None:
 
 def _relative_difference(axes, a, b) -> None:
     steps = sorted(set(a.steps) & set(b.steps))
-    left = np.array([a.steps[step]["loss"] for step in steps], dtype=np.float64)
-    right = np.array([b.steps[step]["loss"] for step in steps], dtype=np.float64)
-    scale = np.maximum(np.abs(left), np.abs(right))
-    relative = np.where(scale > 0, np.abs(left - right) / np.where(scale > 0, scale, 1), 0.0)
-    axes.semilogy(steps, np.maximum(relative, FLOOR), label="|loss a - loss b| / max(|a|, |b|)")
+    relative = relative_difference([a.steps[step]["loss"] for step in steps], [b.steps[step]["loss"] for step in steps])
+    axes.semilogy(steps, relative, label="|loss a - loss b| / max(|a|, |b|)")
     differing = [step for step in steps if a.steps[step].get("loss_bits") != b.steps[step].get("loss_bits")
                  or a.steps[step].get("digest") != b.steps[step].get("digest")]
     if differing:

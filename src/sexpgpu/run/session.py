@@ -24,6 +24,21 @@ from sexpgpu.run.setup import build_run, checkpoint_root
 from sexpgpu.run import checkpointing
 
 
+# Settings that change a run's bits by design (determinism.md, "What the run's configuration decides").
+# The choice settings (SEXPGPU_CHOICES, SEXPGPU_DETERMINISTIC, SEXPGPU_NODE_GRADIENTS) are not
+# among them: a resume's choices are checked by its pin (E-CHOICE-001), not its identity.
+BIT_SETTINGS = ("SEXPGPU_OPTIMIZE", "SEXPGPU_PATTERNS")
+
+
+def run_flags(device: str, choices: ChoiceSettings) -> dict:
+    """What a run records of its command line: the device (the backend records what it is),
+    the flags that change bits (none yet), the settings in the environment that do, and the
+    choice settings."""
+    return {"device": device, "bits": {},
+            "environment": {name: os.environ[name] for name in BIT_SETTINGS if name in os.environ},
+            "choices": choices.to_json()}
+
+
 @dataclass
 class RunOptions:
     run_dir: str | None = None

@@ -16,9 +16,6 @@ fact of the device and its cuDNN.
 
 Under `:arithmetic exact` (`Lowerer(graph, policy, "exact")`) every op that sums takes
 exact.py's lowering instead, and the nodes of the gradient region give accumulators.
-
-What this decides depends only on the graph, the shapes and SEXPGPU_OPTIMIZE, never on
-timing or on the machine.
 """
 
 from __future__ import annotations
