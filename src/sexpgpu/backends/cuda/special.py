@@ -158,7 +158,7 @@ def concat(lowerer, node) -> None:
     key = lowerer.result_buffer(node)
     axis = node.attrs["axis"]
     starts = np.cumsum([0] + [source.shape[axis] for source in node.inputs]).tolist()
-    run = _concatenation(parts, key, axis, starts)
+    run = _concatenation(parts, [tuple(source.shape) for source in node.inputs], key, axis, starts)
     aliases = tuple(_place_in(lowerer.buffers[source], key, node.shape, axis, start) for (source, view), start
                     in zip(parts, starts) if _placeable(lowerer.buffers[source], view, node.shape, axis))
     lowerer.buffers[key].live_from_start = bool(aliases)
@@ -179,14 +179,15 @@ def _place_in(buffer, key: str, shape, axis: int, start: int):
     return buffer.key, key, View(buffer.shape, contiguous_strides(buffer.shape), start * contiguous_strides(shape)[axis])
 
 
-def _concatenation(parts, key: str, axis: int, starts: list):
+def _concatenation(parts, shapes, key: str, axis: int, starts: list):
     """The run of a concatenation: torch.cat, or, when some parts already lie at their
-    place in the result (placement.py), a copy of the others alone."""
+    place in the result (placement.py), a copy of the others alone. Each part is read in
+    its node's shape: a part's view may keep its source's, as a 0-d value reshaped to (1,)."""
     import torch
 
     def run(env):
         out = env[key]
-        sources = [strided(env, source, view) for source, view in parts]
+        sources = [strided(env, source, view).reshape(shape) for (source, view), shape in zip(parts, shapes)]
         targets = [out.narrow(axis, start, piece.shape[axis]) for start, piece in zip(starts, sources)]
         moved = [(target, piece) for target, piece in zip(targets, sources) if not same_memory(target, piece)]
         if len(moved) == len(sources):
