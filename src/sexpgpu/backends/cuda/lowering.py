@@ -242,6 +242,8 @@ class Lowerer:
             else:
                 raise SexpgpuError("E-DEVICE-002", f"the CUDA backend has no lowering for the op '{node.op}'.",
                                    node.loc, hint="Run this file with --device cpu.")
+        if self.exact is not None:
+            self.exact.finish(self)
         outputs = self._outputs()
         return self._finish(inputs, outputs)
 
