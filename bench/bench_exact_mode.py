@@ -132,7 +132,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt-50m", choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
-    parser.add_argument("--seconds", type=float, default=40.0, help="stop timing after this many seconds (default 40)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="stop timing after this many seconds (default 20)")
     args = parser.parse_args(argv)
     import torch
 
