@@ -78,8 +78,9 @@ class CudaBackend:
             # from the device, which would wait for every queued kernel
             host = {name: value for name, value in inputs.items() if not isinstance(value, self.torch.Tensor)}
             outputs = self._entry(graph)[2](accepted, host)
-            self._pending[id(graph)] = weakref.WeakSet(value for value in outputs.values()
-                                                       if isinstance(value, PendingSum))
+            if self.exact_sums is not None:
+                self._pending[id(graph)] = weakref.WeakSet(value for value in outputs.values()
+                                                           if isinstance(value, PendingSum))
             return outputs
         except self.torch.cuda.OutOfMemoryError as error:
             self.release(graph)

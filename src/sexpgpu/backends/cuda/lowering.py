@@ -10,7 +10,7 @@ products, gathers, scatters and copies become steps of their own (special.py). E
 names its buffers; `finish` places them in one arena (memory.py).
 
 Under `:arithmetic exact` (`Lowerer(graph, policy, "exact")`) every op that sums takes
-exact.py's lowering instead, and the nodes of the gradient region give accumulators.
+exact.py's lowering instead, and the nodes of the gradient region give unrounded sums.
 
 What this decides depends only on the graph, the shapes and SEXPGPU_OPTIMIZE, never on
 timing or on the machine.
