@@ -10,8 +10,9 @@ rounded once; backends/cuda/exact.py). Each takes WARMUP steps (compilation, cap
 timed steps until N of them or S seconds of them, whichever comes first (at least one).
 
 Printed: each step's time, the ratio exact / float32 against the goal (at most 2), and where
-the exact step's time goes (one profiled microbatch, by kind of step: exact-matmul,
-exact-sum, exact-region, elementwise, ...). `gpt-50m` is bench/gpt-50m.sexp; `gpt-small`
+each step's time goes: its phases (the microbatch calls, the rounding of the gradients, the
+update call, the rest: the loss read back, the digest), and one profiled microbatch by kind
+of step (exact-matmul, exact-sum, exact-region, elementwise, ...). `gpt-50m` is bench/gpt-50m.sexp; `gpt-small`
 is bench/gpt-small.sexp (4 layers, width 256, context 256, batch 16, vocabulary 8192), for
 when gpt-50m's exact step is too slow to time in a minute. One invocation takes at most a
 few minutes on an H200 when an exact step takes less than --seconds.
@@ -37,6 +38,7 @@ class Timed:
     steps: int
     first: float  # the warm-up steps, compilation included
     loss: float  # the first step's
+    phases: dict  # {phase of a step: seconds}, of one more step
     profile: dict  # {kind of step: seconds} of one microbatch
 
 
@@ -70,27 +72,67 @@ def time_steps(path: Path, arithmetic: str, steps: int, seconds: float) -> Timed
     torch.cuda.synchronize()
     per_step = (time.perf_counter() - started) / timed
     profile = built.backend.profile(built.program.training.micro, trainer.first_inputs(state))
-    return Timed(per_step, timed, first, loss, profile)
+    return Timed(per_step, timed, first, loss, phases(trainer, state), profile)
 
 
-def report(name: str, timed: dict) -> None:
+def phases(trainer, state) -> dict:
+    """{phase: seconds} of one step, each phase waited for: the backend's calls by graph and
+    the gradients' rounding, timed around the run loop's own calls; the rest is the loop's."""
+    import torch
+
+    spent: dict = {}
+    training = trainer.stacking.training
+    names = {id(training.micro): "microbatch calls", id(training.update): "update call"}
+
+    def timed(name_of, call):
+        def run(*args):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            result = call(*args)
+            torch.cuda.synchronize()
+            name = name_of(*args)
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+            return result
+
+        return run
+
+    backend, sums = trainer.backend, trainer.sums
+    backend.run = timed(lambda graph, inputs: names.get(id(graph), "other calls"), backend.run)
+    trainer.sums = replace(sums, rounded=timed(lambda total: "rounding the gradients", sums.rounded))
+    try:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        trainer.step(state)
+        torch.cuda.synchronize()
+        spent["the rest"] = time.perf_counter() - started - sum(spent.values())
+    finally:
+        del backend.run  # the class's own again
+        trainer.sums = sums
+    return spent
+
+
+def shares(seconds: dict) -> str:
+    total = sum(seconds.values())
+    return ", ".join(f"{kind} {value * 1e3:.1f} ms ({value / total:.0%})"
+                     for kind, value in sorted(seconds.items(), key=lambda item: -item[1]))
+
+
+def report(timed: dict) -> None:
     for arithmetic, found in timed.items():
         print(f"  {arithmetic:<6} {found.seconds * 1e3:>10.1f} ms a step ({found.steps} timed after "
               f"{WARMUP[arithmetic]} warm-up steps of {found.first:.1f} s); first loss {found.loss:.6f}")
     ratio = timed["exact"].seconds / timed["float"].seconds
     print(f"  exact / float32: {ratio:.2f} (goal <= {GOAL}) {'met' if ratio <= GOAL else 'NOT met'}")
-    profile = timed["exact"].profile
-    total = sum(profile.values())
-    parts = ", ".join(f"{kind} {value * 1e3:.1f} ms ({value / total:.0%})"
-                      for kind, value in sorted(profile.items(), key=lambda item: -item[1]))
-    print(f"  exact profiled microbatch ({total * 1e3:.1f} ms): {parts}")
+    for arithmetic, found in timed.items():
+        print(f"  {arithmetic} step by phase: {shares(found.phases)}")
+        print(f"  {arithmetic} profiled microbatch ({sum(found.profile.values()) * 1e3:.1f} ms): {shares(found.profile)}")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt-50m", choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
-    parser.add_argument("--seconds", type=float, default=40.0, help="stop timing after this many seconds (default 40)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="stop timing after this many seconds (default 20)")
     args = parser.parse_args(argv)
     import torch
 
@@ -103,7 +145,7 @@ def main(argv=None) -> None:
              for arithmetic in ARITHMETICS}
     print(f"{args.model} ({MODELS[args.model].relative_to(ROOT)}) on {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}, TF32 off")
-    report(args.model, timed)
+    report(timed)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,36 @@ def test_an_exact_checkpoint_resumes_with_the_uninterrupted_bits_and_not_as_a_fl
     assert "E-CKPT-002" in said and "arithmetic" in said
 
 
+@pytest.mark.parametrize("arithmetic", ["exact", "float"])
+def test_a_checkpoint_another_device_wrote_resumes_only_in_an_exact_run(tmp_path, capsys, monkeypatch, arithmetic):
+    """The device is no part of an exact checkpoint's identity: one the CUDA backend wrote (the
+    checkpoint's `device` says cuda) resumes on the CPU; a float run's is E-CKPT-002."""
+    import sexpgpu.run.setup as setup
+
+    text = EXACT_FIT.replace(":steps 4", ":steps 4 :checkpoint 2")
+    if arithmetic == "float":
+        text = text.replace(" :arithmetic exact", "")
+    path = tmp_path / "fit.sexp"
+    path.write_text(text)
+
+    def written_on_cuda(device, arithmetic):
+        backend, facts = select_backend("cpu", arithmetic)
+        return backend, {**facts, "kind": "cuda"}
+
+    with monkeypatch.context() as patched:
+        patched.setattr(setup, "select_backend", written_on_cuda)
+        assert main(["run", str(path), "--run-dir", str(tmp_path / "gpu")]) == 0
+    capsys.readouterr()
+    status = main(["run", str(path), "--run-dir", str(tmp_path / "cpu"), "--resume", str(tmp_path / "gpu" / "step-2")])
+    if arithmetic == "float":
+        said = capsys.readouterr().err
+        assert status == 2 and "E-CKPT-002" in said and 'device: checkpoint "cuda", now "cpu"' in said
+        return
+    assert status == 0
+    steps = (tmp_path / "gpu" / "metrics.jsonl").read_text().splitlines()[2:]
+    assert (tmp_path / "cpu" / "metrics.jsonl").read_text().splitlines() == steps
+
+
 def test_a_pin_holds_nothing_in_an_exact_run(tmp_path, capsys):
     """--choices names a record with stacking 2 (which a float run on the interpreter refuses,
     E-CHOICE-001): an exact run takes no choices, so it runs, at the exact level."""

@@ -152,10 +152,20 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, stride, padding, shape) -> Accumula
     return Accumulator(flat.digits.reshape(WIDTH, batch, rows, cols, out_channels).permute(0, 1, 4, 2, 3).contiguous())
 
 
+def _weight_grad_factors(x: torch.Tensor, g: torch.Tensor, stride, padding, shape) -> tuple:
+    """(left (O, N*OH*OW), right (C*KH*KW, N*OH*OW)): dw is left @ right.T, reshaped."""
+    laid = _window_columns(x, shape[2:], stride, padding, g.shape[2:])
+    return _by_channel(g).T.contiguous(), laid.T.contiguous()
+
+
 def conv2d_weight_grad(x: torch.Tensor, g: torch.Tensor, stride, padding, shape) -> Accumulator:
     """dw[o, c, a, b]: the exact sum over (n, y, x) of g[n, o, y, x] times the padded window."""
-    laid = _window_columns(x, shape[2:], stride, padding, g.shape[2:])
-    return shaped(det_gemm_partial(_by_channel(g).T.contiguous(), laid.T.contiguous()), shape)
+    return shaped(det_gemm_partial(*_weight_grad_factors(x, g, stride, padding, shape)), shape)
+
+
+def rounded_conv2d_weight_grad(x: torch.Tensor, g: torch.Tensor, stride, padding, shape) -> torch.Tensor:
+    """conv2d_weight_grad rounded once into float32, by det_gemm's fast path."""
+    return det_gemm(*_weight_grad_factors(x, g, stride, padding, shape)).reshape(shape)
 
 
 def spread(parts: list, shape, kernel, stride, counts) -> Accumulator:

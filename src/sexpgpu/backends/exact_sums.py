@@ -10,14 +10,53 @@ already rounded: `mean` is round(exact sum) / n in one IEEE float32 division.
 Backends call this with their own storage: `to_backend` makes a float32 tensor, on the
 accumulators' device, into what the backend's graphs read (a numpy array for the
 interpreter; a device backend keeps the tensor where it is).
+
+A backend may return a gradient as a `PendingSum` instead: the sum's operands, its digits
+formed only when something adds to it. A step of one call (unstacked with one microbatch, or
+stacked over all of them) then rounds each gradient straight from its operands by the exact
+library's fast paths, the same bits as rounding the digits, and never forms them.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
-from sexpgpu.exact import det_combine, det_finalize, det_sum
+from sexpgpu.exact import Accumulator, det_combine, det_finalize, det_sum
+
+
+class PendingSum:
+    """An exact sum not formed yet: `digits()` forms it, `rounded()` gives its one rounding
+    into float32 by a fast path. The backend that made it forms it (`accumulator`) before it
+    runs the graph again, which would write over the operands the two read."""
+
+    def __init__(self, digits: Callable[[], Accumulator], rounded: Callable[[], torch.Tensor]):
+        self._digits, self._rounded = digits, rounded
+        self._formed: Accumulator | None = None
+
+    def accumulator(self) -> Accumulator:
+        if self._formed is None:
+            self._formed = self._digits()
+            self._digits = self._rounded = None  # the operands are let go
+        return self._formed
+
+    def rounded(self) -> torch.Tensor:
+        return det_finalize(self._formed) if self._formed is not None else self._rounded()
+
+    def moved(self, move_digits: Callable, move_values: Callable) -> "PendingSum":
+        """The same sums reshaped or transposed: a move is exact on digits and on rounded values alike."""
+        return PendingSum(lambda: move_digits(self.accumulator()), lambda: move_values(self.rounded()))
+
+
+def accumulated(value) -> Accumulator:
+    """A gradient's digits, formed now if it is a PendingSum."""
+    return value.accumulator() if isinstance(value, PendingSum) else value
+
+
+def rounded_once(value) -> torch.Tensor:
+    return value.rounded() if isinstance(value, PendingSum) else det_finalize(value)
 
 
 class ExactSums:
@@ -26,14 +65,14 @@ class ExactSums:
 
     @staticmethod
     def add(total: dict | None, grads: dict) -> dict:
-        """{name: Accumulator}: total plus the call's gradients, exactly."""
+        """{name: Accumulator or PendingSum}: total plus the call's gradients, exactly."""
         if total is None:
             return dict(grads)
-        return {name: det_combine([total[name], grads[name]]) for name in total}
+        return {name: det_combine([accumulated(total[name]), accumulated(grads[name])]) for name in total}
 
     def rounded(self, total: dict) -> dict:
         """Each gradient rounded once into float32, in the backend's storage."""
-        return {name: self.to_backend(det_finalize(acc)) for name, acc in total.items()}
+        return {name: self.to_backend(rounded_once(value)) for name, value in total.items()}
 
     @staticmethod
     def mean(values: list) -> np.float32:

@@ -27,6 +27,7 @@ CPU_CHOICES = {
 CPU_LEVELS = {"float": "interpreter", "exact": "exact"}
 # an exact run's closing lines, whichever backend computes it: nothing is left to choose
 EXACT_FACTS = {"determinism": determinism_line(How("exact"), ""), "choices": CPU_CHOICES["exact"]}
+CUDA_LINES = {"float": {}, "exact": EXACT_FACTS}  # the CUDA backend's own lines, or these
 
 
 def cpu_facts(arithmetic: str = "float") -> dict:
@@ -71,7 +72,7 @@ def select_backend(device: str, arithmetic: str = "float"):
         from sexpgpu.backends.cuda.backend import CudaBackend
 
         backend = CudaBackend(arithmetic=arithmetic)
-        return backend, {"kind": "cuda", **backend.facts(), **(EXACT_FACTS if arithmetic == "exact" else {})}
+        return backend, {"kind": "cuda", **backend.facts(), **CUDA_LINES[arithmetic]}
     from sexpgpu.backends.cpu import Interpreter
 
     return Interpreter(arithmetic=arithmetic), cpu_facts(arithmetic)

@@ -14,8 +14,9 @@ how CI checks the lowering without a GPU.
 
 `CudaBackend(arithmetic="exact")` computes `:arithmetic exact` runs (exact.py): every sum
 exact and rounded once, the interpreter's bits on any device. Its graphs return a
-parameter's gradient as an unrounded `Accumulator`, which the run loop combines and rounds
-with `exact_sums` (backends/exact_sums.py), as for the interpreter.
+parameter's gradient unrounded, as a `PendingSum` of views of the graph's memory, which the
+run loop combines and rounds with `exact_sums` (backends/exact_sums.py); before a graph runs
+again, over that memory, the backend forms the digits of those still held.
 
 A backend made without a policy takes the environment's (SEXPGPU_OPTIMIZE) with the patterns
 the plan puts on here (plan/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
@@ -25,13 +26,14 @@ A policy given is taken as it is, its patterns included (none by default).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 
 import numpy as np
 
 from sexpgpu import settings
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
-from sexpgpu.backends.exact_sums import ExactSums
+from sexpgpu.backends.exact_sums import ExactSums, PendingSum
 from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.cudnn_patterns import support
 from sexpgpu.backends.cuda.fusion import policy_from_environment
@@ -64,6 +66,7 @@ class CudaBackend:
         self.arithmetic = arithmetic
         # the rounded gradients stay on the device, where the update graph reads them
         self.exact_sums = ExactSums(lambda tensor: tensor) if arithmetic == "exact" else None
+        self._pending: dict = {}  # id(graph) -> the PendingSums its last run returned (weakly)
         self._runners: dict = {}
         self._lowerings: dict = {}
 
@@ -84,12 +87,17 @@ class CudaBackend:
         raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
         caller may go on with a smaller graph (the run loop's unstacked steps)."""
         check_input_names(graph, inputs)
+        self._form_pending(graph)
         try:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
             # a step that needs an input on the host (a draw's salt) reads it here, not back
             # from the device, which would wait for every queued kernel
             host = {name: value for name, value in inputs.items() if not isinstance(value, self.torch.Tensor)}
-            return self._entry(graph)[2](accepted, host)
+            outputs = self._entry(graph)[2](accepted, host)
+            if self.exact_sums is not None:
+                self._pending[id(graph)] = weakref.WeakSet(value for value in outputs.values()
+                                                           if isinstance(value, PendingSum))
+            return outputs
         except self.torch.cuda.OutOfMemoryError as error:
             self.release(graph)
             raise allocation_failed("the graph (its arena and a step's own memory)", self.memory_peak(graph), error) from None
@@ -97,6 +105,12 @@ class CudaBackend:
             if error.code == "E-MEM-001":
                 self.release(graph)
             raise
+
+    def _form_pending(self, graph) -> None:
+        """The digits of every sum the graph's last run returned unformed and that is still
+        held (the run loop adding microbatches): this run writes over what they read."""
+        for pending in self._pending.pop(id(graph), ()):
+            pending.accumulator()
 
     def release(self, graph) -> None:
         """Let go of the device memory held for `graph` (its arena and captured buffers);

@@ -19,9 +19,13 @@ where the interpreter holds it in a float32 array:
 - max, max_pool2d and the window's first maximum (max_pool2d_grad, max_pool2d_pick): exact in
   any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima).
 
-The gradient region (graph/exact_region.py) gives `Accumulator`s: they live in the step's
-environment beside the arena (buffers of kind "accumulator"), and the graph returns them for
-the run loop to combine and round once a step (backends/exact_sums.py). A step that reads
+The gradient region (graph/exact_region.py) lives in the step's environment beside the arena
+(buffers of kind "accumulator"), and the graph returns its sums for the run loop to combine
+and round once a step (backends/exact_sums.py): a sum over the batch as a `PendingSum` of its
+operands, reshaped and transposed as such, whose digits are formed only where something adds
+to it (an `add` of the region, or the run loop adding the step's next call); the backend
+forms the rest before the graph runs again (backend.py). A step of one call so rounds each
+gradient straight from its operands, by the fast paths, and forms no digits. A step that reads
 ids (an embedding's scatter and gather, a cross-entropy's labels) checks them as the
 interpreter does (E-INDEX-001), on the host, rather than index the device out of range.
 """
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from sexpgpu.backends import exact_ops as ops
+from sexpgpu.backends.exact_sums import PendingSum, accumulated
 from sexpgpu.backends.cpu.op_kernels import check_ids
 from sexpgpu.backends.cuda.codegen.expr import Expr, load, scalar, unary
 from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
@@ -41,6 +46,7 @@ from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.special import gather
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, strided
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.exact import det_finalize
 from sexpgpu.graph.exact_region import gradient_region
 
 
@@ -50,9 +56,17 @@ class ExactLowering:
 
     def __init__(self, graph):
         self.region = gradient_region(graph)
+        self.held: list = []  # buffers a PendingSum reads after its step: kept to the run's end
 
     def lowering(self, node):
         return REGION[node.op] if node in self.region else EXACT.get(node.op)
+
+    def finish(self, lowerer) -> None:
+        """A last step that reads the buffers pending sums hold, so that the memory plan keeps
+        them to the end of the run; the backend forms the sums before the next run."""
+        if self.held:
+            held = tuple(dict.fromkeys(self.held))
+            lowerer.steps.append(TorchStep(lambda env: None, held, (), "hold"))
 
 
 # --- reading and writing buffers --------------------------------------------------------------
@@ -351,11 +365,11 @@ EXACT = {
 }
 
 
-# --- the gradient region: accumulators in the environment -------------------------------------------
+# --- the gradient region: sums in the environment -----------------------------------------------
 
 
 def _region_step(lowerer, node, reads: tuple, compute) -> None:
-    """A step putting compute(env) (an Accumulator) at the node's accumulator key."""
+    """A step putting compute(env) (an Accumulator or a PendingSum) at the node's accumulator key."""
     key = lowerer.accumulator_buffer(node)
 
     def run(env):
@@ -364,23 +378,39 @@ def _region_step(lowerer, node, reads: tuple, compute) -> None:
     lowerer.steps.append(TorchStep(run, reads, (key,), "exact-region"))
 
 
-def _reducing(accumulate):
-    """A region node that sums rounded values: accumulate(node, *its inputs' tensors)."""
+def _reducing(digits, rounded):
+    """A region node that sums rounded values, as a PendingSum of its inputs' tensors:
+    digits(node, *tensors) forms it, rounded(node, *tensors) rounds it once by a fast path."""
     def lower(lowerer, node) -> None:
         sources = operands(lowerer, node.inputs)
-        _region_step(lowerer, node, _reads(sources),
-                     lambda env: accumulate(node, *[source.tensor(env) for source in sources]))
+        lowerer.exact.held.extend(source.key for source in sources)
+
+        def pending(env):
+            tensors = [source.tensor(env) for source in sources]
+            return PendingSum(lambda: digits(node, *tensors), lambda: rounded(node, *tensors))
+
+        _region_step(lowerer, node, _reads(sources), pending)
 
     return lower
 
 
 def _carrying(move):
-    """A region node over accumulators: move(node, *its inputs' accumulators), exact."""
+    """A region node over sums: move(node, *its inputs' sums), exact."""
     def lower(lowerer, node) -> None:
         keys = tuple(lowerer.accumulators[source] for source in node.inputs)
         _region_step(lowerer, node, keys, lambda env: move(node, *[env[key] for key in keys]))
 
     return lower
+
+
+def _moving(move_digits, move_values):
+    """A reshape or transpose: of a PendingSum, a PendingSum still; of digits, digits."""
+    def move(node, value):
+        if isinstance(value, PendingSum):
+            return value.moved(lambda acc: move_digits(node, acc), lambda tensor: move_values(node, tensor))
+        return move_digits(node, value)
+
+    return _carrying(move)
 
 
 def _region_scatter(node, ids, values):
@@ -392,13 +422,32 @@ def _region_const(lowerer, node) -> None:
     _region_step(lowerer, node, (), lambda env: ops.constant(node.attrs["value"], node.shape, env[DEVICE]))
 
 
+def _finalized(digits):
+    """The rounding of an op with no fast path of its own: its digits rounded."""
+    return lambda node, *tensors: det_finalize(digits(node, *tensors))
+
+
+def _product_digits(node, a, b):
+    return ops.product(a, b, node.shape)
+
+
+def _sum_digits(node, x):
+    return ops.shaped(ops.summed(x, node.attrs["axes"]), node.shape)
+
+
+def _weight_grad_digits(node, x, g):
+    return ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)
+
+
 REGION = {
-    "matmul": _reducing(lambda node, a, b: ops.product(a, b, node.shape)),
-    "sum": _reducing(lambda node, x: ops.shaped(ops.summed(x, node.attrs["axes"]), node.shape)),
-    "scatter_add": _reducing(_region_scatter),
-    "conv2d_weight_grad": _reducing(lambda node, x, g: ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)),
-    "add": _carrying(lambda node, *accumulators: ops.added(list(accumulators), node.shape)),
-    "reshape": _carrying(lambda node, acc: ops.shaped(acc, node.shape)),
-    "transpose": _carrying(lambda node, acc: ops.transposed(acc, node.attrs["perm"])),
+    "matmul": _reducing(_product_digits, lambda node, a, b: ops.rounded_product(a, b, node.shape, "f32")),
+    "sum": _reducing(_sum_digits, lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, "f32")),
+    "scatter_add": _reducing(_region_scatter, _finalized(_region_scatter)),
+    "conv2d_weight_grad": _reducing(_weight_grad_digits, lambda node, x, g: ops.rounded_conv2d_weight_grad(
+        x, g, *_geometry(node), node.shape)),
+    "add": _carrying(lambda node, *sums: ops.added([accumulated(value) for value in sums], node.shape)),
+    "reshape": _moving(lambda node, acc: ops.shaped(acc, node.shape), lambda node, tensor: tensor.reshape(node.shape)),
+    "transpose": _moving(lambda node, acc: ops.transposed(acc, node.attrs["perm"]),
+                         lambda node, tensor: tensor.permute(*node.attrs["perm"]).contiguous()),
     "const": _region_const,
 }

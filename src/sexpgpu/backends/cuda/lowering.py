@@ -15,7 +15,7 @@ choices, never on timing; with patterns on, also on which groups cuDNN builds pl
 fact of the device and its cuDNN.
 
 Under `:arithmetic exact` (`Lowerer(graph, policy, "exact")`) every op that sums takes
-exact.py's lowering instead, and the nodes of the gradient region give accumulators.
+exact.py's lowering instead, and the nodes of the gradient region give unrounded sums.
 """
 
 from __future__ import annotations
@@ -254,6 +254,8 @@ class Lowerer:
             else:
                 raise SexpgpuError("E-DEVICE-002", f"the CUDA backend has no lowering for the op '{node.op}'.",
                                    node.loc, hint="Run this file with --device cpu.")
+        if self.exact is not None:
+            self.exact.finish(self)
         outputs = self._outputs()
         return self._finish(inputs, outputs)
 
