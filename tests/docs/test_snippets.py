@@ -56,6 +56,19 @@ SKIPPED = {
         "a signature with its return written as `-> planes`, not a program",
     Snippet("language.md", "(defrun NAME :KEY VALUE ...)"):
         "the template of a defrun, with placeholders",
+    Snippet("ladder.md", "sexpgpu ladder --quick --device cpu"):
+        "a minute of CPU on the repository's ladder/: tests/run/test_ladder.py's "
+        "test_the_quick_ladder_passes_on_the_cpu_within_two_minutes runs this command",
+    Snippet("ladder.md", "sexpgpu ladder --envelopes --device cpu"):
+        "four minutes of CPU: tests/run/test_ladder.py regenerates one tier's envelope with it and compares it with "
+        "the committed one (test_the_cpu_regenerates_the_committed_chaotic_envelope_bit_for_bit)",
+    Snippet("ladder.md", "sexpgpu ladder --envelopes gpt --device cuda"):
+        "needs a GPU; tests/run/test_ladder.py runs the same code on the CPU and with a device that makes choices",
+    Snippet("ladder.md", "sexpgpu ladder --device cpu --run-dir runs/ladder-cpu"):
+        "the whole CPU ladder, five minutes of CPU: its quick tiers are tests/run/test_ladder.py's, its other tiers' "
+        "envelopes are checked current there, and its report is the one docs/ladder.md shows",
+    Snippet("ladder.md", "sexpgpu ladder --envelopes --device cuda\nsexpgpu ladder --device cuda"):
+        "needs a GPU (an H200); tests/run/test_ladder.py runs the same code on the CPU",
     Snippet("tools.md", "sexpgpu plot runs/a runs/b -o runs.png"):
         "needs matplotlib, the optional extra plot; tests/run/test_plot.py draws it where matplotlib is installed",
 }

@@ -118,6 +118,25 @@ def test_a_one_ulp_change_fails_level_1(tiny_ladder, tmp_path):
     assert same_bits(str(tmp_path / "a"), str(tmp_path / "a")).verdict == PASS
 
 
+def test_the_exact_cpu_gpu_row_is_not_run_where_the_gpu_refuses_and_fails_on_one_bit(tiny_ladder):
+    (tier,) = select_tiers(read_tiers(str(tiny_ladder)), ["tiny"], "cpu", False)
+    experiment = tier.experiment()
+    row = next(promise for promise in PROMISES if promise.row == "exact: CPU = GPU")
+    workspace = Workspace(tier, experiment, "cuda", "unused", None)
+    workspace.computed = {"cuda": "error E-EXACT-003: the CUDA backend does not compute :arithmetic exact yet."}
+    outcome = row.check(workspace)
+    assert outcome.verdict == NOT_RUN and "E-EXACT-003" in outcome.measured and "cpu" not in workspace.computed
+    computed = compute(experiment, "cpu", envelope_variations("tiny", build_run(experiment, "cpu"))[0], 2)
+    workspace.computed = {"cuda": {1: computed}, "cpu": {1: computed}}
+    assert row.check(workspace).measured == ("stacking 1 on the CPU and on the GPU: identical 2 steps' loss bits, "
+                                             "gradient norms and digests and the final 18 tensors")
+    planted = dict(computed.state)
+    planted["fc1/w"] = planted["fc1/w"].copy()
+    planted["fc1/w"].flat[0] = np.nextafter(planted["fc1/w"].flat[0], np.float32(np.inf))
+    workspace.computed["cuda"] = {1: type(computed)(computed.records, planted)}
+    assert row.check(workspace).verdict == FAIL
+
+
 # --- envelopes ----------------------------------------------------------------------------
 
 def synthetic(curves, margin: Margin = MARGIN) -> Envelope:
@@ -142,7 +161,7 @@ def test_a_curve_is_inside_or_outside_at_each_step():
     assert envelope.check([2.0, 1.019, 0.5]).inside and envelope.check([2.0, 1.019, 0.5]).furthest == pytest.approx(0.9)
     assert envelope.check([2.0, 1.021, 0.5]).outside == [2]
     assert envelope.check([2.0, 1.0, float("nan")]).outside == [3]  # a diverged run is outside everything
-    assert envelope.check([2.0, 1.0]).outside == [1, 2]  # the wrong number of steps is outside
+    assert envelope.check([2.0, 1.0]).describe() == "outside: the curve has 2 steps and the envelope 3"
     assert "outside at 1 of 3 steps, first at step 2" == envelope.check([2.0, 0.9, 0.5]).describe()
 
 
@@ -255,3 +274,11 @@ def test_the_ladder_has_help_and_every_code_is_documented_raised_and_tested(caps
     assert raised == documented
     tests = Path(__file__).read_text()
     assert all(f'"{found}"' in tests for found in documented)
+
+
+def test_docs_ladder_md_lists_the_tiers_of_tiers_json():
+    section = (ROOT / "docs/ladder.md").read_text().split("## Tiers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in section.splitlines() if line.startswith("| `")]
+    documented = [(row[0].strip("`"), row[3], row[4]) for row in rows]
+    assert documented == [(tier.name, ", ".join(tier.devices), "yes" if tier.quick else "no")
+                          for tier in read_tiers(str(LADDER))]

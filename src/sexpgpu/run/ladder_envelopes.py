@@ -70,12 +70,15 @@ class Containment:
     outside: list  # the steps (from 1) where the curve is outside the band
     furthest: float  # the largest distance beyond the sources' range, in margins: above 1 is outside
     furthest_step: int
+    mismatch: str = ""  # why the curve cannot lie in the envelope at all
 
     @property
     def inside(self) -> bool:
         return not self.outside
 
     def describe(self) -> str:
+        if self.mismatch:
+            return f"outside: {self.mismatch}"
         if self.inside and self.furthest == 0:
             return f"inside at all {self.steps} steps, within the sources' own range at each"
         if self.inside:
@@ -106,7 +109,8 @@ class Envelope:
     def check(self, loss) -> Containment:
         loss = np.asarray(loss, dtype=np.float64)
         if loss.shape != (self.steps,):
-            return Containment(len(loss), list(range(1, len(loss) + 1)) or [1], float("inf"), 1)
+            return Containment(len(loss), list(range(1, self.steps + 1)), float("inf"), 1,
+                               f"the curve has {len(loss)} steps and the envelope {self.steps}")
         low, high, least, most = self.band()
         margin = np.maximum(high - most, np.finfo(np.float64).tiny)  # 0 only where the loss is 0
         beyond = np.maximum(loss - most, least - loss).clip(min=0) / margin

@@ -58,14 +58,15 @@ RUNS = {
 
 
 class Workspace:
-    """One tier's runs in the ladder's directory. `made` maps a run's name to its directory;
-    a test may fill it in to check a row against runs of its own."""
+    """One tier's runs in the ladder's directory. `made` maps a run's name to its directory,
+    `computed` a device to its exact runs; a test may fill them in to check a row against
+    runs of its own."""
 
     def __init__(self, tier, experiment, device: str, folder: str, envelope):
         self.tier, self.experiment, self.device, self.folder, self.envelope = tier, experiment, device, folder, envelope
         self.middle = experiment.run.checkpoint.every  # the tiers checkpoint in the middle and at the end
         self.made: dict = {}
-        self._exact: dict = {}
+        self.computed: dict = {}
 
     def run(self, name: str) -> str:
         if name not in self.made:
@@ -86,9 +87,9 @@ class Workspace:
     def exact(self, device: str):
         """{degree: Computed} of the tier under :arithmetic exact on `device`, at every degree
         it offers, or the refusal's message."""
-        if device not in self._exact:
-            self._exact[device] = self._exact_runs(device)
-        return self._exact[device]
+        if device not in self.computed:
+            self.computed[device] = self._exact_runs(device)
+        return self.computed[device]
 
     def _exact_runs(self, device: str):
         run = self.experiment.run
@@ -148,7 +149,8 @@ def same_computed(computed: dict) -> tuple:
     reference = computed[first]
     differing = [degree for degree in others
                  if computed[degree].records != reference.records or not _same_tensors(computed[degree].state, reference.state)]
-    return differing, f"{len(reference.records)} steps' loss bits, gradient norms and digests and the final {len(reference.state)} tensors"
+    steps = f"{len(reference.records)} steps'" if len(reference.records) > 1 else "1 step's"
+    return differing, f"{steps} loss bits, gradient norms and digests and the final {len(reference.state)} tensors"
 
 
 def _same_tensors(left: dict, right: dict) -> bool:
@@ -218,11 +220,12 @@ def _exact_devices(workspace) -> Outcome:
         return Outcome(NOT_RUN, "no GPU in this ladder (--device cuda runs it)")
     if "cpu" not in workspace.tier.devices:
         return Outcome(NOT_RUN, "the tier is too large for the CPU interpreter")
-    runs = {device: workspace.exact(device) for device in ("cpu", workspace.device)}
-    refused = [computed for computed in runs.values() if isinstance(computed, str)]
-    if refused:
-        return Outcome(NOT_RUN, refused[0])
-    differing, agreed = same_computed({device: computed[1] for device, computed in runs.items()})
+    runs = {}
+    for device in (workspace.device, "cpu"):  # the GPU's first: it may refuse, and the CPU's then is not needed
+        runs[device] = workspace.exact(device)
+        if isinstance(runs[device], str):
+            return Outcome(NOT_RUN, runs[device])
+    differing, agreed = same_computed({device: runs[device][1] for device in ("cpu", workspace.device)})
     if differing:
         return Outcome(FAIL, f"the GPU's stacking 1 differs from the CPU's in {agreed}")
     return Outcome(PASS, f"stacking 1 on the CPU and on the GPU: identical {agreed}")

@@ -87,7 +87,7 @@ def _plot(pyplot, result, directory: str) -> str:
         ("level 3: a resumed choosing again", _curve(workspace, "a", "rechosen")),
     ) if curve is not None and len(curve) == envelope.steps}
     figure, (above, below) = pyplot.subplots(2, 1, figsize=SIZE_INCHES, sharex=True)
-    low, high, least, _ = envelope.band()
+    low, high, least, most = envelope.band()
     # a log scale draws no band below 0, where the margin can reach below a loss near 0
     bottom = np.maximum(low, least[least > 0].min() / 2 if (least > 0).any() else FLOOR)
     above.fill_between(steps, bottom, high, color="0.88", label=f"envelope of {len(envelope.sources)} runs")
@@ -105,6 +105,9 @@ def _plot(pyplot, result, directory: str) -> str:
     above.set_title(f"{result.tier.name} on {workspace.device}: the loss against its envelope")
     above.legend(fontsize="small")
     below.plot([], [], color=SOURCE_COLOUR, label=f"each envelope run vs {first.variation} ({first.kind})")
+    # what a run may differ by before it leaves the band: the margin, relative to the loss
+    below.semilogy(steps, relative_difference(high, most), color="black", linestyle=":", linewidth=1.0,
+                   label="the band's margin beyond the runs' range")
     below.set_ylim(bottom=FLOOR / 10)
     below.set_ylabel("|a - b| / max(|a|, |b|)")
     below.set_xlabel("step")
