@@ -142,7 +142,7 @@ def _build(key, device_index: int, builder, limit: int | None) -> Plans:
             for index in range(count):
                 if limit is not None and len(plans.indices) >= limit:
                     break
-                text = _offered_plan(cudnn, graph.graph, index)
+                text = _offered_plan(cudnn, key, graph.graph, index)
                 if text is not None and text not in plans.indices:
                     plans.indices[text] = (graph, index)
     return plans
@@ -154,7 +154,7 @@ def _planned(cudnn, key, handle, mode: str, builder) -> Graph:
     graph.validate()
     graph.build_operation_graph()
     graph.deselect_numeric_notes(_notes(cudnn.numerical_note, _left_out_numerics(key)))
-    graph.deselect_behavior_notes(_notes(cudnn.behavior_note, LEFT_OUT_BEHAVIOURS))
+    graph.deselect_behavior_notes(_notes(cudnn.behavior_note, _left_out_behaviours(key)))
     graph.create_execution_plans([getattr(cudnn.heur_mode, mode)])
     return Graph(graph, operands, mode)
 
@@ -189,14 +189,22 @@ def _left_out_numerics(key) -> tuple:
     return LEFT_OUT_NUMERICS + (LEFT_OUT_F32 if key.dtype == "f32" else ())
 
 
-def _offered_plan(cudnn, graph, index: int) -> str | None:
+def _left_out_behaviours(key) -> tuple:
+    """A convolution's engines leave out run-time compiled kernels; a pattern graph's keep them:
+    cuDNN's fused attention and epilogue fusions come only as such (every plan of the H200's
+    cuDNN 9.19 for them is RUNTIME_COMPILATION), and their bits are then cuDNN's and its
+    compiler's, which the recorded device facts name."""
+    return LEFT_OUT_BEHAVIOURS if isinstance(key, ConvolutionKey) else ()
+
+
+def _offered_plan(cudnn, key, graph, index: int) -> str | None:
     """The engine text of plan `index` when it is offered: a cuDNN engine whose notes are
     none of the left-out ones (the deselected ones fail to build) and that builds here."""
     try:
         engine, knobs = graph.get_engine_and_knobs_at_index(index)
         if not 0 <= int(engine) < BACKEND_ENGINES:
             return None
-        left_out = _notes(cudnn.behavior_note, LEFT_OUT_BEHAVIOURS)
+        left_out = _notes(cudnn.behavior_note, _left_out_behaviours(key))
         if any(note in left_out for note in graph.get_behavior_notes_for_plan_at_index(index)):
             return None
         graph.build_plan_at_index(index)

@@ -16,8 +16,9 @@ gives each operand's dims and strides), with float32 compute and intermediates:
   reads it.
 
 Plans are listed, built and run as the convolution engines are (cudnn_engines.py: cuDNN's own
-engines only, none of its nondeterministic, down-converting, reduced-precision, transformed
-or run-time compiled ones, TF32 left out for float32), and a match takes the first offered,
+engines only, none of its nondeterministic, down-converting, reduced-precision or transformed
+ones, TF32 left out for float32), except that run-time compiled plans are kept: cuDNN's fused
+graphs come only so. A match takes the first offered,
 in the heuristics' order: a fact of the device and its cuDNN, so two machines with equal
 device facts lower it alike. A match cuDNN declines is lowered as without patterns.
 """
