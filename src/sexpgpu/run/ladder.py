@@ -53,6 +53,7 @@ class LadderResult:
     directory: str
     tiers: list
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # of this process: on a machine with other work the wall time says less
     report: str = ""
     plots_note: str = ""  # why there are no plots, when there are none
 
@@ -74,11 +75,11 @@ def run_ladder(options: LadderOptions) -> LadderResult:
     directory = ladder_directory(options.run_dir)
     device = prepared[0][3] if prepared else kind
     result = LadderResult(options.command(), device, directory, [])
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     print(f"ladder: {len(tiers)} tiers on {device}, in {directory}", file=out, flush=True)
     for tier, experiment, envelope, _ in prepared:
         result.tiers.append(_climb(Workspace(tier, experiment, kind, os.path.join(directory, tier.name), envelope), out))
-    result.seconds = time.perf_counter() - started
+    result.seconds, result.cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     write_report(result)
     verdicts = [outcome.verdict for tier in result.tiers for _, outcome in tier.rows]
     print(f"ladder: {', '.join(f'{verdicts.count(v)} {v}' for v in dict.fromkeys(verdicts))} in {result.seconds:.0f} s; "
