@@ -61,6 +61,11 @@ class LadderResult:
     def failed(self) -> bool:
         return any(outcome.verdict == FAIL for result in self.tiers for _, outcome in result.rows)
 
+    def counts(self) -> str:
+        """How many rows passed, failed and were not run: "14 pass, 2 not run"."""
+        verdicts = [outcome.verdict for result in self.tiers for _, outcome in result.rows]
+        return ", ".join(f"{verdicts.count(verdict)} {verdict}" for verdict in dict.fromkeys(verdicts))
+
 
 def device_kind(device: str) -> str:
     """cuda or cpu: what `--device` runs on here, as `sexpgpu run` picks it."""
@@ -81,9 +86,7 @@ def run_ladder(options: LadderOptions) -> LadderResult:
         result.tiers.append(_climb(Workspace(tier, experiment, kind, os.path.join(directory, tier.name), envelope), out))
     result.seconds, result.cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     write_report(result)
-    verdicts = [outcome.verdict for tier in result.tiers for _, outcome in tier.rows]
-    print(f"ladder: {', '.join(f'{verdicts.count(v)} {v}' for v in dict.fromkeys(verdicts))} in {result.seconds:.0f} s; "
-          f"report {result.report}", file=out, flush=True)
+    print(f"ladder: {result.counts()} in {result.seconds:.0f} s; report {result.report}", file=out, flush=True)
     return result
 
 

@@ -43,11 +43,9 @@ def record(result) -> dict:
 
 
 def markdown(result, plots: dict) -> str:
-    verdicts = [outcome.verdict for tier in result.tiers for _, outcome in tier.rows]
-    counts = ", ".join(f"{verdicts.count(verdict)} {verdict}" for verdict in dict.fromkeys(verdicts))
     lines = ["# Ladder report", "",
              f"`{result.command}` on {result.device}, sexpgpu {sexpgpu.__version__}, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {counts} in {result.seconds:.0f} s "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {result.counts()} in {result.seconds:.0f} s "
              f"({result.cpu_seconds:.0f} s of CPU time).", ""]
     if result.plots_note:
         lines += [result.plots_note + ".", ""]
