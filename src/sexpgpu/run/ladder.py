@@ -53,12 +53,18 @@ class LadderResult:
     directory: str
     tiers: list
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # of this process: on a machine with other work the wall time says less
     report: str = ""
     plots_note: str = ""  # why there are no plots, when there are none
 
     @property
     def failed(self) -> bool:
         return any(outcome.verdict == FAIL for result in self.tiers for _, outcome in result.rows)
+
+    def counts(self) -> str:
+        """How many rows passed, failed and were not run: "14 pass, 2 not run"."""
+        verdicts = [outcome.verdict for result in self.tiers for _, outcome in result.rows]
+        return ", ".join(f"{verdicts.count(verdict)} {verdict}" for verdict in dict.fromkeys(verdicts))
 
 
 def device_kind(device: str) -> str:
@@ -74,15 +80,13 @@ def run_ladder(options: LadderOptions) -> LadderResult:
     directory = ladder_directory(options.run_dir)
     device = prepared[0][3] if prepared else kind
     result = LadderResult(options.command(), device, directory, [])
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     print(f"ladder: {len(tiers)} tiers on {device}, in {directory}", file=out, flush=True)
     for tier, experiment, envelope, _ in prepared:
         result.tiers.append(_climb(Workspace(tier, experiment, kind, os.path.join(directory, tier.name), envelope), out))
-    result.seconds = time.perf_counter() - started
+    result.seconds, result.cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     write_report(result)
-    verdicts = [outcome.verdict for tier in result.tiers for _, outcome in tier.rows]
-    print(f"ladder: {', '.join(f'{verdicts.count(v)} {v}' for v in dict.fromkeys(verdicts))} in {result.seconds:.0f} s; "
-          f"report {result.report}", file=out, flush=True)
+    print(f"ladder: {result.counts()} in {result.seconds:.0f} s; report {result.report}", file=out, flush=True)
     return result
 
 

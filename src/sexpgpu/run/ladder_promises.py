@@ -17,7 +17,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.run.choosing import FRESH, ChoiceSettings, choice_settings
 from sexpgpu.run.comparing import diff_runs, read_run
 from sexpgpu.run.evaluating import EvaluateOptions, evaluate, level_of
-from sexpgpu.run.ladder_variations import compute, exact_variation, offered_degrees
+from sexpgpu.run.ladder_variations import compute, fixed_variation, offered_degrees
 from sexpgpu.run.session import RunOptions, execute, run_flags
 from sexpgpu.run.setup import build_run
 
@@ -96,7 +96,7 @@ class Workspace:
         experiment = replace(self.experiment, runs={**self.experiment.runs, run.name: replace(run, arithmetic="exact")})
         try:
             degrees = offered_degrees(build_run(experiment, device))
-            return {degree: compute(experiment, device, exact_variation(degree), self.tier.exact_steps)
+            return {degree: compute(experiment, device, fixed_variation(degree), self.tier.exact_steps)
                     for degree in degrees}
         except SexpgpuError as error:
             if error.code not in EXACT_REFUSALS:

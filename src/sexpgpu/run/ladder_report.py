@@ -35,7 +35,7 @@ def write_report(result) -> None:
 
 def record(result) -> dict:
     return {"command": result.command, "device": result.device, "sexpgpu": sexpgpu.__version__,
-            "seconds": round(result.seconds, 1), "failed": result.failed,
+            "seconds": round(result.seconds, 1), "cpu_seconds": round(result.cpu_seconds, 1), "failed": result.failed,
             "tiers": [{"name": tier.tier.name, "seconds": round(tier.seconds, 1),
                        "rows": [{"row": promise.row, "promised": promise.promised, "measured": outcome.measured,
                                  "verdict": outcome.verdict} for promise, outcome in tier.rows]}
@@ -43,11 +43,10 @@ def record(result) -> dict:
 
 
 def markdown(result, plots: dict) -> str:
-    verdicts = [outcome.verdict for tier in result.tiers for _, outcome in tier.rows]
-    counts = ", ".join(f"{verdicts.count(verdict)} {verdict}" for verdict in dict.fromkeys(verdicts))
     lines = ["# Ladder report", "",
              f"`{result.command}` on {result.device}, sexpgpu {sexpgpu.__version__}, "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {counts} in {result.seconds:.0f} s.", ""]
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {result.counts()} in {result.seconds:.0f} s "
+             f"({result.cpu_seconds:.0f} s of CPU time).", ""]
     if result.plots_note:
         lines += [result.plots_note + ".", ""]
     for tier in result.tiers:

@@ -15,7 +15,6 @@ from sexpgpu.lang.forms import load_experiment
 MANIFEST = "tiers.json"
 FORMAT = 1
 DEVICE_KINDS = ("cpu", "cuda")
-REGENERATE = "sexpgpu ladder --envelopes"
 
 
 @dataclass(frozen=True)

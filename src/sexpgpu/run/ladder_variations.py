@@ -71,7 +71,7 @@ def envelope_variations(name: str, built) -> list:
     degrees = list(offered_degrees(built))
     steps = built.experiment.run.steps
     middle = steps // 2 + 1
-    fixed = [Variation(f"stacking {degree}", (Segment(1, degree),)) for degree in degrees]
+    fixed = [fixed_variation(degree) for degree in degrees]
     switched = [Variation(f"stacking {first}, then {then} from step {middle}", (Segment(1, first), Segment(middle, then)))
                 for first, then in zip(degrees, degrees[1:] + degrees[:1])] if len(degrees) > 1 else []
     drawn = [_drawn(name, seed, degrees, steps) for seed in range(1, SEEDS + 1)] \
@@ -88,7 +88,8 @@ def _drawn(name: str, seed: int, degrees: list, steps: int) -> Variation:
     return Variation(f"seed {seed}: {shown}; products, engines and budget drawn", segments)
 
 
-def exact_variation(degree: int) -> Variation:
+def fixed_variation(degree: int) -> Variation:
+    """One stacking degree from step 1, and the first of every other choice."""
     return Variation(f"stacking {degree}", (Segment(1, degree),))
 
 
