@@ -137,3 +137,15 @@ def test_the_interpreted_kernels_split_float32_operands_as_tf32x3_does():
     assert big.numpy()[0, 0] == 1 + 2**-10 and big.numpy()[1, 1] == -(1 + 2**-10)  # ties away from zero
     assert dot.numpy()[2, 2] == np.float32(1 + 2**-11 + 2**-22)
     assert dot.numpy()[4, 4] == 3.0 and dot.numpy()[7, 7] == np.inf  # an infinite part: its NaN cleared
+
+
+def test_a_batch_of_more_heads_than_one_grid_holds_runs_in_several_launches(backend, monkeypatch):
+    """A grid's second axis holds at most 65535 programs, one a (batch, head): with the limit
+    lowered to 2, the 6 heads of (2, 3, ...) run in three launches a kernel, each from its own
+    first head, and give what one launch gives (the interpreter and the repeat, in `check`)."""
+    from sexpgpu.backends.cuda.codegen import attention as kernels
+
+    monkeypatch.setattr(kernels, "MAX_GRID_Y", 2)
+    assert kernels._lead_chunks(6) == [(0, 2), (2, 2), (4, 2)] and kernels._lead_chunks(5)[-1] == (4, 1)
+    check(CudaBackend(device="cpu"), [(2, 3, 19, 4)] * 3, "f32", True)
+    check(CudaBackend(device="cpu"), [(2, 2, 21, 8)] * 3, "bf16", True)

@@ -124,9 +124,10 @@ def _store_result(pointers, value, mask, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _program_head(HEADS):
-    """(lead, batch, head) of this program: axis 1 walks batch * heads."""
-    lead = tl.program_id(1).to(tl.int64)
+def _program_head(HEADS, LEAD0):
+    """(lead, batch, head) of this program: axis 1 walks batch * heads from LEAD0 (a launch
+    covers at most MAX_GRID_Y of them, the grid's limit on axis 1)."""
+    lead = tl.program_id(1).to(tl.int64) + LEAD0
     return lead, lead // HEADS, lead % HEADS
 
 
@@ -180,11 +181,11 @@ def _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, s
 
 @triton.jit
 def forward(Q, K, V, O, LSE, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve, so0, so1, sot, soe,
-            HEADS, TQ, TK, scale, E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+            HEADS, LEAD0, TQ, TK, scale, E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
             CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
-    lead, batch, head = _program_head(HEADS)
+    lead, batch, head = _program_head(HEADS, LEAD0)
     rows = start_m + tl.arange(0, BLOCK_M)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -215,10 +216,10 @@ def forward(Q, K, V, O, LSE, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, s
 
 
 @triton.jit
-def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, TQ, EV: tl.constexpr,
+def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, LEAD0, TQ, EV: tl.constexpr,
               BLOCK_EV: tl.constexpr, BLOCK_M: tl.constexpr, BF16: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    lead, batch, head = _program_head(HEADS)
+    lead, batch, head = _program_head(HEADS, LEAD0)
     ev = tl.arange(0, BLOCK_EV)
     mask = (rows[:, None] < TQ) & (ev[None, :] < EV)
     o = _load_float(O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe, mask, BF16)
@@ -249,12 +250,12 @@ def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, sta
 
 @triton.jit
 def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve,
-                sg0, sg1, sgt, sge, sdk0, sdk1, sdkt, sdke, sdv0, sdv1, sdvt, sdve, HEADS, TQ, TK, scale,
+                sg0, sg1, sgt, sge, sdk0, sdk1, sdkt, sdke, sdv0, sdv1, sdvt, sdve, HEADS, LEAD0, TQ, TK, scale,
                 E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
                 CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
-    lead, batch, head = _program_head(HEADS)
+    lead, batch, head = _program_head(HEADS, LEAD0)
     keys = start_n + tl.arange(0, BLOCK_N)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -306,12 +307,12 @@ def _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske
 
 @triton.jit
 def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve,
-               sg0, sg1, sgt, sge, sdq0, sdq1, sdqt, sdqe, HEADS, TQ, TK, scale,
+               sg0, sg1, sgt, sge, sdq0, sdq1, sdqt, sdqe, HEADS, LEAD0, TQ, TK, scale,
                E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
                CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
-    lead, batch, head = _program_head(HEADS)
+    lead, batch, head = _program_head(HEADS, LEAD0)
     rows = start_m + tl.arange(0, BLOCK_M)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -395,6 +396,15 @@ def fused(width: int, value_width: int, bf16: bool) -> bool:
     return max(width, value_width) <= MAX_FUSED_WIDTH[_dtype(bf16)]
 
 
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis
+
+
+def _lead_chunks(total: int):
+    """(first, count) of each launch's run of the batch * heads programs: at most MAX_GRID_Y
+    a launch, so any batch and head count runs (2048 x 32 heads is one more than a grid holds)."""
+    return [(first, min(MAX_GRID_Y, total - first)) for first in range(0, total, MAX_GRID_Y)]
+
+
 def _strides(*tensors) -> list:
     return [stride for tensor in tensors for stride in tensor.stride()]
 
@@ -420,10 +430,10 @@ def run_forward(q, k, v, out, lse, scale: float, causal: bool) -> None:
         return attention_wide.forward(q, k, v, out, lse, scale, causal)
     tile = blocks("forward", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    grid = (triton.cdiv(queries, tile.m), lead * heads)
-    forward[grid](q, k, v, out, lse, *_strides(q, k, v, out), heads, queries, keys, scale, width, value_width,
-                  block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
-                  **_launch_options(tile, native))
+    for lead0, count in _lead_chunks(lead * heads):
+        forward[(triton.cdiv(queries, tile.m), count)](
+            q, k, v, out, lse, *_strides(q, k, v, out), heads, lead0, queries, keys, scale, width, value_width,
+            block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16, **_launch_options(tile, native))
 
 
 def run_row_delta(out, g, delta) -> None:
@@ -431,8 +441,9 @@ def run_row_delta(out, g, delta) -> None:
     _, value_width, _, block_ev, bf16, native = _sizes(g, g)
     rows = 16 if not native else max(16, min(128, 8192 // block_ev))
     lead, heads, queries = out.shape[0], out.shape[1], out.shape[2]
-    row_delta[(triton.cdiv(queries, rows), lead * heads)](out, g, delta, *_strides(out, g), heads, queries,
-                                                           value_width, block_ev, rows, bf16, enable_fp_fusion=False)
+    for lead0, count in _lead_chunks(lead * heads):
+        row_delta[(triton.cdiv(queries, rows), count)](out, g, delta, *_strides(out, g), heads, lead0, queries,
+                                                       value_width, block_ev, rows, bf16, enable_fp_fusion=False)
 
 
 def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) -> None:
@@ -441,10 +452,11 @@ def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) 
         return attention_wide.backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
     tile = blocks("backward_kv", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    grid = (triton.cdiv(keys, tile.n), lead * heads)
-    backward_kv[grid](q, k, v, g, lse, delta, dk, dv, *_strides(q, k, v, g, dk, dv), heads, queries, keys, scale,
-                      width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
-                      **_launch_options(tile, native))
+    for lead0, count in _lead_chunks(lead * heads):
+        backward_kv[(triton.cdiv(keys, tile.n), count)](
+            q, k, v, g, lse, delta, dk, dv, *_strides(q, k, v, g, dk, dv), heads, lead0, queries, keys, scale,
+            width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
+            **_launch_options(tile, native))
 
 
 def run_backward_q(q, k, v, g, lse, delta, dq, scale: float, causal: bool) -> None:
@@ -453,7 +465,8 @@ def run_backward_q(q, k, v, g, lse, delta, dq, scale: float, causal: bool) -> No
         return attention_wide.backward_q(q, k, v, g, lse, delta, dq, scale, causal)
     tile = blocks("backward_q", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    grid = (triton.cdiv(queries, tile.m), lead * heads)
-    backward_q[grid](q, k, v, g, lse, delta, dq, *_strides(q, k, v, g, dq), heads, queries, keys, scale,
-                     width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
-                     **_launch_options(tile, native))
+    for lead0, count in _lead_chunks(lead * heads):
+        backward_q[(triton.cdiv(queries, tile.m), count)](
+            q, k, v, g, lse, delta, dq, *_strides(q, k, v, g, dq), heads, lead0, queries, keys, scale,
+            width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
+            **_launch_options(tile, native))
