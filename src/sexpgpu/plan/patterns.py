@@ -161,9 +161,9 @@ def _backward_of(node, forward) -> bool:
 
 def _attention_matches(graph, consumers, order) -> list:
     """bf16 attention: each forward op, and each pair of cotangent ops of one output and
-    cotangent (one cuDNN backward graph writes dq, dk and dv). Float32 attention is written
-    out as its composition before lowering (graph/attention_parts.py), and cuDNN's fused
-    attention has no float32 graph."""
+    cotangent (one cuDNN backward graph writes dq, dk and dv). Float32 attention is the
+    backend's own fused kernels (docs/cuda.md, "Attention"): cuDNN's fused attention has no
+    float32 graph."""
     matches, backward = [], {}
     for node in graph.nodes:
         if node.dtype != "bf16":
