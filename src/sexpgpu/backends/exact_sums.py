@@ -9,7 +9,9 @@ already rounded: `mean` is round(exact sum) / n in one IEEE float32 division.
 
 Backends call this with their own storage: `to_backend` makes a float32 tensor, on the
 accumulators' device, into what the backend's graphs read (a numpy array for the
-interpreter; a device backend keeps the tensor where it is).
+interpreter; a device backend keeps the tensor where it is); `within` is the context the
+backend computes its sums in (the CUDA backend run on CPU tensors takes the exact library's
+device paths there, as in its graphs).
 
 A backend may return a gradient as a `PendingSum` instead: the sum's operands, its digits
 formed only when something adds to it. A step of one call (unstacked with one microbatch, or
@@ -19,6 +21,7 @@ library's fast paths, the same bits as rounding the digits, and never forms them
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import numpy as np
@@ -60,19 +63,21 @@ def rounded_once(value) -> torch.Tensor:
 
 
 class ExactSums:
-    def __init__(self, to_backend):
+    def __init__(self, to_backend, within=contextlib.nullcontext):
         self.to_backend = to_backend
+        self.within = within
 
-    @staticmethod
-    def add(total: dict | None, grads: dict) -> dict:
+    def add(self, total: dict | None, grads: dict) -> dict:
         """{name: Accumulator or PendingSum}: total plus the call's gradients, exactly."""
         if total is None:
             return dict(grads)
-        return {name: det_combine([accumulated(total[name]), accumulated(grads[name])]) for name in total}
+        with self.within():
+            return {name: det_combine([accumulated(total[name]), accumulated(grads[name])]) for name in total}
 
     def rounded(self, total: dict) -> dict:
         """Each gradient rounded once into float32, in the backend's storage."""
-        return {name: self.to_backend(rounded_once(value)) for name, value in total.items()}
+        with self.within():
+            return {name: self.to_backend(rounded_once(value)) for name, value in total.items()}
 
     @staticmethod
     def mean(values: list) -> np.float32:

@@ -44,11 +44,36 @@ class Backend:
 _REGISTRY: dict[str, Backend] = {}
 _DEFAULTS_FOR_DEVICE: dict[str, list[str]] = {}  # the first that runs on the device is used
 _forced: list[str] = []
+_device_paths: list[bool] = []  # inside device_paths(): CPU tensors take CUDA's paths
 
 
 def _has_int8_tensor_cores(device: torch.device) -> bool:
-    # Ampere (8.0) and later run cuBLASLt's int8 products, with int32 sums, on tensor cores.
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    # Ampere (8.0) and later run cuBLASLt's int8 products, with int32 sums, on tensor cores;
+    # CPU tensors on the device paths multiply int8 slices through the cores' exact stand-in.
+    return device.type == "cpu" or torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def int8_tensor_cores(device: torch.device) -> bool:
+    """Whether int8 slice products are the device's (its tensor cores, or their CPU stand-in)."""
+    return _has_int8_tensor_cores(device)
+
+
+@contextlib.contextmanager
+def device_paths():
+    """Inside the block, CPU tensors take the paths CUDA tensors take: the Triton kernels (run
+    by Triton's interpreter, TRITON_INTERPRET=1), int8 slices multiplied by the tensor cores'
+    exact stand-in. Bits are the same either way; this lets a machine without a GPU run, test
+    and count what a GPU runs (the CUDA backend on CPU tensors enters it)."""
+    _device_paths.append(True)
+    try:
+        yield
+    finally:
+        _device_paths.pop()
+
+
+def on_device(device: torch.device) -> bool:
+    """Whether tensors on `device` take the device paths: CUDA tensors, or CPU ones inside device_paths()."""
+    return device.type == "cuda" or (bool(_device_paths) and device.type == "cpu")
 
 
 REQUIREMENTS = {"int8 tensor cores": _has_int8_tensor_cores}
@@ -76,7 +101,7 @@ def select(device: torch.device) -> Backend:
     """The implementation for tensors on `device`: a forced one if any, else the device's default."""
     if _forced:
         return get(_forced[-1])
-    for name in _DEFAULTS_FOR_DEVICE.get(device.type, []):
+    for name in _DEFAULTS_FOR_DEVICE.get("cuda" if on_device(device) else device.type, []):
         if get(name).runs_on(device):
             return get(name)
     raise ValueError(

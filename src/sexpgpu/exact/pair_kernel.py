@@ -27,8 +27,8 @@ def _lane_sums(x_ptr, w_ptr, rows_ptr, cols_ptr, sums_ptr, errors_ptr, P, K, str
     rows = tl.load(rows_ptr + pairs, mask=listed, other=0).to(tl.int64)
     cols = tl.load(cols_ptr + pairs, mask=listed, other=0).to(tl.int64)
     lanes = tl.arange(0, BLOCK_K)
-    total = tl.zeros([BLOCK_P, BLOCK_K], dtype=tl.float64)
-    errors = tl.zeros([BLOCK_P, BLOCK_K], dtype=tl.float64)
+    total = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    errors = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
     # A while loop rather than range(K): Triton 3.6's interpreter cannot take a runtime range
     # bound under NumPy 2.4, and CI runs this kernel in the interpreter.
     k0 = 0

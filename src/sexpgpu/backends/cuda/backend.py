@@ -26,6 +26,7 @@ A policy given is taken as it is, its patterns included (none by default).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import replace
 
@@ -41,6 +42,7 @@ from sexpgpu.backends.cuda.lowering import Lowerer
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.exact.backends import device_paths
 from sexpgpu.graph.attention_parts import composed_attention
 from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
 
@@ -64,8 +66,10 @@ class CudaBackend:
                                                    for name in PATTERN_NAMES})
         self.policy = policy
         self.arithmetic = arithmetic
+        # on CPU tensors (Triton's interpreter) the exact library takes the paths a GPU takes
+        self.exact_paths = device_paths if self.device.type == "cpu" else contextlib.nullcontext
         # the rounded gradients stay on the device, where the update graph reads them
-        self.exact_sums = ExactSums(lambda tensor: tensor) if arithmetic == "exact" else None
+        self.exact_sums = ExactSums(lambda tensor: tensor, self.exact_paths) if arithmetic == "exact" else None
         self._pending: dict = {}  # id(graph) -> the PendingSums its last run returned (weakly)
         self._runners: dict = {}
         self._lowerings: dict = {}
@@ -81,13 +85,16 @@ class CudaBackend:
         self._runners.clear()
         self._lowerings.clear()
 
-
     def run(self, graph, inputs: dict) -> dict:
         """The graph's outputs. A device allocation that fails, the arena's or any step's,
         raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
         caller may go on with a smaller graph (the run loop's unstacked steps)."""
         check_input_names(graph, inputs)
-        self._form_pending(graph)
+        with self.exact_paths():
+            self._form_pending(graph)
+            return self._run(graph, inputs)
+
+    def _run(self, graph, inputs: dict) -> dict:
         try:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
             # a step that needs an input on the host (a draw's salt) reads it here, not back
