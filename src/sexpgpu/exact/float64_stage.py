@@ -25,6 +25,7 @@ next to a rounding boundary, or the result of cancellation; pair_sums.py refines
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,18 @@ import torch
 CHUNK = 1024  # columns of K a float64 product sums before the next is added: the bound's depth
 UNIT = 2.0**-52  # twice float64's unit roundoff
 SLACK = 1 + 2.0**-40  # covers the rounding of the bound's own few float64 operations
+
+
+def upward_float32(value: float) -> float:
+    """The smallest float32 at or above a non-negative finite `value`, as a Python float: a
+    factor a Triton kernel reads as the same number compiled (float32 arguments) and
+    interpreted (float64), and that is never below the bound it stands for."""
+    (bits,) = struct.unpack("<I", struct.pack("<f", value))  # to nearest
+    (nearest,) = struct.unpack("<f", struct.pack("<I", bits))
+    if nearest >= value:
+        return nearest
+    (above,) = struct.unpack("<f", struct.pack("<I", bits + 1))
+    return above
 
 
 def gamma(additions: int) -> float:
@@ -47,7 +60,7 @@ class Float64Product:
     total: torch.Tensor  # float64 (M, N), or (B, M, N): within bound() of the exact sum
     x_norm: torch.Tensor  # float64 (M,) or (B, M): at least ||x[m]||_2
     w_norm: torch.Tensor  # float64 (N,) or (B, N)
-    factor: float  # gamma(D) * SLACK
+    factor: float  # gamma(D) * SLACK, rounded up to a float32 (upward_float32)
 
     def bound(self) -> torch.Tensor:
         """(x_norm[m] * w_norm[n]) * factor, float64 (M, N) or (B, M, N): inequality (1)."""
@@ -60,13 +73,26 @@ def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> Flo
     """x @ w.T in float64 for finite bf16 or f32 x (M, K) and w (N, K), with its error bound;
     for x (B, M, K) and w (B, N, K), each matrix's product and bound."""
     x64, w64 = x.to(torch.float64), w.to(torch.float64)
-    k = x.shape[-1]
-    total = torch.zeros((*x.shape[:-1], w.shape[-2]), dtype=torch.float64, device=x.device)
-    add = torch.Tensor.addmm_ if x.dim() == 2 else torch.Tensor.baddbmm_
-    for k0 in range(0, k, chunk):
+    total = float64_total(x64, w64, chunk)
+    return Float64Product(total, upper_norms(x64), upper_norms(w64), product_factor(x.shape[-1], chunk))
+
+
+def float64_total(x64: torch.Tensor, w64: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """x64 @ w64.T (of each matrix, for a batch) in chunks of K: the first chunk's product,
+    then each further chunk's added in turn (addmm), so no product passes through more than
+    chunk + chunks additions however the library splits a chunk."""
+    k = x64.shape[-1]
+    total = torch.matmul(x64[..., :chunk], w64[..., :chunk].transpose(-1, -2))
+    add = torch.Tensor.addmm_ if x64.dim() == 2 else torch.Tensor.baddbmm_
+    for k0 in range(chunk, k, chunk):
         add(total, x64[..., k0 : k0 + chunk], w64[..., k0 : k0 + chunk].transpose(-1, -2))
+    return total
+
+
+def product_factor(k: int, chunk: int = CHUNK) -> float:
+    """gamma(D) * SLACK for float64_total's products of K columns, a float32 rounded up."""
     chunks = -(-k // chunk)
-    return Float64Product(total, upper_norms(x64), upper_norms(w64), gamma(min(k, chunk) + chunks + 1) * SLACK)
+    return upward_float32(gamma(min(k, chunk) + chunks + 1) * SLACK)
 
 
 def upper_norms(rows64: torch.Tensor) -> torch.Tensor:

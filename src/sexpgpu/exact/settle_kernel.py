@@ -5,7 +5,15 @@ For each output it reads the float64 total and the two norms, forms the bound
 value and whether it is settled. The test is rounded.settle's, step for step, for float32
 results (bfloat16 results take the torch path): the same comparisons of exact float64
 differences, so both give the same outputs (tested). Contraction is off: the bound's product
-and the midpoints are rounded as in torch.
+and the midpoints are rounded as in torch. A batch of matrices (det_gemm_batched) settles in
+the same pass, each matrix with its own rows' norms.
+
+Triton passes a Python float to a compiled kernel as a float32 and to its interpreter as a
+float64, so every factor handed to a kernel is a float32 already (float64_stage.upward_float32,
+rounded up): the same number on both, and never below the bound it stands for.
+
+`settled_float32` is the test as a device function, shared with the queued path's kernels
+(queued_kernels.py).
 """
 
 from __future__ import annotations
@@ -19,18 +27,10 @@ BLOCK_N = 64
 NUM_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["M", "N"])
-def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N, factor,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside_rows, inside_cols = rows < M, cols < N
-    mask = inside_rows[:, None] & inside_cols[None, :]
-    at = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    total = tl.load(total_ptr + at, mask=mask, other=0.0)
-    x_norm = tl.load(x_norm_ptr + rows, mask=inside_rows, other=0.0)
-    w_norm = tl.load(w_norm_ptr + cols, mask=inside_cols, other=0.0)
-    bound = (x_norm[:, None] * w_norm[None, :]) * factor
+@triton.jit
+def settled_float32(total, bound):
+    """(settled, value) of rounded.settle for float32 results at scale 1: value is total's
+    float32, +0.0 where the output is not settled or is an exact zero."""
     candidate = total.to(tl.float32)
     magnitude = tl.abs(candidate)
     bits = magnitude.to(tl.int32, bitcast=True)
@@ -45,18 +45,41 @@ def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N
     exact_zero = exact & (total == 0)
     ordinary = (inside & (magnitude != 0) & finite) | (exact & (magnitude >= 1.1754943508222875e-38) & finite)
     done = ordinary | exact_zero
-    tl.store(value_ptr + at, tl.where(done & ~exact_zero, candidate, 0.0), mask=mask)
+    return done, tl.where(done & ~exact_zero, candidate, 0.0)
+
+
+@triton.jit(do_not_specialize=["M", "N", "TILES_M"])
+def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N, TILES_M, factor,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # axis 0 walks the matrices' row tiles, matrix after matrix: TILES_M of them a matrix
+    matrix = tl.program_id(0) // TILES_M
+    rows = (tl.program_id(0) % TILES_M) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside_rows, inside_cols = rows < M, cols < N
+    mask = inside_rows[:, None] & inside_cols[None, :]
+    first = matrix.to(tl.int64) * M * N
+    at = first + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    total = tl.load(total_ptr + at, mask=mask, other=0.0)
+    x_norm = tl.load(x_norm_ptr + matrix.to(tl.int64) * M + rows, mask=inside_rows, other=0.0)
+    w_norm = tl.load(w_norm_ptr + matrix.to(tl.int64) * N + cols, mask=inside_cols, other=0.0)
+    bound = (x_norm[:, None] * w_norm[None, :]) * factor
+    done, value = settled_float32(total, bound)
+    tl.store(value_ptr + at, value, mask=mask)
     tl.store(done_ptr + at, done.to(tl.int8), mask=mask)
 
 
 def settle_float32(total: torch.Tensor, x_norm: torch.Tensor, w_norm: torch.Tensor, factor: float):
-    """(settled, value) as rounded.settle gives them for float32, with the bound formed in-kernel;
-    value is +0.0 where not settled."""
-    m, n = total.shape
-    value = torch.empty((m, n), dtype=torch.float32, device=total.device)
-    done = torch.empty((m, n), dtype=torch.int8, device=total.device)
-    if m and n:
-        grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
-        _settle_float32[grid](total, x_norm, w_norm, value, done, m, n, factor,
-                              BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS, enable_fp_fusion=False)
+    """(settled, value) as rounded.settle gives them for float32, with the bound formed in-kernel
+    (factor a float32, Float64Product.factor); value is +0.0 where not settled. total (M, N) with norms (M,) and (N,), or a batch:
+    total (B, M, N) with norms (B, M) and (B, N)."""
+    m, n = total.shape[-2:]
+    value = torch.empty(total.shape, dtype=torch.float32, device=total.device)
+    done = torch.empty(total.shape, dtype=torch.int8, device=total.device)
+    matrices = total.numel() // max(m * n, 1)
+    if total.numel():
+        tiles_m = triton.cdiv(m, BLOCK_M)
+        grid = (matrices * tiles_m, triton.cdiv(n, BLOCK_N))
+        _settle_float32[grid](total.contiguous(), x_norm.contiguous(), w_norm.contiguous(), value, done, m, n,
+                              tiles_m, factor, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                              num_warps=NUM_WARPS, enable_fp_fusion=False)
     return done.view(torch.bool), value
