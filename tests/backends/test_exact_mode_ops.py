@@ -242,14 +242,15 @@ def test_float32_attention_runs_as_its_exact_composition_and_bf16_attention_is_r
 
 
 def test_a_sum_too_long_for_one_call_is_cut_into_rows_with_the_same_rounding(monkeypatch):
-    """exact_ops.rounded_sum (the CUDA backend's sums) cuts a sum past LONG_SUM terms into rows
-    of MAX_K_PER_CALL, here made small: the rows' digits add to the one exact sum."""
+    """det_sum (exact_ops.rounded_sum's) cuts a sum past the fast path's MAX_FAST_K terms into
+    pieces of MAX_K_PER_CALL, here made small: the pieces' digits add to the one exact sum."""
     import torch
 
     from sexpgpu.backends import exact_ops
+    from sexpgpu.exact import reduce
 
-    monkeypatch.setattr(exact_ops, "LONG_SUM", 64)
-    monkeypatch.setattr(exact_ops, "MAX_K_PER_CALL", 24)
+    monkeypatch.setattr(reduce, "MAX_FAST_K", 64)
+    monkeypatch.setattr(reduce, "MAX_K_PER_CALL", 24)
     x = _spread(np.random.default_rng(14), (2, 100))
     found = exact_ops.rounded_sum(torch.from_numpy(x), (1,), (2,), "f32").numpy()
     _same(found, [_once(row) for row in x])

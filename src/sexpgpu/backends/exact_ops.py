@@ -20,10 +20,7 @@ import torch
 
 from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial, det_sum,
                            det_sum_partial)
-from sexpgpu.exact.layout import MAX_K_PER_CALL, WIDTH
-from sexpgpu.exact.rounded import MAX_FAST_K
-
-LONG_SUM = MAX_FAST_K  # det_sum's fast path takes sums of up to this many terms
+from sexpgpu.exact.layout import WIDTH
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -50,18 +47,10 @@ def summed(x: torch.Tensor, axes) -> Accumulator:
 
 
 def rounded_sum(x: torch.Tensor, axes, shape, dtype: str) -> torch.Tensor:
-    """summed(x, axes) rounded once into `dtype` and shaped `shape`, by det_sum's fast path,
-    which rounds from bounds or the top slices to the same bits. Sums longer than it takes
-    (a gradient norm over every parameter) are cut into rows summed in one call instead of
-    K chunks summed in turn, their digits added."""
-    terms = _summed_last(x, axes)
-    if terms.shape[-1] <= LONG_SUM:
-        return det_sum(terms, -1, dtype=TORCH_DTYPES[dtype]).reshape(shape)
-    count, width = terms.shape[-1], MAX_K_PER_CALL
-    rows = -(-count // width)
-    laid = torch.nn.functional.pad(terms, (0, rows * width - count))  # zeros add nothing
-    parts = det_sum_partial(laid.reshape(*terms.shape[:-1], rows, width), -1).digits
-    return rounded(det_combine([Accumulator(parts[..., row]) for row in range(rows)]), shape, dtype)
+    """summed(x, axes) rounded once into `dtype` and shaped `shape`, by det_sum's fast paths,
+    which round from bounds to the same bits, for any number of terms (a gradient norm sums
+    every parameter's), and wait for no device count on CUDA."""
+    return det_sum(_summed_last(x, axes), -1, dtype=TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def _matrices(a: torch.Tensor, b: torch.Tensor, shape) -> tuple:
@@ -83,10 +72,10 @@ def product(a: torch.Tensor, b: torch.Tensor, shape) -> Accumulator:
 
 def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str) -> torch.Tensor:
     """product(a, b, shape) rounded once, by the fast paths, which round from bounds or the top
-    slices to the same bits: det_gemm for a float32 product by one matrix, det_gemm_batched
-    (all the matrices at once) for any other."""
+    slices to the same bits: det_gemm for a float32 product by one matrix (on CUDA with no
+    wait for the device), det_gemm_batched (all the matrices at once) for any other."""
     if dtype == "f32" and b.dim() == 2:
-        return det_gemm(a.reshape(-1, a.shape[-1]), b.T.contiguous()).reshape(shape)
+        return det_gemm(a.reshape(-1, a.shape[-1]), b.T, non_blocking=True).reshape(shape)
     if b.dim() == 2:
         left, right = a.reshape(1, -1, a.shape[-1]), b.T[None]
     else:
@@ -165,7 +154,7 @@ def conv2d_weight_grad(x: torch.Tensor, g: torch.Tensor, stride, padding, shape)
 
 def rounded_conv2d_weight_grad(x: torch.Tensor, g: torch.Tensor, stride, padding, shape) -> torch.Tensor:
     """conv2d_weight_grad rounded once into float32, by det_gemm's fast path."""
-    return det_gemm(*_weight_grad_factors(x, g, stride, padding, shape)).reshape(shape)
+    return det_gemm(*_weight_grad_factors(x, g, stride, padding, shape), non_blocking=True).reshape(shape)
 
 
 def spread(parts: list, shape, kernel, stride, counts) -> Accumulator:

@@ -16,13 +16,16 @@ Stage 3 of det_gemm (the tiers on a block of rows and columns) is left out: a ba
 outputs are spread over its matrices. Operands holding NaN or infinities, more than
 MAX_FAST_K terms, an empty product, or a forced implementation or tier path (for tests and
 benchmarks) take det_gemm matrix by matrix.
+
+On CUDA, float32 results take the queued path instead (queued.py): the same three stages with
+no count read back, non-finite operands included.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import backends
+from . import backends, queued
 from .checks import check_operand, check_output_dtype
 from .float64_stage import float64_product
 from .gemm import accumulate_planes, rounded_product
@@ -36,6 +39,8 @@ def det_gemm_batched(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torc
     _check_batched(x, w)
     check_output_dtype("det_gemm_batched", dtype)
     backends.select(x.device)  # a device no implementation runs on is refused here
+    if queued.applies(x.device, dtype):
+        return queued.queued_product(x, w)
     if _one_by_one(x, w):
         return _matrix_by_matrix(x, w, dtype)
     batch, m, k = x.shape

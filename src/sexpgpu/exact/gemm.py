@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backends
+from . import backends, queued
 from .accumulator import Accumulator, empty_planes, normalise_
 from .checks import check_accumulator, check_combinable, check_gemm_operands, check_output_dtype
 from .layout import MAX_K_PER_CALL, NAN_PLANE
@@ -19,17 +19,22 @@ def det_gemm_partial(x: torch.Tensor, w: torch.Tensor) -> Accumulator:
     return Accumulator(accumulate_planes(x, w))
 
 
-def det_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T for x (M, K) and w (N, K): the exact sum of products, rounded once to float32."""
+def det_gemm(x: torch.Tensor, w: torch.Tensor, *, non_blocking: bool = False) -> torch.Tensor:
+    """x @ w.T for x (M, K) and w (N, K): the exact sum of products, rounded once to float32.
+    non_blocking=True: on CUDA, never wait for the device (queued.py), at the price of no
+    tiers for data whose outputs the float64 bound mostly leaves."""
     check_gemm_operands("det_gemm", x, w)
-    return rounded_product(x, w, torch.float32)
+    return rounded_product(x, w, torch.float32, non_blocking)
 
 
-def rounded_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def rounded_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, non_blocking: bool = False) -> torch.Tensor:
     """The exact x @ w.T rounded once into dtype: by the tiered fast path (rounded.py), which
-    falls back to the accumulator where its bound cannot prove the rounding. With an
-    implementation forced (backends.forced), the accumulator computes every output."""
+    falls back to the accumulator where its bound cannot prove the rounding, or without a wait
+    by the queued path (queued.py). With an implementation forced (backends.forced), the
+    accumulator computes every output."""
     backends.select(x.device)  # a device no implementation runs on is refused here
+    if non_blocking and queued.applies(x.device, dtype):
+        return queued.queued_product(x, w)
     if backends.forcing():
         return round_planes(accumulate_planes(x, w), dtype)
     x, w, special = split_special(x, w)

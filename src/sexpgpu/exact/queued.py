@@ -1,0 +1,196 @@
+"""The queued path: det_gemm's, det_gemm_batched's and det_sum's rounding with every decision on the device.
+
+    y = queued_product(x, w)     # x @ w.T (of each matrix), float32, for x (M, K) or (B, M, K)
+    s = queued_sum(rows)         # each row's exact sum, float32, for rows (P, K) of any strides
+
+The host path (rounded.py, batched.py) reads counts back to size its lists: how many outputs
+the float64 product left, how many the pair sums left. On a GPU each read waits for every
+kernel queued before it. Here no count leaves the device, so a call queues its kernels and
+returns, whatever its data:
+
+1. the operands widened to float64 (queued_kernels._widen: contiguous rows, non-finite
+   elements zeroed, each row's norm bound from before the zeroing), their float64 product
+   in chunks of K (float64_stage.float64_total), settled in one pass (settle_kernel); a sum
+   instead bounds each row's float64 sum by its own magnitudes (`_row_sums`), tighter than
+   the Cauchy-Schwarz bound of a product with ones;
+2. the outputs left, listed on the device (`_count_pending`, `_list_pending`) in a list as long
+   as the outputs, since nothing on the host knows how many there are: a bound cannot be too
+   small, so no data can overflow it;
+3. each listed output's compensated dot product (`_pair_refine`, pair_sums.py's bound) by a
+   fixed grid of programs that walk the list up to the count in device memory; NaN and
+   infinite products are classified there (a row holding one has an infinite or NaN norm, so
+   its outputs always reach this stage) and take the special rule;
+4. the outputs still left listed again and computed exactly (`_exact_refine`): Kulisch
+   digits, carried and rounded in the kernel.
+
+Each output is its exact sum's rounding on every path, so the bits are the host path's; only
+the time depends on the data. Unlike the host path there are no tiers on a block (choosing
+them needs the count): data whose outputs the bounds mostly leave (a row spanning the whole
+exponent range, sums that cancel to far below their terms) take stage 4 output by output,
+correct and slower. Results are float32; bfloat16 results take the host path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import backends
+from .float64_stage import CHUNK, SLACK, UNIT, float64_total, gamma, product_factor, upward_float32
+from .layout import MAX_K_PER_CALL
+
+REFINE_PROGRAMS = 1024  # a refine kernel's fixed grid: its programs walk the list in turn
+REFINE_BLOCK = 64  # listed outputs a program takes at once
+LANES = 16  # _pair_refine's lanes along K
+LIST_BLOCK = 1024  # outputs a listing program reads
+SEGMENT = 1 << 16  # columns of a row one _row_sums program sums; longer rows are cut into segments
+TILE = 2048  # elements of a _row_sums or _widen program's tile
+WIDEN_COLUMNS = 128
+
+
+def applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a rounding on `device` into `dtype` takes this path: float32 results on the
+    device paths (backends.on_device), unless an implementation or a tier path is forced."""
+    from .rounded import _forced_path  # rounded imports this module's callers: imported late
+
+    return backends.on_device(device) and dtype == torch.float32 and not backends.forcing() and _forced_path() is None
+
+
+def queued_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T for x (M, K) and w (N, K), or of each matrix for x (B, M, K) and w (B, N, K):
+    each output's exact sum rounded once to float32, no count read back."""
+    from .settle_kernel import settle_float32  # Triton is imported only where it runs
+
+    batched = x.dim() == 3
+    x3, w3 = (x, w) if batched else (x[None], w[None])
+    x3, w3 = _float(x3), _float(w3)
+    batch, m, k = x3.shape
+    n = w3.shape[1]
+    rows_x, rows_w = x3.reshape(batch * m, k), w3.reshape(batch * n, k)
+    x64, x_norm = _widened(rows_x)
+    w64, w_norm = _widened(rows_w)
+    total = float64_total(x64.view(batch, m, k), w64.view(batch, n, k)) if batched else \
+        float64_total(x64, w64)
+    del x64, w64
+    done, result = settle_float32(total, x_norm.view(batch, m) if batched else x_norm,
+                                  w_norm.view(batch, n) if batched else w_norm, product_factor(k, CHUNK))
+    del total
+    _refine(rows_x, rows_w, x_norm, w_norm, result, done.view(torch.int8), m, n, ones=False)
+    return result
+
+
+def queued_sum(rows: torch.Tensor) -> torch.Tensor:
+    """The exact sum of each row of rows (P, K), rounded once to float32, no count read back."""
+    from . import queued_kernels as kernels
+
+    rows = _float(rows)
+    p, k = rows.shape
+    result = torch.empty(p, dtype=torch.float32, device=rows.device)
+    done = torch.empty(p, dtype=torch.int8, device=rows.device)
+    magnitude = torch.empty(p, dtype=torch.float64, device=rows.device)
+    if p == 0:
+        return result
+    block_r, block_k = _sum_tile(rows)
+    segments = max(-(-k // SEGMENT), 1)
+    # each term passes through its lane's additions, the lanes' tree and the segments' sum
+    additions = -(-min(k, SEGMENT) // block_k) + block_k + segments
+    bound_factor = upward_float32(gamma(additions) / (1 - gamma(additions)) * SLACK)
+    magnitude_factor = upward_float32(SLACK / (1 - gamma(additions)))
+    grid = (-(-p // block_r), segments)
+    if segments == 1:
+        kernels._row_sums[grid](rows, result, result, result, done, magnitude, p, k, rows.stride(0), rows.stride(1),
+                                SEGMENT, bound_factor, magnitude_factor, SETTLE=True, BLOCK_R=block_r,
+                                BLOCK_K=block_k, num_warps=4, enable_fp_fusion=False)
+    else:
+        sums = torch.empty((p, segments), dtype=torch.float64, device=rows.device)
+        magnitudes = torch.empty_like(sums)
+        kernels._row_sums[grid](rows, sums, magnitudes, result, done, magnitude, p, k, rows.stride(0),
+                                rows.stride(1), SEGMENT, bound_factor, magnitude_factor, SETTLE=False,
+                                BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4, enable_fp_fusion=False)
+        kernels._segment_sums[(-(-p // 256),)](sums, magnitudes, result, done, magnitude, p, segments,
+                                               bound_factor, magnitude_factor, BLOCK_R=256, num_warps=4,
+                                               enable_fp_fusion=False)
+    ones_norm = torch.ones(1, dtype=torch.float64, device=rows.device)  # |1| for every term's other factor
+    _refine(rows, rows, magnitude, ones_norm, result, done, p, 1, ones=True)
+    return result
+
+
+def _float(t: torch.Tensor) -> torch.Tensor:
+    """bfloat16 widened to float32, which is exact (the kernels read float32)."""
+    return t.float() if t.dtype == torch.bfloat16 else t
+
+
+def _widened(rows: torch.Tensor) -> tuple:
+    """(rows in float64, contiguous, non-finite elements zeroed; an upper bound of each row's
+    Euclidean norm, infinite or NaN for a row holding a non-finite element)."""
+    from . import queued_kernels as kernels
+
+    r, k = rows.shape
+    wide = torch.empty((r, k), dtype=torch.float64, device=rows.device)
+    norm = torch.empty(r, dtype=torch.float64, device=rows.device)
+    if r:
+        # a transposed operand (a weight read as w.T, an activation's gradient in a weight's
+        # product) takes a square tile, which Triton loads along one axis and stores along the other
+        block_k = min(WIDEN_COLUMNS if rows.stride(1) == 1 else 32, _power_of_two(k))
+        block_r = TILE // block_k
+        steps = -(-k // block_k)
+        # the squares' sum: each passes through its lane's additions and the lanes' tree
+        raise_factor = upward_float32(max(1 + gamma(steps + block_k), SLACK))
+        kernels._widen[(-(-r // block_r),)](rows, wide, norm, r, k, rows.stride(0), rows.stride(1), raise_factor,
+                                           BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4, enable_fp_fusion=False)
+    return wide, norm
+
+
+def _sum_tile(rows: torch.Tensor) -> tuple:
+    """(BLOCK_R, BLOCK_K) of _row_sums for this layout: rows along K when they are contiguous
+    there, many rows a column when the rows are adjacent (a sum over the batch axis)."""
+    k = rows.shape[1]
+    if rows.stride(1) != 1 and rows.stride(0) == 1:
+        return 64, 32
+    block_k = min(1024, _power_of_two(k))
+    return TILE // block_k, block_k
+
+
+def _power_of_two(count: int) -> int:
+    """The smallest power of two at least `count`, and at least 16."""
+    return max(16, 1 << max(count - 1, 0).bit_length())
+
+
+def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> None:
+    """Stages 2 to 4 of the module's docstring, on the outputs `done` (int8, 0 pending) leaves;
+    writes their values into `result`. Output b*m*n + i*n + j is row b*m + i of x times row
+    b*n + j of w (row 0 of a row of ones, for a sum)."""
+    from . import queued_kernels as kernels
+
+    outputs = result.numel()
+    if outputs == 0:
+        return
+    flat_result, flat_done = result.view(-1), done.view(-1)
+    k = x.shape[1]
+    steps = -(-k // LANES)
+    terms = (LANES + 1) * steps + LANES + 8  # pair_sums' n: the lanes' error terms, the tree's
+    unit_factor = upward_float32(UNIT * SLACK)
+    terms_factor = upward_float32(gamma(terms) * terms * UNIT * SLACK)
+    grid = (min(-(-outputs // REFINE_BLOCK), REFINE_PROGRAMS),)
+    strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
+    listed, count = _pending_list(flat_done)
+    kernels._pair_refine[grid](x, w, x_norm, w_norm, listed, count, flat_result, flat_done, m, n, k, *strides,
+                               unit_factor, terms_factor, ONES=ones, BLOCK_P=REFINE_BLOCK, BLOCK_K=LANES,
+                               num_warps=4, enable_fp_fusion=False)
+    listed, count = _pending_list(flat_done, listed)
+    kernels._exact_refine[grid](x, w, listed, count, flat_result, m, n, k, *strides, ONES=ones,
+                                BLOCK_P=REFINE_BLOCK, FLUSH=MAX_K_PER_CALL, num_warps=4)
+
+
+def _pending_list(done: torch.Tensor, listed: torch.Tensor | None = None) -> tuple:
+    """(int64 list of the pending outputs' indices in increasing order, its count as a 1-element
+    device tensor). The list has room for every output."""
+    from . import queued_kernels as kernels
+
+    outputs = done.numel()
+    blocks = -(-outputs // LIST_BLOCK)
+    counts = torch.empty(blocks, dtype=torch.int64, device=done.device)
+    kernels._count_pending[(blocks,)](done, counts, outputs, BLOCK=LIST_BLOCK, num_warps=4)
+    ends = torch.cumsum(counts, 0)
+    listed = torch.empty(outputs, dtype=torch.int64, device=done.device) if listed is None else listed
+    kernels._list_pending[(blocks,)](done, ends, listed, outputs, BLOCK=LIST_BLOCK, num_warps=4)
+    return listed, ends[-1:]

@@ -1,0 +1,438 @@
+"""The Triton kernels of the queued path (queued.py): every decision on the device, no host wait.
+
+- `_widen`: an operand's rows in float64, contiguous, non-finite elements zeroed, and an upper
+  bound of each row's Euclidean norm taken before the zeroing (a row with an infinity or a NaN
+  has an infinite or NaN norm, so no bound settles its outputs);
+- `_row_sums`, `_segment_sums`: det_sum's first stage: each row's float64 sum and the float64
+  sum of its magnitudes, in lanes of BLOCK_K columns, then the lanes, then (long rows) the
+  segments; settled by the magnitude bound;
+- `_count_pending`, `_list_pending`: the outputs still pending, listed on the device (each
+  block's count, their running sum, then each block's outputs at its offset), with the count
+  left in device memory;
+- `_pair_refine`: for each listed output, its products summed by TwoSum in BLOCK_K lanes, the
+  lanes joined by a TwoSum tree (pair_sums.py's inequality (2)), settled; an output with a NaN
+  or infinite product takes the special rule instead (docs/exact.md, "Special values");
+- `_exact_refine`: for each output still listed, the Kulisch digits of its products (the
+  peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel.
+
+The two refine kernels are persistent: a fixed grid whose programs walk the list, which holds
+as many outputs as the device says, so the host never reads the count. Every factor is a
+float32 rounded up (float64_stage.upward_float32): a compiled kernel reads a Python float as
+float32, the interpreter as float64. Contraction is off in every launch (TwoSum and the
+bounds need each operation rounded on its own).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .settle_kernel import settled_float32
+from .triton_kernel import _fp64_from_bits, _peel_product
+
+# Triton's own tl.sum and tl.zeros are @triton.jit functions, compiled or interpreted as Triton
+# was first imported, so they are not called here: zeros are tl.full, and sums are tl.reduce
+# and tl.associative_scan with Triton's own adding combiner, which a compiled kernel inlines
+# like any, and which Triton's interpreter recognises and runs as one numpy sum instead of a
+# Python call per element (it is never called there). The float64 sums' order is Triton's;
+# their bounds hold for any order.
+_ADD = tl.standard._sum_combine
+
+
+# --- an operand in float64, and its rows' norms ----------------------------------------------
+
+
+@triton.jit(do_not_specialize=["R", "K"])
+def _widen(x_ptr, wide_ptr, norm_ptr, R, K, stride_r, stride_k, raise_factor,
+           BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    # raise_factor >= 1 + gamma(D) for the squares' sum and >= SLACK for the square root
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    inside_rows = rows < R
+    squares = tl.full([BLOCK_R, BLOCK_K], 0.0, tl.float64)
+    k0 = 0
+    while k0 < K:
+        k = k0 + tl.arange(0, BLOCK_K)
+        mask = inside_rows[:, None] & (k < K)[None, :]
+        value = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_r + k[None, :].to(tl.int64) * stride_k,
+                        mask=mask, other=0.0).to(tl.float64)
+        squares += value * value  # exact: at most 48 significant bits; inf or NaN stays so
+        finite = (value - value) == 0
+        tl.store(wide_ptr + rows.to(tl.int64)[:, None] * K + k[None, :], tl.where(finite, value, 0.0), mask=mask)
+        k0 += BLOCK_K
+    total = tl.reduce(squares, 1, _ADD)
+    tl.store(norm_ptr + rows, tl.sqrt(total * raise_factor) * raise_factor, mask=inside_rows)
+
+
+# --- det_sum's first stage --------------------------------------------------------------------
+
+
+@triton.jit
+def _settle_sums(total, magnitude, bound_factor, magnitude_factor, at, inside, result_ptr, done_ptr, magnitude_ptr):
+    done, value = settled_float32(total, magnitude * bound_factor)
+    tl.store(result_ptr + at, value, mask=inside)
+    tl.store(done_ptr + at, done.to(tl.int8), mask=inside)
+    tl.store(magnitude_ptr + at, magnitude * magnitude_factor, mask=inside)
+
+
+@triton.jit(do_not_specialize=["R", "K", "SEGMENT"])
+def _row_sums(x_ptr, sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_ptr, R, K, stride_r, stride_k,
+              SEGMENT, bound_factor, magnitude_factor,
+              SETTLE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (i, s): rows i*BLOCK_R.., columns of segment s; SETTLE: one segment, settled here
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    segment = tl.program_id(1)
+    inside_rows = rows < R
+    start = segment.to(tl.int64) * SEGMENT
+    end = tl.minimum(start + SEGMENT, K)
+    total = tl.full([BLOCK_R, BLOCK_K], 0.0, tl.float64)
+    magnitude = tl.full([BLOCK_R, BLOCK_K], 0.0, tl.float64)
+    k0 = start
+    while k0 < end:
+        k = k0 + tl.arange(0, BLOCK_K)
+        mask = inside_rows[:, None] & (k < end)[None, :]
+        value = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_r + k[None, :] * stride_k,
+                        mask=mask, other=0.0).to(tl.float64)
+        total += value
+        magnitude += tl.abs(value)
+        k0 += BLOCK_K
+    row_total = tl.reduce(total, 1, _ADD)
+    row_magnitude = tl.reduce(magnitude, 1, _ADD)
+    if SETTLE:
+        _settle_sums(row_total, row_magnitude, bound_factor, magnitude_factor, rows, inside_rows,
+                     result_ptr, done_ptr, magnitude_ptr)
+    else:
+        segments = tl.num_programs(1)
+        at = rows.to(tl.int64) * segments + segment
+        tl.store(sums_ptr + at, row_total, mask=inside_rows)
+        tl.store(magnitudes_ptr + at, row_magnitude, mask=inside_rows)
+
+
+@triton.jit(do_not_specialize=["R", "SEGMENTS"])
+def _segment_sums(sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_ptr, R, SEGMENTS,
+                  bound_factor, magnitude_factor, BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    inside_rows = rows < R
+    total = tl.full([BLOCK_R], 0.0, tl.float64)
+    magnitude = tl.full([BLOCK_R], 0.0, tl.float64)
+    segment = 0
+    while segment < SEGMENTS:  # in order: each partial passes through at most SEGMENTS additions
+        at = rows.to(tl.int64) * SEGMENTS + segment
+        total += tl.load(sums_ptr + at, mask=inside_rows, other=0.0)
+        magnitude += tl.load(magnitudes_ptr + at, mask=inside_rows, other=0.0)
+        segment += 1
+    _settle_sums(total, magnitude, bound_factor, magnitude_factor, rows, inside_rows,
+                 result_ptr, done_ptr, magnitude_ptr)
+
+
+# --- the pending outputs, listed on the device -----------------------------------------------
+
+
+@triton.jit(do_not_specialize=["TOTAL"])
+def _count_pending(done_ptr, counts_ptr, TOTAL, BLOCK: tl.constexpr):
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int64)
+    tl.store(counts_ptr + tl.program_id(0), tl.reduce(pending, 0, _ADD))
+
+
+@triton.jit(do_not_specialize=["TOTAL"])
+def _list_pending(done_ptr, ends_ptr, listed_ptr, TOTAL, BLOCK: tl.constexpr):
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int64)
+    place = tl.associative_scan(pending, 0, _ADD)  # 1 + how many pending outputs precede, in the block
+    start = tl.load(ends_ptr + tl.program_id(0)) - tl.reduce(pending, 0, _ADD)
+    tl.store(listed_ptr + start + place - 1, at, mask=pending == 1)
+
+
+# --- refining the listed outputs ---------------------------------------------------------------
+
+
+@triton.jit
+def _listed_rows(listed_ptr, slots, listed, M, N, ONES: tl.constexpr):
+    """(output index, row of x, row of w) of list slots: output b*M*N + m*N + n reads row b*M + m
+    of x and row b*N + n of w (row 0, the ones, for a sum)."""
+    out = tl.load(listed_ptr + slots, mask=listed, other=0).to(tl.int64)
+    outputs = M.to(tl.int64) * N
+    matrix = out // outputs
+    rest = out - matrix * outputs
+    m = rest // N
+    n = rest - m * N
+    if ONES:
+        w_row = n * 0
+    else:
+        w_row = matrix * N + n
+    return out, matrix * M + m, w_row
+
+
+@triton.jit
+def _join_lanes(total, errors, inexact, P: tl.constexpr, LANES: tl.constexpr):
+    """Lanes 2j and 2j+1 joined by TwoSum: (P, LANES) -> (P, LANES // 2); errors collected,
+    and how many additions were inexact."""
+    a, b = tl.split(tl.reshape(total, [P, LANES // 2, 2]))
+    error_a, error_b = tl.split(tl.reshape(errors, [P, LANES // 2, 2]))
+    inexact_a, inexact_b = tl.split(tl.reshape(inexact, [P, LANES // 2, 2]))
+    joined = a + b
+    b_part = joined - a
+    error = (a - (joined - b_part)) + (b - b_part)
+    return joined, (error_a + error_b) + error, inexact_a + inexact_b + (error != 0).to(tl.int32)
+
+
+@triton.jit(do_not_specialize=["M", "N", "K"])
+def _pair_refine(x_ptr, w_ptr, x_norm_ptr, w_norm_ptr, listed_ptr, count_ptr, result_ptr, done_ptr,
+                 M, N, K, stride_xr, stride_xk, stride_wr, stride_wk, unit_factor, terms_factor,
+                 ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    tl.static_assert(BLOCK_K == 16)  # the lanes' tree below has four levels
+    count = tl.load(count_ptr)
+    lanes = tl.arange(0, BLOCK_K)
+    first = tl.program_id(0).to(tl.int64) * BLOCK_P
+    while first < count:
+        slots = first + tl.arange(0, BLOCK_P)
+        listed = slots < count
+        out, x_row, w_row = _listed_rows(listed_ptr, slots, listed, M, N, ONES)
+        total = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+        errors = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+        inexact = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)  # additions that rounded (TwoSum error not 0)
+        nan = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
+        up = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
+        down = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
+        k0 = 0
+        while k0 < K:
+            k = k0 + lanes
+            inside = listed[:, None] & (k < K)[None, :]
+            a = tl.load(x_ptr + x_row[:, None] * stride_xr + k[None, :].to(tl.int64) * stride_xk,
+                        mask=inside, other=0.0).to(tl.float64)
+            if ONES:
+                product = a
+            else:
+                b = tl.load(w_ptr + w_row[:, None] * stride_wr + k[None, :].to(tl.int64) * stride_wk,
+                            mask=inside, other=0.0).to(tl.float64)
+                product = a * b  # exact, or NaN, or an infinity of the factors' sign
+            nan += (product != product).to(tl.int32)  # counts: at most K of each
+            up += (product == float("inf")).to(tl.int32)
+            down += (product == float("-inf")).to(tl.int32)
+            product = tl.where((product - product) == 0, product, 0.0)
+            new_total = total + product
+            product_part = new_total - total
+            error = (total - (new_total - product_part)) + (product - product_part)
+            errors += error
+            inexact += (error != 0).to(tl.int32)
+            total = new_total
+            k0 += BLOCK_K
+        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 16)
+        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 8)
+        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 4)
+        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 2)
+        hi = tl.reshape(total, [BLOCK_P])
+        lo = tl.reshape(errors, [BLOCK_P])
+        refined = hi + lo
+        magnitude = tl.load(x_norm_ptr + x_row, mask=listed, other=0.0) * tl.load(w_norm_ptr + w_row, mask=listed,
+                                                                                  other=0.0)
+        bound = tl.abs(refined) * unit_factor + magnitude * terms_factor
+        # no addition rounded: every error is 0, so hi is the exact sum and the bound is 0
+        # (settled_float32 then takes the one rounding of hi, ties to even included)
+        bound = tl.where(tl.reshape(inexact, [BLOCK_P]) == 0, 0.0, bound)
+        done, value = settled_float32(refined, bound)
+        any_nan = tl.reduce(nan, 1, _ADD) > 0
+        any_up = tl.reduce(up, 1, _ADD) > 0
+        any_down = tl.reduce(down, 1, _ADD) > 0
+        nan_out = any_nan | (any_up & any_down)
+        special = any_nan | any_up | any_down
+        value = tl.where(any_down, float("-inf"), value)
+        value = tl.where(any_up, float("inf"), value)
+        value = tl.where(nan_out, float("nan"), value)
+        finished = listed & (done | special)
+        tl.store(result_ptr + out, value, mask=finished)
+        tl.store(done_ptr + out, tl.full([BLOCK_P], 1, tl.int8), mask=finished)
+        first += tl.num_programs(0) * BLOCK_P
+
+
+@triton.jit
+def _carry(low, high):
+    """low kept in [0, 2**32), its carry (an arithmetic shift: a floor) added into high."""
+    carry = low >> 32
+    return low - (carry << 32), high + carry
+
+
+@triton.jit
+def _normalised(d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17):
+    d0, d1 = _carry(d0, d1)
+    d1, d2 = _carry(d1, d2)
+    d2, d3 = _carry(d2, d3)
+    d3, d4 = _carry(d3, d4)
+    d4, d5 = _carry(d4, d5)
+    d5, d6 = _carry(d5, d6)
+    d6, d7 = _carry(d6, d7)
+    d7, d8 = _carry(d7, d8)
+    d8, d9 = _carry(d8, d9)
+    d9, d10 = _carry(d9, d10)
+    d10, d11 = _carry(d10, d11)
+    d11, d12 = _carry(d11, d12)
+    d12, d13 = _carry(d12, d13)
+    d13, d14 = _carry(d13, d14)
+    d14, d15 = _carry(d14, d15)
+    d15, d16 = _carry(d15, d16)
+    d16, d17 = _carry(d16, d17)
+    return d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17
+
+
+@triton.jit
+def _pick(index, i: tl.constexpr, digit, chosen):
+    return tl.where(index == i, digit, chosen)
+
+
+@triton.jit
+def _digit_at(index, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17):
+    """digits[index], per output (0 outside 0..17)."""
+    chosen = d0 * 0
+    chosen = _pick(index, 0, d0, chosen)
+    chosen = _pick(index, 1, d1, chosen)
+    chosen = _pick(index, 2, d2, chosen)
+    chosen = _pick(index, 3, d3, chosen)
+    chosen = _pick(index, 4, d4, chosen)
+    chosen = _pick(index, 5, d5, chosen)
+    chosen = _pick(index, 6, d6, chosen)
+    chosen = _pick(index, 7, d7, chosen)
+    chosen = _pick(index, 8, d8, chosen)
+    chosen = _pick(index, 9, d9, chosen)
+    chosen = _pick(index, 10, d10, chosen)
+    chosen = _pick(index, 11, d11, chosen)
+    chosen = _pick(index, 12, d12, chosen)
+    chosen = _pick(index, 13, d13, chosen)
+    chosen = _pick(index, 14, d14, chosen)
+    chosen = _pick(index, 15, d15, chosen)
+    chosen = _pick(index, 16, d16, chosen)
+    chosen = _pick(index, 17, d17, chosen)
+    return chosen
+
+
+@triton.jit
+def _highest(index, i: tl.constexpr, digit):
+    return tl.where(digit != 0, i, index)
+
+
+@triton.jit
+def _below(index, i: tl.constexpr, digit, found):
+    return found | ((index > i) & (digit != 0))
+
+
+@triton.jit
+def _rounded_float32(d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17):
+    """The exact value of int64 digits (weights 2**(32 * (i - 10)), any magnitudes below 2**62)
+    rounded once to float32, to nearest even: rounding.round_planes, step for step."""
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _normalised(
+        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+    negative = d17 < 0
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _normalised(
+        tl.where(negative, -d0, d0), tl.where(negative, -d1, d1), tl.where(negative, -d2, d2),
+        tl.where(negative, -d3, d3), tl.where(negative, -d4, d4), tl.where(negative, -d5, d5),
+        tl.where(negative, -d6, d6), tl.where(negative, -d7, d7), tl.where(negative, -d8, d8),
+        tl.where(negative, -d9, d9), tl.where(negative, -d10, d10), tl.where(negative, -d11, d11),
+        tl.where(negative, -d12, d12), tl.where(negative, -d13, d13), tl.where(negative, -d14, d14),
+        tl.where(negative, -d15, d15), tl.where(negative, -d16, d16), tl.where(negative, -d17, d17))
+    top = d0 * 0 - 1  # the highest non-zero digit, -1 for zero
+    top = _highest(top, 0, d0)
+    top = _highest(top, 1, d1)
+    top = _highest(top, 2, d2)
+    top = _highest(top, 3, d3)
+    top = _highest(top, 4, d4)
+    top = _highest(top, 5, d5)
+    top = _highest(top, 6, d6)
+    top = _highest(top, 7, d7)
+    top = _highest(top, 8, d8)
+    top = _highest(top, 9, d9)
+    top = _highest(top, 10, d10)
+    top = _highest(top, 11, d11)
+    top = _highest(top, 12, d12)
+    top = _highest(top, 13, d13)
+    top = _highest(top, 14, d14)
+    top = _highest(top, 15, d15)
+    top = _highest(top, 16, d16)
+    top = _highest(top, 17, d17)
+    top_digit = _digit_at(top, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+    # the bit length from the float64 exponent: exact below 2**53, and a top digit beyond that overflows anyway
+    length = ((top_digit.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 2047) - 1022
+    top_bit = tl.where(top < 0, -1, 32 * top + length - 1)  # counted from 2**-320
+    lowest_kept = tl.maximum(top_bit - 23, 171)  # 24 bits, or down to 2**-149
+    low = _digit_at(lowest_kept >> 5, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+    high = _digit_at((lowest_kept >> 5) + 1, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15,
+                     d16, d17)
+    kept = ((high << 32) + low) >> (lowest_kept & 31)
+    below = lowest_kept - 1
+    holding = _digit_at(below >> 5, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+    round_bit = (holding >> (below & 31)) & 1
+    sticky = (holding & ((tl.full(below.shape, 1, tl.int64) << (below & 31)) - 1)) != 0
+    index = below >> 5
+    sticky = _below(index, 0, d0, sticky)
+    sticky = _below(index, 1, d1, sticky)
+    sticky = _below(index, 2, d2, sticky)
+    sticky = _below(index, 3, d3, sticky)
+    sticky = _below(index, 4, d4, sticky)
+    sticky = _below(index, 5, d5, sticky)
+    sticky = _below(index, 6, d6, sticky)
+    sticky = _below(index, 7, d7, sticky)
+    sticky = _below(index, 8, d8, sticky)
+    sticky = _below(index, 9, d9, sticky)
+    sticky = _below(index, 10, d10, sticky)
+    sticky = _below(index, 11, d11, sticky)
+    sticky = _below(index, 12, d12, sticky)
+    sticky = _below(index, 13, d13, sticky)
+    sticky = _below(index, 14, d14, sticky)
+    sticky = _below(index, 15, d15, sticky)
+    sticky = _below(index, 16, d16, sticky)
+    sticky = _below(index, 17, d17, sticky)
+    kept += round_bit & (sticky.to(tl.int64) | (kept & 1))
+    scale = ((lowest_kept - 320 + 1023) << 52).to(tl.float64, bitcast=True)  # 2**(lowest kept bit), exact
+    magnitude = (kept.to(tl.float64) * scale).to(tl.float32)  # exact, or infinite at 2**128
+    magnitude = tl.where(top_bit >= 448, float("inf"), magnitude)  # 2**128 and above
+    return tl.where(negative, magnitude * -1.0, magnitude)  # Triton's -x is 0 - x, which keeps a zero +0.0
+
+
+@triton.jit
+def _flushed(total, part, digit: tl.constexpr):
+    """An int64 digit plus a float64 register's part of it (an exact multiple of its weight)."""
+    scale = _fp64_from_bits((1023 - 32 * (digit - 10)) << 52)  # 2**-(32 * (digit - 10))
+    return total + (part * scale).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["M", "N", "K"])
+def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stride_xr, stride_xk, stride_wr,
+                  stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, FLUSH: tl.constexpr):
+    # each listed output walks its K, FLUSH products at a time into float64 digit registers
+    # (exact: at most 2**19 parts below 2**32 units), which are then added into int64 digits
+    count = tl.load(count_ptr)
+    first = tl.program_id(0).to(tl.int64) * BLOCK_P
+    while first < count:
+        slots = first + tl.arange(0, BLOCK_P)
+        listed = slots < count
+        out, x_row, w_row = _listed_rows(listed_ptr, slots, listed, M, N, ONES)
+        i0 = tl.full([BLOCK_P], 0, tl.int64)
+        i1, i2, i3, i4, i5, i6, i7, i8, i9 = i0, i0, i0, i0, i0, i0, i0, i0, i0
+        i10, i11, i12, i13, i14, i15, i16, i17 = i0, i0, i0, i0, i0, i0, i0, i0
+        k0 = 0
+        while k0 < K:
+            a0 = tl.full([BLOCK_P], 0.0, tl.float64)
+            a1, a2, a3, a4, a5, a6, a7, a8, a9 = a0, a0, a0, a0, a0, a0, a0, a0, a0
+            a10, a11, a12, a13, a14, a15, a16, a17 = a0, a0, a0, a0, a0, a0, a0, a0
+            end = tl.minimum(k0 + FLUSH, K)
+            k = k0
+            while k < end:
+                xv = tl.load(x_ptr + x_row * stride_xr + k.to(tl.int64) * stride_xk, mask=listed,
+                             other=0.0).to(tl.float64)
+                if ONES:
+                    product = xv
+                else:
+                    product = xv * tl.load(w_ptr + w_row * stride_wr + k.to(tl.int64) * stride_wk, mask=listed,
+                                           other=0.0).to(tl.float64)
+                product = tl.where((product - product) == 0, product, 0.0)  # a special output never comes here
+                a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(
+                    product, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
+                k += 1
+            i0, i1, i2 = _flushed(i0, a0, 0), _flushed(i1, a1, 1), _flushed(i2, a2, 2)
+            i3, i4, i5 = _flushed(i3, a3, 3), _flushed(i4, a4, 4), _flushed(i5, a5, 5)
+            i6, i7, i8 = _flushed(i6, a6, 6), _flushed(i7, a7, 7), _flushed(i8, a8, 8)
+            i9, i10, i11 = _flushed(i9, a9, 9), _flushed(i10, a10, 10), _flushed(i11, a11, 11)
+            i12, i13, i14 = _flushed(i12, a12, 12), _flushed(i13, a13, 13), _flushed(i14, a14, 14)
+            i15, i16, i17 = _flushed(i15, a15, 15), _flushed(i16, a16, 16), _flushed(i17, a17, 17)
+            k0 = end
+        value = _rounded_float32(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
+        tl.store(result_ptr + out, value, mask=listed)
+        first += tl.num_programs(0) * BLOCK_P
