@@ -27,7 +27,8 @@ to it (an `add` of the region, or the run loop adding the step's next call); the
 forms the rest before the graph runs again (backend.py). A step of one call so rounds each
 gradient straight from its operands, by the fast paths, and forms no digits. A step that reads
 ids (an embedding's scatter and gather, a cross-entropy's labels) checks them as the
-interpreter does (E-INDEX-001), on the host, rather than index the device out of range.
+interpreter does (E-INDEX-001), on the host, rather than index the device out of range: from
+the caller's array when they are an input given on the host, else read back.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, load, scalar, unary
 from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
 from sexpgpu.backends.cuda.elementwise import constant
 from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
-from sexpgpu.backends.cuda.special import gather
+from sexpgpu.backends.cuda.special import gather, host_values
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, strided
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact import det_finalize
@@ -140,12 +141,14 @@ def _per_row(key: str, lead) -> Expr:
     return load(key, contiguous(lead), "f32") if lead else scalar(key, "f32")
 
 
-def _checked(node, bound: int, what: str):
-    """check(ids): the interpreter's E-INDEX-001 for an id outside 0..bound-1, read on the host."""
-    def check(ids: torch.Tensor) -> None:
-        check_ids(ids.cpu().numpy(), bound, what, node)
+def _check_step(lowerer, node, ids, bound: int, what: str) -> None:
+    """A step raising the interpreter's E-INDEX-001 for an id outside 0..bound-1, checked on the
+    host: from the caller's array when the ids are an input given there (no wait for the
+    device), else read back."""
+    def check(env) -> None:
+        check_ids(host_values(env, ids.key, ids.view), bound, what, node)
 
-    return check
+    lowerer.steps.append(TorchStep(check, (ids.key,), (), "check", host_sync=True))
 
 
 # --- sums and maxima ------------------------------------------------------------------------------
@@ -177,10 +180,9 @@ def _max(node):
 
 def _scatter_add(lowerer, node) -> None:
     rows = node.attrs["rows"]
-    check = _checked(node, rows, "embedding id")
+    _check_step(lowerer, node, operands(lowerer, node.inputs[:1])[0], rows, "embedding id")
 
     def compute(ids, values):
-        check(ids)
         return ops.rounded(ops.scattered(ids, values, rows, node.shape), node.shape, node.dtype)
 
     _node_step(lowerer, node, compute, "exact-scatter")
@@ -189,8 +191,7 @@ def _scatter_add(lowerer, node) -> None:
 def _checked_gather(lowerer, node) -> None:
     """An embedding lookup copies rows (exact); its ids are checked first."""
     (ids,) = operands(lowerer, node.inputs[1:])
-    check = _checked(node, node.inputs[0].shape[0], "embedding id")
-    lowerer.steps.append(TorchStep(lambda env: check(ids.tensor(env)), (ids.key,), (), "check"))
+    _check_step(lowerer, node, ids, node.inputs[0].shape[0], "embedding id")
     gather(lowerer, node)
 
 
@@ -239,10 +240,9 @@ def _cross_entropy(lowerer, node) -> None:
     softmax = softmax_beside(lowerer, logits)
     if softmax is not None:  # the interpreter's softmax of these logits is E / S to the bit
         lowerer.take_value(softmax, parts.exps / parts.total)
-    check = _checked(node, classes, "cross-entropy label")
+    _check_step(lowerer, node, operands(lowerer, [labels])[0], classes, "cross-entropy label")
 
     def pick(x, ids):
-        check(ids)
         return torch.gather(x, -1, ids.to(torch.int64)[..., None])
 
     picked = _float_buffer(lowerer, lead + (1,), operands(lowerer, [logits, labels]), pick, "exact-pick")
@@ -414,8 +414,13 @@ def _moving(move_digits, move_values):
 
 
 def _region_scatter(node, ids, values):
-    _checked(node, node.attrs["rows"], "embedding id")(ids)
     return ops.scattered(ids, values, node.attrs["rows"], node.shape)
+
+
+def _checked_region_scatter(lowerer, node) -> None:
+    """An embedding's gradient: its ids checked as the call runs, its sums pending."""
+    _check_step(lowerer, node, operands(lowerer, node.inputs[:1])[0], node.attrs["rows"], "embedding id")
+    _reducing(_region_scatter, _finalized(_region_scatter))(lowerer, node)
 
 
 def _region_const(lowerer, node) -> None:
@@ -442,7 +447,7 @@ def _weight_grad_digits(node, x, g):
 REGION = {
     "matmul": _reducing(_product_digits, lambda node, a, b: ops.rounded_product(a, b, node.shape, "f32")),
     "sum": _reducing(_sum_digits, lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, "f32")),
-    "scatter_add": _reducing(_region_scatter, _finalized(_region_scatter)),
+    "scatter_add": _checked_region_scatter,
     "conv2d_weight_grad": _reducing(_weight_grad_digits, lambda node, x, g: ops.rounded_conv2d_weight_grad(
         x, g, *_geometry(node), node.shape)),
     "add": _carrying(lambda node, *sums: ops.added([accumulated(value) for value in sums], node.shape)),

@@ -211,7 +211,7 @@ def draw(lowerer, node) -> None:
     key = lowerer.result_buffer(node)
 
     def run(env):
-        values = [_salt_on_host(env, source, view) for source, view in salts]
+        values = [host_values(env, source, view) for source, view in salts]
         array = np.ascontiguousarray(host_draw(node, values))
         env[key].copy_(torch.from_numpy(array).reshape(node.shape), non_blocking=True)
 
@@ -220,10 +220,15 @@ def draw(lowerer, node) -> None:
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
-def _salt_on_host(env: dict, source: str, view) -> np.ndarray:
+def host_values(env: dict, source: str, view) -> np.ndarray:
+    """The values of buffer `source` seen through `view`, on the host: from the caller's own
+    array when the buffer is an input given on the host (no wait for the device), else read back."""
     given = env.get(HOST_INPUTS, {}).get(source)
-    if given is not None and view == contiguous(view.dims):
-        return np.asarray(given).reshape(view.dims)
+    if given is not None:
+        flat = np.ascontiguousarray(given).reshape(-1)  # the buffer's elements, in its order
+        if flat.size == env[source].numel():
+            steps = [stride * flat.itemsize for stride in view.strides]
+            return np.array(np.lib.stride_tricks.as_strided(flat[view.offset:], tuple(view.dims), steps))
     return strided(env, source, view).cpu().numpy()
 
 
