@@ -7,8 +7,10 @@ Run on a GPU machine with:  PYTHONPATH=src python3 -m pytest tests/cuda/test_exa
   breaks, if one does, is named);
 - tiny-adam, a smaller char-lm and the CNN example, each run on the CPU and on the GPU through
   the command line, give byte-identical metrics.jsonl and final checkpoints
-  (model.safetensors, optimizer.safetensors); char-lm's step is one call, whose gradients
-  round straight from their operands, the others' several, whose sums are added as digits;
+  (model.safetensors, optimizer.safetensors); on the GPU every step is one call (tiny-adam's
+  and the CNN's microbatches stacked, plan/choices.py's exact_stacking), whose gradients round
+  straight from their operands, on the CPU tiny-adam's and the CNN's are several, whose sums
+  are added as digits;
 - a GPU checkpoint resumed on the CPU, and a CPU one resumed on the GPU, repeat the
   uninterrupted run's remaining steps and final checkpoint;
 - `--device auto` takes the GPU for an exact run, which states the exact level;

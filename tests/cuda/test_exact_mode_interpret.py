@@ -171,6 +171,57 @@ def test_an_examples_steps_have_the_interpreters_bits(cuda, name, steps, degree)
     assert steps_on(chosen, cuda, steps, degree) == steps_on(chosen, Interpreter(arithmetic="exact"), steps)
 
 
+def exact_file(tmp_path: Path, name: str, more: dict) -> Path:
+    file, edits = RUNS[name]
+    text = (EXAMPLES / file).read_text().replace('"data/', f'"{EXAMPLES}/data/')
+    for old, new in {**edits, **more}.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / file
+    path.write_text(text)
+    return path
+
+
+def on_the_cuda_backend(device, arithmetic="float"):
+    """select_backend's answer for --device cuda, with the CUDA backend on CPU tensors."""
+    from sexpgpu.backends.select import CUDA_LINES
+
+    backend = HostDigests(device="cpu", arithmetic=arithmetic)
+    return backend, {"kind": "cuda", **backend.facts(), **CUDA_LINES[arithmetic]}
+
+
+def run_files(run_dir: Path) -> tuple:
+    """(metrics.jsonl, the last checkpoint's tensors, the recorded stacking) of a run directory."""
+    import json
+
+    last = max(run_dir.glob("step-*"), key=lambda path: int(path.name.split("-")[1]))
+    tensors = {name: (last / name).read_bytes() for name in ("model.safetensors", "optimizer.safetensors")}
+    stacking = json.loads((last / "experiment.json").read_text())["choices"]["stacking"]
+    return (run_dir / "metrics.jsonl").read_bytes(), tensors, stacking
+
+
+def test_an_exact_run_stacks_on_the_cuda_backend_with_the_cpu_runs_bytes(tmp_path, monkeypatch, capsys):
+    """tiny-adam's two microbatches: one by one on the CPU interpreter; in one call on the CUDA
+    backend, which stacks an exact run's microbatches (plan/choices.py's exact_stacking); and one
+    by one there too, its stacking held at 1. metrics.jsonl and the last checkpoint (model and
+    optimizer) are the same bytes in all three."""
+    import sexpgpu.run.choosing as choosing
+    import sexpgpu.run.setup as setup
+    from sexpgpu.cli.main import main
+
+    path = exact_file(tmp_path, "tiny-adam", {":steps 200": ":steps 2", ":checkpoint 100": ":checkpoint 2"})
+    assert main(["run", str(path), "--device", "cpu", "--run-dir", str(tmp_path / "cpu")]) == 0
+    with monkeypatch.context() as patched:
+        patched.setattr(setup, "select_backend", on_the_cuda_backend)
+        assert main(["run", str(path), "--run-dir", str(tmp_path / "stacked")]) == 0
+        assert "stacking 2: a step's microbatches in one call" in capsys.readouterr().out
+        patched.setattr(choosing, "exact_stacking", lambda microbatches, stackable: 1)
+        assert main(["run", str(path), "--run-dir", str(tmp_path / "unstacked")]) == 0
+    cpu, stacked, unstacked = (run_files(tmp_path / name) for name in ("cpu", "stacked", "unstacked"))
+    assert (cpu[2], stacked[2], unstacked[2]) == (1, 2, 1)
+    assert cpu[:2] == stacked[:2] == unstacked[:2]
+
+
 def test_the_benchmark_refuses_an_unknown_model_and_a_machine_without_a_gpu(tmp_path, capsys):
     import sys
 

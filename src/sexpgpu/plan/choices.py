@@ -191,6 +191,16 @@ def _check_stacking(situation: Situation, degree) -> str | None:
     return None
 
 
+def exact_stacking(microbatches: int, stackable: bool) -> int:
+    """An exact run's stacking degree on a device backend: every microbatch of a step in one
+    call, when the program stacks. Under :arithmetic exact a stacked call's sums over the batch
+    and the unstacked calls' sums added exactly are one sum, rounded once, so no degree changes
+    a bit; one call a step rounds each gradient straight from its operands (no digits formed)
+    and queues the step in the fewest launches. Nothing is measured: a stacked call that
+    cannot allocate goes on unstacked (run/loop.py), which changes no bit either."""
+    return microbatches if stackable else 1
+
+
 # --- long float32 products ----------------------------------------------------------------
 
 def _make_products(situation: Situation) -> dict:

@@ -20,6 +20,7 @@ from sexpgpu.plan.choices import (
     choices_from_json,
     decide,
     decide_strictly,
+    exact_stacking,
     take_pinned,
 )
 from sexpgpu.plan.levels import How, choices_line, determinism_line
@@ -185,7 +186,7 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
     gradients = "f32" if settings.deterministic else settings.node_gradients
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
     if computes_exact(built.backend):
-        return interpreter_chosen(built, choices)
+        return exact_chosen(built, choices)
     if pinned is not None:
         record, source = pinned
         reasons = [(key, reason) for key, wrong, reason in (
@@ -208,6 +209,21 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
     if pinned is not None:
         return Chosen(choices, How("pinned", pinned[1], pinned[0].device), described=described)
     return Chosen(choices, How("own"), described=described)
+
+
+def exact_chosen(built, choices: Choices) -> Chosen:
+    """An exact run's choices: none that changes a bit. The CPU interpreter runs unstacked; a
+    device backend stacks a step's microbatches into one call where the program allows
+    (plan/choices.py's exact_stacking)."""
+    if built.backend_facts.get("kind") == "cpu":
+        return interpreter_chosen(built, choices)
+    program = built.program
+    degree = exact_stacking(program.training.microbatches, program.stackable)
+    chosen = interpreter_chosen(built, replace(choices, stacking=degree))
+    if degree > 1:
+        chosen.notes.append(f"stacking {degree}: a step's microbatches in one call, which changes no bit under "
+                            ":arithmetic exact")
+    return chosen
 
 
 def interpreter_chosen(built, choices: Choices) -> Chosen:
