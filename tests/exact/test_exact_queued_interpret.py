@@ -188,3 +188,36 @@ def test_no_call_reads_the_device_back():
         det_sum(ties, 1)
         det_sum(torch.randn(300, generator=generator), 0)
     assert counts.tallies["calls"].sync_count == 0, counts.tallies["calls"].syncs
+
+
+def host_planes(kind: str, seed: int) -> torch.Tensor:
+    """The digits of an adversarial product, formed on the host path."""
+    from sexpgpu.exact import det_gemm_partial
+
+    generator = torch.Generator().manual_seed(seed)
+    x, w = KINDS[kind](6, 5, 29, torch.float32, generator)
+    with backends.device_paths(False):
+        return det_gemm_partial(x, w).digits
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_accumulators_carry_and_round_on_the_device_as_on_the_host(kind):
+    """normalise_ and round_planes in one kernel each: the host's digits and values, for sums of
+    accumulators (uncarried, negated, with special counts above 1)."""
+    from sexpgpu.exact.accumulator import normalise_
+    from sexpgpu.exact.layout import NAN_PLANE, POS_INF_PLANE
+    from sexpgpu.exact.rounding import round_planes
+
+    planes = host_planes(kind, 1) * 3 - host_planes(kind, 2)  # uncarried digits, either sign
+    planes[NAN_PLANE:] = 0
+    planes[NAN_PLANE, 0, 1], planes[POS_INF_PLANE, 2, 3], planes[POS_INF_PLANE + 1, 2, 3] = 4, 2, 1
+    planes[POS_INF_PLANE, 4, 4] = 3
+    host = planes.clone()
+    with backends.device_paths(False):  # the host's own carrying and rounding
+        normalise_(host)
+        want = round_planes(host, torch.float32)
+    found = normalise_(planes.clone())
+    assert torch.equal(found, host)
+    assert same_bits(round_planes(planes, torch.float32), want)  # uncarried planes round alike
+    assert same_bits(round_planes(found, torch.float32), want)
+

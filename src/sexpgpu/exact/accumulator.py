@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import backends
 from .layout import DIGITS, LOW_MASK, NAN_PLANE, RADIX_BITS, TOP, WIDTH
 
 
@@ -53,7 +54,14 @@ def normalise_digits_(digits: torch.Tensor) -> torch.Tensor:
 
 
 def normalise_(planes: torch.Tensor) -> torch.Tensor:
-    """Make a (WIDTH, ...) plane tensor canonical, in place: digits carried, counts 0 or 1."""
+    """Make a (WIDTH, ...) plane tensor canonical, in place: digits carried, counts 0 or 1. On
+    the device paths, one kernel that reads nothing back (queued_kernels._normalise_planes)."""
+    if backends.on_device(planes.device) and planes.is_contiguous() and planes[0].numel():
+        from .queued_kernels import PLANES_BLOCK, _normalise_planes  # Triton is imported only where it runs
+
+        outputs = planes[0].numel()
+        _normalise_planes[(-(-outputs // PLANES_BLOCK),)](planes, outputs, BLOCK=PLANES_BLOCK, num_warps=4)
+        return planes
     normalise_digits_(planes[:DIGITS])
     planes[NAN_PLANE:].clamp_(max=1)
     return planes

@@ -44,7 +44,7 @@ class Backend:
 _REGISTRY: dict[str, Backend] = {}
 _DEFAULTS_FOR_DEVICE: dict[str, list[str]] = {}  # the first that runs on the device is used
 _forced: list[str] = []
-_device_paths: list[bool] = []  # inside device_paths(): CPU tensors take CUDA's paths
+_device_paths: list[bool] = []  # device_paths() in effect, innermost last: whether CPU tensors take CUDA's paths
 
 
 def _has_int8_tensor_cores(device: torch.device) -> bool:
@@ -59,12 +59,13 @@ def int8_tensor_cores(device: torch.device) -> bool:
 
 
 @contextlib.contextmanager
-def device_paths():
+def device_paths(on: bool = True):
     """Inside the block, CPU tensors take the paths CUDA tensors take: the Triton kernels (run
     by Triton's interpreter, TRITON_INTERPRET=1), int8 slices multiplied by the tensor cores'
     exact stand-in. Bits are the same either way; this lets a machine without a GPU run, test
-    and count what a GPU runs (the CUDA backend on CPU tensors enters it)."""
-    _device_paths.append(True)
+    and count what a GPU runs (the CUDA backend on CPU tensors enters it). device_paths(False)
+    inside such a block gives CPU tensors their own paths again."""
+    _device_paths.append(on)
     try:
         yield
     finally:
@@ -73,7 +74,7 @@ def device_paths():
 
 def on_device(device: torch.device) -> bool:
     """Whether tensors on `device` take the device paths: CUDA tensors, or CPU ones inside device_paths()."""
-    return device.type == "cuda" or (bool(_device_paths) and device.type == "cpu")
+    return device.type == "cuda" or (device.type == "cpu" and bool(_device_paths) and _device_paths[-1])
 
 
 REQUIREMENTS = {"int8 tensor cores": _has_int8_tensor_cores}

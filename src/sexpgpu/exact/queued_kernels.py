@@ -13,7 +13,9 @@
   lanes joined by a TwoSum tree (pair_sums.py's inequality (2)), settled; an output with a NaN
   or infinite product takes the special rule instead (docs/exact.md, "Special values");
 - `_exact_refine`: for each output still listed, the Kulisch digits of its products (the
-  peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel.
+  peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel;
+- `_normalise_planes`, `_round_planes`: an accumulator's planes carried in place, and rounded
+  once to float32, one launch each (accumulator.normalise_ and rounding.round_planes on CUDA).
 
 The two refine kernels are persistent: a fixed grid whose programs walk the list, which holds
 as many outputs as the device says, so the host never reads the count. Every factor is a
@@ -436,3 +438,81 @@ def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stri
         value = _rounded_float32(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
         tl.store(result_ptr + out, value, mask=listed)
         first += tl.num_programs(0) * BLOCK_P
+
+
+# --- accumulators on the device: carrying and rounding their planes -----------------------------
+
+PLANES_BLOCK = 256  # outputs a program carries or rounds
+
+
+@triton.jit
+def _plane(planes_ptr, plane: tl.constexpr, P, at, inside):
+    return tl.load(planes_ptr + plane * P + at, mask=inside, other=0)
+
+
+@triton.jit
+def _digits_of(planes_ptr, P, at, inside):
+    """The 18 digit planes of outputs `at` of (WIDTH, P) planes."""
+    return (_plane(planes_ptr, 0, P, at, inside), _plane(planes_ptr, 1, P, at, inside),
+            _plane(planes_ptr, 2, P, at, inside), _plane(planes_ptr, 3, P, at, inside),
+            _plane(planes_ptr, 4, P, at, inside), _plane(planes_ptr, 5, P, at, inside),
+            _plane(planes_ptr, 6, P, at, inside), _plane(planes_ptr, 7, P, at, inside),
+            _plane(planes_ptr, 8, P, at, inside), _plane(planes_ptr, 9, P, at, inside),
+            _plane(planes_ptr, 10, P, at, inside), _plane(planes_ptr, 11, P, at, inside),
+            _plane(planes_ptr, 12, P, at, inside), _plane(planes_ptr, 13, P, at, inside),
+            _plane(planes_ptr, 14, P, at, inside), _plane(planes_ptr, 15, P, at, inside),
+            _plane(planes_ptr, 16, P, at, inside), _plane(planes_ptr, 17, P, at, inside))
+
+
+@triton.jit
+def _put(planes_ptr, plane: tl.constexpr, P, at, inside, value):
+    tl.store(planes_ptr + plane * P + at, value, mask=inside)
+
+
+@triton.jit(do_not_specialize=["P"])
+def _normalise_planes(planes_ptr, P, BLOCK: tl.constexpr):
+    """accumulator.normalise_ in place on (WIDTH, P) int64 planes: digits carried, counts 0 or 1."""
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < P
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _digits_of(planes_ptr, P, at, inside)
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _normalised(
+        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+    _put(planes_ptr, 0, P, at, inside, d0)
+    _put(planes_ptr, 1, P, at, inside, d1)
+    _put(planes_ptr, 2, P, at, inside, d2)
+    _put(planes_ptr, 3, P, at, inside, d3)
+    _put(planes_ptr, 4, P, at, inside, d4)
+    _put(planes_ptr, 5, P, at, inside, d5)
+    _put(planes_ptr, 6, P, at, inside, d6)
+    _put(planes_ptr, 7, P, at, inside, d7)
+    _put(planes_ptr, 8, P, at, inside, d8)
+    _put(planes_ptr, 9, P, at, inside, d9)
+    _put(planes_ptr, 10, P, at, inside, d10)
+    _put(planes_ptr, 11, P, at, inside, d11)
+    _put(planes_ptr, 12, P, at, inside, d12)
+    _put(planes_ptr, 13, P, at, inside, d13)
+    _put(planes_ptr, 14, P, at, inside, d14)
+    _put(planes_ptr, 15, P, at, inside, d15)
+    _put(planes_ptr, 16, P, at, inside, d16)
+    _put(planes_ptr, 17, P, at, inside, d17)
+    _put(planes_ptr, 18, P, at, inside, tl.minimum(_plane(planes_ptr, 18, P, at, inside), 1))
+    _put(planes_ptr, 19, P, at, inside, tl.minimum(_plane(planes_ptr, 19, P, at, inside), 1))
+    _put(planes_ptr, 20, P, at, inside, tl.minimum(_plane(planes_ptr, 20, P, at, inside), 1))
+
+
+@triton.jit(do_not_specialize=["P"])
+def _round_planes(planes_ptr, result_ptr, P, BLOCK: tl.constexpr):
+    """rounding.round_planes into float32 for (WIDTH, P) int64 planes (carried or not): each
+    exact value rounded once, then the special counts' rule (apply_special_counts)."""
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < P
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _digits_of(planes_ptr, P, at, inside)
+    value = _rounded_float32(d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+    up = _plane(planes_ptr, 19, P, at, inside) > 0
+    down = _plane(planes_ptr, 20, P, at, inside) > 0
+    nan = (_plane(planes_ptr, 18, P, at, inside) > 0) | (up & down)
+    value = tl.where(up, float("inf"), value)
+    value = tl.where(down, float("-inf"), value)
+    value = tl.where(nan, float("nan"), value)
+    tl.store(result_ptr + at, value, mask=inside)
+
