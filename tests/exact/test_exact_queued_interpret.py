@@ -221,3 +221,37 @@ def test_accumulators_carry_and_round_on_the_device_as_on_the_host(kind):
     assert same_bits(round_planes(planes, torch.float32), want)  # uncarried planes round alike
     assert same_bits(round_planes(found, torch.float32), want)
 
+
+SCATTERS = {  # ids (two axes, as an embedding's tokens) for 6 rows
+    "repeated": torch.tensor([[0, 5, 2, 5], [2, 2, 0, 4]]),
+    "one id": torch.full((2, 5), 3),
+    "none": torch.zeros((0, 4), dtype=torch.int64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCATTERS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scatter_sums_on_the_device_are_the_hosts(name, dtype, monkeypatch):
+    """det_scatter_sum(_partial) in one kernel: the host path's digits and rounding, for repeated
+    ids, one id for every position (its registers flushed every 3 rows), NaN and infinities."""
+    from sexpgpu.exact import det_scatter_sum, det_scatter_sum_partial, scatter
+
+    monkeypatch.setattr(scatter, "MAX_K_PER_CALL", 3)
+    ids = SCATTERS[name]
+    generator = torch.Generator().manual_seed(ids.numel())
+    values = KINDS["whole range in a row"](ids.numel(), 1, 3, torch.float32, generator)[0].to(dtype)
+    values = values.reshape(*ids.shape, 3)
+    if ids.numel():
+        values[0, 1, 2], values[1, 0, 0], values[1, 1, 0] = float("nan"), float("inf"), float("-inf")
+    with backends.device_paths(False):
+        want = det_scatter_sum_partial(ids, values, 6)
+        rounded = det_scatter_sum(ids, values, 6)
+    assert torch.equal(det_scatter_sum_partial(ids, values, 6).digits, want.digits)
+    assert same_bits(det_scatter_sum(ids, values, 6), rounded)
+
+
+def test_the_hosts_scatter_refuses_an_id_out_of_range():
+    from sexpgpu.exact import det_scatter_sum
+
+    with backends.device_paths(False), pytest.raises(ValueError, match="outside 0..2"):
+        det_scatter_sum(torch.tensor([0, 3]), torch.ones((2, 4)), 3)

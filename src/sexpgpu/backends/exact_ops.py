@@ -14,12 +14,10 @@ which the exact library counts as a NaN product (as IEEE arithmetic would).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial, det_sum,
-                           det_sum_partial)
+from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial,
+                           det_scatter_sum, det_scatter_sum_partial, det_sum, det_sum_partial)
 from sexpgpu.exact.layout import WIDTH
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -84,21 +82,13 @@ def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str) -> torc
 
 
 def scattered(ids: torch.Tensor, values: torch.Tensor, rows: int, shape) -> Accumulator:
-    """Row r is the exact sum of the value rows whose id is r: the rows of each id laid side
-    by side, padded with zeros (which add nothing), and summed in one call."""
-    flat = ids.reshape(-1).to(torch.int64)
-    width = math.prod(values.shape[ids.dim():])
-    digits = torch.zeros((WIDTH, rows, width), dtype=torch.int64, device=values.device)
-    if flat.numel():
-        order = torch.argsort(flat, stable=True)
-        named, counts = torch.unique_consecutive(flat[order], return_counts=True)
-        starts = torch.cumsum(counts, 0) - counts
-        slots = torch.repeat_interleave(torch.arange(named.numel(), device=flat.device), counts)
-        ranks = torch.arange(flat.numel(), device=flat.device) - torch.repeat_interleave(starts, counts)
-        laid = torch.zeros((named.numel(), int(counts.max()), width), dtype=values.dtype, device=values.device)
-        laid[slots, ranks] = values.reshape(-1, width)[order]
-        digits[:, named] = det_sum_partial(laid, 1).digits
-    return shaped(Accumulator(digits), shape)
+    """Row r is the exact sum of the value rows whose id is r (ids already checked)."""
+    return shaped(det_scatter_sum_partial(ids, values, rows), shape)
+
+
+def rounded_scatter(ids: torch.Tensor, values: torch.Tensor, rows: int, shape, dtype: str) -> torch.Tensor:
+    """scattered rounded once into `dtype`; on CUDA in one kernel that waits for no count."""
+    return det_scatter_sum(ids, values, rows, TORCH_DTYPES[dtype]).reshape(shape)
 
 
 # --- windows ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ once, to nearest with ties to even. See docs/exact.md.
     assert torch.equal(det_finalize(det_combine([a1, a2])), y)
     y = det_finalize(det_all_reduce(det_gemm_partial(x_shard, w_shard)))
     ys = det_gemm_batched(xs, ws)                        # xs[b] @ ws[b].T, each det_gemm's bits
+    g = det_scatter_sum(ids, grads, rows)                # row r: the sum of grads[i] where ids[i] == r
 
 This package imports nothing else of SexpGPU, so that it also loads as a `kernels` kernel.
 """
@@ -28,6 +29,7 @@ from .distributed import det_all_reduce
 from .gemm import det_combine, det_finalize, det_gemm, det_gemm_partial
 from .linear import DetLinear
 from .reduce import det_sum, det_sum_partial
+from .scatter import det_scatter_sum, det_scatter_sum_partial
 
 __all__ = [
     "Accumulator",
@@ -39,6 +41,8 @@ __all__ = [
     "det_gemm",
     "det_gemm_batched",
     "det_gemm_partial",
+    "det_scatter_sum",
+    "det_scatter_sum_partial",
     "det_sum",
     "det_sum_partial",
     "layout",

@@ -15,7 +15,9 @@
 - `_exact_refine`: for each output still listed, the Kulisch digits of its products (the
   peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel;
 - `_normalise_planes`, `_round_planes`: an accumulator's planes carried in place, and rounded
-  once to float32, one launch each (accumulator.normalise_ and rounding.round_planes on CUDA).
+  once to float32, one launch each (accumulator.normalise_ and rounding.round_planes on CUDA);
+- `_scatter_sums`: the sums of rows picked by ids (scatter.py), each from the Kulisch digits of
+  its own rows in their sorted order, as digits or rounded.
 
 The two refine kernels are persistent: a fixed grid whose programs walk the list, which holds
 as many outputs as the device says, so the host never reads the count. Every factor is a
@@ -389,6 +391,23 @@ def _rounded_float32(d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13,
 
 
 @triton.jit
+def _zeros(BLOCK: tl.constexpr, dtype: tl.constexpr):
+    """18 digit registers of BLOCK outputs, zero."""
+    z = tl.full([BLOCK], 0, dtype)
+    return z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z
+
+
+@triton.jit
+def _flush(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
+           a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17):
+    """Each int64 digit plus its float64 register's part."""
+    return (_flushed(i0, a0, 0), _flushed(i1, a1, 1), _flushed(i2, a2, 2), _flushed(i3, a3, 3), _flushed(i4, a4, 4),
+            _flushed(i5, a5, 5), _flushed(i6, a6, 6), _flushed(i7, a7, 7), _flushed(i8, a8, 8), _flushed(i9, a9, 9),
+            _flushed(i10, a10, 10), _flushed(i11, a11, 11), _flushed(i12, a12, 12), _flushed(i13, a13, 13),
+            _flushed(i14, a14, 14), _flushed(i15, a15, 15), _flushed(i16, a16, 16), _flushed(i17, a17, 17))
+
+
+@triton.jit
 def _flushed(total, part, digit: tl.constexpr):
     """An int64 digit plus a float64 register's part of it (an exact multiple of its weight)."""
     scale = _fp64_from_bits((1023 - 32 * (digit - 10)) << 52)  # 2**-(32 * (digit - 10))
@@ -406,14 +425,10 @@ def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stri
         slots = first + tl.arange(0, BLOCK_P)
         listed = slots < count
         out, x_row, w_row = _listed_rows(listed_ptr, slots, listed, M, N, ONES)
-        i0 = tl.full([BLOCK_P], 0, tl.int64)
-        i1, i2, i3, i4, i5, i6, i7, i8, i9 = i0, i0, i0, i0, i0, i0, i0, i0, i0
-        i10, i11, i12, i13, i14, i15, i16, i17 = i0, i0, i0, i0, i0, i0, i0, i0
+        i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _zeros(BLOCK_P, tl.int64)
         k0 = 0
         while k0 < K:
-            a0 = tl.full([BLOCK_P], 0.0, tl.float64)
-            a1, a2, a3, a4, a5, a6, a7, a8, a9 = a0, a0, a0, a0, a0, a0, a0, a0, a0
-            a10, a11, a12, a13, a14, a15, a16, a17 = a0, a0, a0, a0, a0, a0, a0, a0
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _zeros(BLOCK_P, tl.float64)
             end = tl.minimum(k0 + FLUSH, K)
             k = k0
             while k < end:
@@ -428,12 +443,9 @@ def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stri
                 a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(
                     product, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
                 k += 1
-            i0, i1, i2 = _flushed(i0, a0, 0), _flushed(i1, a1, 1), _flushed(i2, a2, 2)
-            i3, i4, i5 = _flushed(i3, a3, 3), _flushed(i4, a4, 4), _flushed(i5, a5, 5)
-            i6, i7, i8 = _flushed(i6, a6, 6), _flushed(i7, a7, 7), _flushed(i8, a8, 8)
-            i9, i10, i11 = _flushed(i9, a9, 9), _flushed(i10, a10, 10), _flushed(i11, a11, 11)
-            i12, i13, i14 = _flushed(i12, a12, 12), _flushed(i13, a13, 13), _flushed(i14, a14, 14)
-            i15, i16, i17 = _flushed(i15, a15, 15), _flushed(i16, a16, 16), _flushed(i17, a17, 17)
+            i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _flush(
+                i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
+                a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
             k0 = end
         value = _rounded_float32(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
         tl.store(result_ptr + out, value, mask=listed)
@@ -474,7 +486,8 @@ def _normalise_planes(planes_ptr, P, BLOCK: tl.constexpr):
     """accumulator.normalise_ in place on (WIDTH, P) int64 planes: digits carried, counts 0 or 1."""
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = at < P
-    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _digits_of(planes_ptr, P, at, inside)
+    (d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17) = \
+        _digits_of(planes_ptr, P, at, inside)
     d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _normalised(
         d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
     _put(planes_ptr, 0, P, at, inside, d0)
@@ -506,7 +519,8 @@ def _round_planes(planes_ptr, result_ptr, P, BLOCK: tl.constexpr):
     exact value rounded once, then the special counts' rule (apply_special_counts)."""
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = at < P
-    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _digits_of(planes_ptr, P, at, inside)
+    (d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17) = \
+        _digits_of(planes_ptr, P, at, inside)
     value = _rounded_float32(d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
     up = _plane(planes_ptr, 19, P, at, inside) > 0
     down = _plane(planes_ptr, 20, P, at, inside) > 0
@@ -516,3 +530,72 @@ def _round_planes(planes_ptr, result_ptr, P, BLOCK: tl.constexpr):
     value = tl.where(nan, float("nan"), value)
     tl.store(result_ptr + at, value, mask=inside)
 
+
+# --- sums of rows picked by ids (scatter.py) ----------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["D"])
+def _scatter_sums(values_ptr, order_ptr, bounds_ptr, out_ptr, planes_ptr, D, PLANE, stride_t, stride_d,
+                  DIGITS: tl.constexpr, BLOCK_D: tl.constexpr, FLUSH: tl.constexpr):
+    """Program (r, j): columns j*BLOCK_D.. of row r, the exact sum of the value rows order[i] for
+    i in bounds[r] .. bounds[r + 1] (the rows whose id is r, in the order of their ids), in
+    Kulisch digit registers flushed every FLUSH rows; stored as carried digits (DIGITS) or
+    rounded once to float32, NaN and infinite values counted apart."""
+    r = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    inside = cols < D
+    start = tl.load(bounds_ptr + r)
+    end = tl.load(bounds_ptr + r + 1)
+    i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _zeros(BLOCK_D, tl.int64)
+    nan, up, down = i0, i0, i0
+    k0 = start
+    while k0 < end:
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _zeros(BLOCK_D, tl.float64)
+        stop = tl.minimum(k0 + FLUSH, end)
+        k = k0
+        while k < stop:
+            token = tl.load(order_ptr + k)
+            value = tl.load(values_ptr + token * stride_t + cols.to(tl.int64) * stride_d, mask=inside,
+                            other=0.0).to(tl.float64)
+            nan += (value != value).to(tl.int64)
+            up += (value == float("inf")).to(tl.int64)
+            down += (value == float("-inf")).to(tl.int64)
+            value = tl.where((value - value) == 0, value, 0.0)
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(
+                value, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
+            k += 1
+        i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _flush(
+            i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
+        k0 = stop
+    at = r.to(tl.int64) * D + cols
+    if DIGITS:
+        i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _normalised(
+            i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
+        _put(planes_ptr, 0, PLANE, at, inside, i0)
+        _put(planes_ptr, 1, PLANE, at, inside, i1)
+        _put(planes_ptr, 2, PLANE, at, inside, i2)
+        _put(planes_ptr, 3, PLANE, at, inside, i3)
+        _put(planes_ptr, 4, PLANE, at, inside, i4)
+        _put(planes_ptr, 5, PLANE, at, inside, i5)
+        _put(planes_ptr, 6, PLANE, at, inside, i6)
+        _put(planes_ptr, 7, PLANE, at, inside, i7)
+        _put(planes_ptr, 8, PLANE, at, inside, i8)
+        _put(planes_ptr, 9, PLANE, at, inside, i9)
+        _put(planes_ptr, 10, PLANE, at, inside, i10)
+        _put(planes_ptr, 11, PLANE, at, inside, i11)
+        _put(planes_ptr, 12, PLANE, at, inside, i12)
+        _put(planes_ptr, 13, PLANE, at, inside, i13)
+        _put(planes_ptr, 14, PLANE, at, inside, i14)
+        _put(planes_ptr, 15, PLANE, at, inside, i15)
+        _put(planes_ptr, 16, PLANE, at, inside, i16)
+        _put(planes_ptr, 17, PLANE, at, inside, i17)
+        _put(planes_ptr, 18, PLANE, at, inside, tl.minimum(nan, 1))
+        _put(planes_ptr, 19, PLANE, at, inside, tl.minimum(up, 1))
+        _put(planes_ptr, 20, PLANE, at, inside, tl.minimum(down, 1))
+    else:
+        value = _rounded_float32(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
+        value = tl.where(up > 0, float("inf"), value)
+        value = tl.where(down > 0, float("-inf"), value)
+        value = tl.where((nan > 0) | ((up > 0) & (down > 0)), float("nan"), value)
+        tl.store(out_ptr + at, value, mask=inside)

@@ -47,7 +47,6 @@ from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.special import gather, host_values
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, strided
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.exact import det_finalize
 from sexpgpu.graph.exact_region import gradient_region
 
 
@@ -183,7 +182,7 @@ def _scatter_add(lowerer, node) -> None:
     _check_step(lowerer, node, operands(lowerer, node.inputs[:1])[0], rows, "embedding id")
 
     def compute(ids, values):
-        return ops.rounded(ops.scattered(ids, values, rows, node.shape), node.shape, node.dtype)
+        return ops.rounded_scatter(ids, values, rows, node.shape, node.dtype)
 
     _node_step(lowerer, node, compute, "exact-scatter")
 
@@ -417,19 +416,18 @@ def _region_scatter(node, ids, values):
     return ops.scattered(ids, values, node.attrs["rows"], node.shape)
 
 
+def _rounded_region_scatter(node, ids, values):
+    return ops.rounded_scatter(ids, values, node.attrs["rows"], node.shape, "f32")
+
+
 def _checked_region_scatter(lowerer, node) -> None:
     """An embedding's gradient: its ids checked as the call runs, its sums pending."""
     _check_step(lowerer, node, operands(lowerer, node.inputs[:1])[0], node.attrs["rows"], "embedding id")
-    _reducing(_region_scatter, _finalized(_region_scatter))(lowerer, node)
+    _reducing(_region_scatter, _rounded_region_scatter)(lowerer, node)
 
 
 def _region_const(lowerer, node) -> None:
     _region_step(lowerer, node, (), lambda env: ops.constant(node.attrs["value"], node.shape, env[DEVICE]))
-
-
-def _finalized(digits):
-    """The rounding of an op with no fast path of its own: its digits rounded."""
-    return lambda node, *tensors: det_finalize(digits(node, *tensors))
 
 
 def _product_digits(node, a, b):
