@@ -111,8 +111,8 @@ class Counting:
         if self.inside_kernel:
             return
         packet = func.overloadpacket
-        if packet in self.syncing or _bool_indexed(packet in self.indexing, args) or _repeat_unsized(func, args, kwargs) \
-                or _to_host(func, args, kwargs):
+        waits = packet in self.syncing or _bool_indexed(packet in self.indexing, args)
+        if waits or _repeat_unsized(func, args, kwargs) or _to_host(func, args, kwargs):
             self.tally().syncs[_site()] += 1
         elif not func.is_view and packet not in self.silent and func not in self.silent:
             self.tally().torch_launches += 1
@@ -313,7 +313,7 @@ def exact_backend():
 
     class HostDigests(CudaBackend):
         def fingerprints(self, values: list) -> list[int]:
-            return host.fingerprints([self.to_host(value) for value in values])
+            return host.fingerprints([CudaBackend.to_host(self, value) for value in values])
 
     return HostDigests(device="cpu", arithmetic="exact")
 
@@ -414,7 +414,8 @@ def report(tallies: dict, sites: int) -> None:
     for name, tally in [*rows, ("all on the device", totals(tallies))]:
         calls = ", ".join(f"{call} {count}" for call, count in sorted(tally.calls.items()))
         label = f"{name} (host tensors)" if name in HOST_PHASES else name
-        print(f"  {label:<52} {tally.sync_count:>6} {tally.torch_launches:>10} {sum(tally.triton.values()):>7}  {calls}")
+        triton = sum(tally.triton.values())
+        print(f"  {label:<52} {tally.sync_count:>6} {tally.torch_launches:>10} {triton:>7}  {calls}")
         for site, count in tally.syncs.most_common(sites):
             print(f"      {count:>5}  {site}")
 
