@@ -1,6 +1,6 @@
 """`:arithmetic exact` on the GPU against the default float32 step, on a GPT-style model.
 
-    PYTHONPATH=src python3 bench/bench_exact_mode.py [--model gpt-50m|gpt-small] [--steps N] [--seconds S]
+    PYTHONPATH=src python3 bench/bench_exact_mode.py [--model gpt-50m|gpt-small] [--steps N] [--seconds S] [--counts]
 
 Both steps are the run loop's (run/loop.py: the microbatches, the update, the loss read back,
 the parameters' digest) on the CUDA backend, in one process: the experiment as written, in
@@ -9,10 +9,15 @@ kernels, CUDA graphs), and the same experiment with `:arithmetic exact` (every s
 rounded once; backends/cuda/exact.py). Each takes WARMUP steps (compilation, capture), then
 timed steps until N of them or S seconds of them, whichever comes first (at least one).
 
+The exact run stacks its microbatches as a run on the GPU does (plan/choices.py's
+exact_stacking); the float32 run is unstacked, as its run chooses for one microbatch.
+
 Printed: each step's time, the ratio exact / float32 against the goal (at most 2), and where
-each step's time goes: its phases (the microbatch calls, the rounding of the gradients, the
-update call, the rest: the loss read back, the digest), and one profiled microbatch by kind
-of step (exact-matmul, exact-sum, exact-region, elementwise, ...). `gpt-50m` is bench/gpt-50m.sexp; `gpt-small`
+each step's time goes: its phases (the microbatch calls, the gradients added across calls and
+rounded, the update call, the rest: the loss read back, the digest), and one profiled
+microbatch by kind of step (exact-matmul, exact-sum, exact-region, elementwise, ...). With
+`--counts`, also the host synchronisations and launches of one more exact step, by phase
+(bench/exact_counts.py). `gpt-50m` is bench/gpt-50m.sexp; `gpt-small`
 is bench/gpt-small.sexp (4 layers, width 256, context 256, batch 16, vocabulary 8192), for
 when gpt-50m's exact step is too slow to time in a minute. One invocation takes at most a
 few minutes on an H200 when an exact step takes less than --seconds.
@@ -45,14 +50,19 @@ class Timed:
 def training(path: Path, arithmetic: str):
     """(trainer, state, built) for the experiment with `:arithmetic` set, on the CUDA backend."""
     from sexpgpu.lang.forms import load_experiment
-    from sexpgpu.run.loop import Trainer
+    from sexpgpu.plan.choices import exact_stacking
+    from sexpgpu.run.choosing import stacked_training
+    from sexpgpu.run.loop import Stacking, Trainer
     from sexpgpu.run.setup import build_run
 
     experiment = load_experiment(str(path))
     run = replace(experiment.run, arithmetic=arithmetic)
     experiment = replace(experiment, runs={**experiment.runs, run.name: run})
     built = build_run(experiment, "cuda")
-    return Trainer(run, built.program, built.backend, built.feeder), built.initial_state(), built
+    program = built.program
+    degree = exact_stacking(program.training.microbatches, program.stackable) if arithmetic == "exact" else 1
+    stacking = Stacking(stacked_training(program, degree), degree)
+    return Trainer(run, program, built.backend, built.feeder, stacking), built.initial_state(), built
 
 
 def time_steps(path: Path, arithmetic: str, steps: int, seconds: float) -> Timed:
@@ -98,7 +108,8 @@ def phases(trainer, state) -> dict:
 
     backend, sums = trainer.backend, trainer.sums
     backend.run = timed(lambda graph, inputs: names.get(id(graph), "other calls"), backend.run)
-    trainer.sums = replace(sums, rounded=timed(lambda total: "rounding the gradients", sums.rounded))
+    trainer.sums = replace(sums, add=timed(lambda total, grads: "adding the gradients", sums.add),
+                           rounded=timed(lambda total: "rounding the gradients", sums.rounded))
     try:
         torch.cuda.synchronize()
         started = time.perf_counter()
@@ -133,6 +144,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default="gpt-50m", choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
     parser.add_argument("--seconds", type=float, default=20.0, help="stop timing after this many seconds (default 20)")
+    parser.add_argument("--counts", action="store_true", help="also count one exact step's syncs and launches")
     args = parser.parse_args(argv)
     import torch
 
@@ -146,6 +158,20 @@ def main(argv=None) -> None:
     print(f"{args.model} ({MODELS[args.model].relative_to(ROOT)}) on {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}, TF32 off")
     report(timed)
+    if args.counts:
+        counted(MODELS[args.model])
+
+
+def counted(path: Path) -> None:
+    """bench/exact_counts.py's table for one exact step after one warm-up step."""
+    import exact_counts
+
+    trainer, state, _ = training(path, "exact")
+    trainer.step(state)
+    with exact_counts.counting() as counts:
+        exact_counts.counted_step(trainer, state, counts)
+    print(f"  exact step at stacking {trainer.stacking.degree}, host synchronisations and launches by phase:")
+    exact_counts.report(counts.tallies, sites=3)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,7 @@ ENTRY_POINTS = {
     "sexpgpu.exact.batched": ("det_gemm_batched",),
     "sexpgpu.exact.reduce": ("det_sum", "det_sum_partial"),
     "sexpgpu.exact.rounded": ("rounded_gemm",),
+    "sexpgpu.exact.scatter": ("det_scatter_sum", "det_scatter_sum_partial"),
 }
 
 
@@ -318,14 +319,18 @@ def exact_backend():
     return HostDigests(device="cpu", arithmetic="exact")
 
 
-def trainer_for(chosen, backend, degree: int):
-    """(trainer, state) of the run on `backend` at stacking `degree`."""
+def trainer_for(chosen, backend, degree: int | None):
+    """(trainer, state) of the run on `backend` at stacking `degree` (None: plan/choices.py's
+    exact_stacking, what an exact run takes on a GPU)."""
+    from sexpgpu.plan.choices import exact_stacking
     from sexpgpu.run.choosing import stacked_training
     from sexpgpu.run.loop import Stacking, Trainer
     from sexpgpu.run.setup import build_run
 
     built = build_run(chosen, "cpu")
     built.backend = built.feeder.backend = backend
+    if degree is None:
+        degree = exact_stacking(built.program.training.microbatches, built.program.stackable)
     trainer = Trainer(chosen.run, built.program, backend, built.feeder,
                       Stacking(stacked_training(built.program, degree), degree))
     return trainer, built.initial_state()
@@ -378,15 +383,16 @@ def counted_step(trainer, state, counts: Counting) -> None:
         trainer.sums = sums
 
 
-def count_step(model: str = "gpt-tiny", degree: int = 1, warmup: int = 1) -> dict:
-    """{phase: Tally} of one exact step of `model` after `warmup` steps (lowering, first calls)."""
+def count_step(model: str = "gpt-tiny", degree: int | None = None, warmup: int = 1) -> tuple:
+    """({phase: Tally} of one exact step of `model` after `warmup` steps (lowering, first
+    calls), the stacking degree): at `degree`, or the one an exact run takes on a GPU."""
     chosen = experiment(model)
     trainer, state = trainer_for(chosen, exact_backend(), degree)
     for _ in range(warmup):
         trainer.step(state)
     with counting() as counts:
         counted_step(trainer, state, counts)
-    return counts.tallies
+    return counts.tallies, trainer.stacking.degree
 
 
 MEAN, DIGEST = "the loss's mean", "the digest"
@@ -423,16 +429,17 @@ def report(tallies: dict, sites: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="gpt-tiny", choices=sorted(MODELS))
-    parser.add_argument("--degree", type=int, default=1, help="stacking degree (divides the microbatches)")
+    parser.add_argument("--degree", type=int, default=None,
+                        help="stacking degree (divides the microbatches); the exact run's on a GPU by default")
     parser.add_argument("--sites", type=int, default=0, help="list this many sync sites of each phase")
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
-    tallies = count_step(args.model, args.degree)
+    tallies, degree = count_step(args.model, args.degree)
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU, under Triton's interpreter"
-    print(f"{args.model}, one exact step at stacking {args.degree}, on {where}:")
+    print(f"{args.model}, one exact step at stacking {degree}, on {where}:")
     report(tallies, args.sites)
 
 

@@ -70,8 +70,8 @@ def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N
 
 def settle_float32(total: torch.Tensor, x_norm: torch.Tensor, w_norm: torch.Tensor, factor: float):
     """(settled, value) as rounded.settle gives them for float32, with the bound formed in-kernel
-    (factor a float32, Float64Product.factor); value is +0.0 where not settled. total (M, N) with norms (M,) and (N,), or a batch:
-    total (B, M, N) with norms (B, M) and (B, N)."""
+    (factor a float32, Float64Product.factor); value is +0.0 where not settled. total (M, N)
+    with norms (M,) and (N,), or a batch: total (B, M, N) with norms (B, M) and (B, N)."""
     m, n = total.shape[-2:]
     value = torch.empty(total.shape, dtype=torch.float32, device=total.device)
     done = torch.empty(total.shape, dtype=torch.int8, device=total.device)
