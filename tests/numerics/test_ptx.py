@@ -18,7 +18,7 @@ CASES = [
     ("unary_kernel", UNARY, "sin_f32"),
     ("binary_kernel", {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
                        "tab": "*i32"}, "pow_f32"),
-    ("normal_kernel", {"out_ptr": "*fp32", "n": "i32", "args": "*i64"}, None),
+    ("normal_kernel", {"out_ptr": "*fp32", "n": "i32", "args": "*i64", "args_stride": "i32"}, None),
 ]
 
 
@@ -28,7 +28,7 @@ def test_ptx_has_no_fused_or_approximate_float_operations(kernel, signature, fn)
     from triton.compiler import ASTSource
 
     ns = retarget.namespace(False)
-    constants = {"BLOCK": cuda.BLOCK, **({"FN": ns[fn]} if fn else {})}
+    constants = {"BLOCK": cuda.BLOCK, **({"FN": ns[fn]} if fn else {"COPIES": 1})}
     compiled = triton.compile(ASTSource(fn=ns[kernel], signature=signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32),
                               options={"enable_fp_fusion": False, "num_warps": cuda.NUM_WARPS})
