@@ -5,14 +5,14 @@ records the same steps as one CUDA graph: its inputs and outputs are static buff
 of them inside the arena, placement.py), each call copies the inputs in, replays, and
 returns copies of the outputs. Scalars such as the
 step and the learning rate are inputs like any other, read by the kernels from device
-memory, so a replay sees this call's values. Replaying launches the same kernels with the
+memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the
 same configurations on the same addresses, so it gives the eager run's bits.
 """
 
 from __future__ import annotations
 
 from sexpgpu.backends.cuda.placement import placements
-from sexpgpu.backends.cuda.steps import DEVICE, HOST_INPUTS, strided, torch_dtype
+from sexpgpu.backends.cuda.steps import DEVICE, strided, torch_dtype
 from sexpgpu.errors import SexpgpuError
 
 
@@ -51,6 +51,7 @@ class Executable:
             buffer = lowered.buffers[key]
             piece = arena[offset:offset + buffer.nbytes].view(torch_dtype(buffer.dtype))
             self.fixed[key] = piece.view(buffer.shape)
+        self.fixed.update(_constants(lowered, device))
         self.arena = arena
 
     def output_buffers(self, skip=()) -> dict:
@@ -77,11 +78,10 @@ class Executable:
         for step in self.lowered.steps:
             step(env)
 
-    def __call__(self, inputs: dict, host: dict | None = None) -> dict:
+    def __call__(self, inputs: dict) -> dict:
         env = dict(self.fixed)
         env.update({key: inputs[name] for name, key in self.lowered.inputs.items()})
         env.update(self.output_buffers())
-        env[HOST_INPUTS] = {key: host[name] for name, key in self.lowered.inputs.items() if name in (host or {})}
         env[DEVICE] = self.device
         self.execute(env)
         return {name: env[key] for name, key in self.lowered.outputs.items()}
@@ -97,10 +97,10 @@ class Captured:
         self.graph = None
         self.env = None
 
-    def __call__(self, inputs: dict, host: dict | None = None) -> dict:
+    def __call__(self, inputs: dict) -> dict:
         self.calls += 1
         if self.calls == 1:
-            return self.executable(inputs, host)
+            return self.executable(inputs)
         if self.graph is None:
             self._capture(inputs)
         lowered = self.executable.lowered
@@ -121,6 +121,15 @@ class Captured:
         with torch.cuda.graph(graph, stream=stream):
             self.executable.execute(env)
         self.graph, self.env = graph, env
+
+
+def _constants(lowered, device) -> dict:
+    """The constant buffers (a draw's key and parameters), on the device for the executable's
+    life: copied there once, so no call, eager or replayed, copies them again."""
+    import torch
+
+    return {key: torch.tensor(buffer.values, dtype=torch_dtype(buffer.dtype)).reshape(buffer.shape).to(device)
+            for key, buffer in lowered.buffers.items() if buffer.kind == "constant"}
 
 
 def _copy_all(targets: list, sources: list) -> None:
