@@ -117,6 +117,14 @@ x, w = torch.randn(3, 64), torch.randn(2, 64)""",
 import numpy as np
 step = 3
 x = np.linspace(-4, 4, 101, dtype=np.float32)""",
+    Snippet("numerics.md", "spec = nx.draw_spec"): """
+import os
+import torch
+from sexpgpu import numerics as nx
+os.environ["TRITON_INTERPRET"] = "1"
+key = nx.stream_key(7, "block0/noise#0")
+step = torch.tensor(3, dtype=torch.int32)
+out = torch.empty(4, 5)""",
 }
 
 # Changes a Python snippet needs to run on a CPU in a second: (documented, run instead, why).
@@ -128,11 +136,18 @@ EDITS = {
     Snippet("numerics.md", "from sexpgpu import numerics as nx"): [
         ('device="cuda")', 'device="cpu")', "the draw on a torch device this machine has"),
     ],
+    Snippet("numerics.md", "spec = nx.draw_spec"): [
+        ('device="cuda")', ')', "CPU tensors, which Triton's interpreter (the prelude's TRITON_INTERPRET) runs"),
+    ],
 }
 
-# What runs after a Python snippet, when the snippet holds resources that must be let go.
+# What runs after a Python snippet: resources it holds let go, an environment it set restored, and what it
+# says of its result checked.
 CLOSING = {
     Snippet("exact.md", "import torch"): "dist.destroy_process_group()",
+    Snippet("numerics.md", "spec = nx.draw_spec"): """
+os.environ.pop("TRITON_INTERPRET")
+assert torch.equal(out, nx.normal(nx.fold_in(key, 3), (4, 5), std=0.5, device="cpu"))""",
 }
 
 
