@@ -222,13 +222,15 @@ def test_two_nodes_at_f32_agree_with_torchrun_and_a_resume_repeats_their_bits(f3
     assert tensor_bits(f32_world["resumed_dir"] / f"step-{STEPS}") == tensor_bits(f32_world["dir"] / f"step-{STEPS}")
 
 
-def test_a_resume_on_another_number_of_processes_is_the_layout_error(f32_world, folder, monkeypatch):
+def test_a_resume_or_a_replay_on_another_number_of_processes_is_refused(f32_world, folder, monkeypatch):
     monkeypatch.setenv("SEXPGPU_NODE_GRADIENTS", "f32")  # as the checkpoint's choices record
     checkpoint = f32_world["dir"] / f"step-{EVERY}"
     refused = in_process("run", f32_world["file"], "--device", "cpu", "--run-dir", folder / "f32/alone",
                          "--resume", checkpoint)
     assert refused["status"] == 2 and "error E-RESUME-001:" in refused["err"]
     assert "4 microbatches a step on 4 process(es); this run has 4 on 1" in refused["err"]
+    replayed = in_process("replay", checkpoint, "--device", "cpu")
+    assert replayed["status"] == 2 and "E-EVAL-008" in replayed["err"] and "on 4 processes" in replayed["err"]
     allowed = in_process("run", f32_world["file"], "--device", "cpu", "--run-dir", folder / "f32/alone",
                          "--resume", checkpoint, "--allow-layout-change")
     assert allowed["status"] == 0 and "bits will differ" in allowed["out"], allowed["err"]
@@ -295,7 +297,9 @@ def test_an_exact_run_has_the_same_bits_on_1_2_and_4_processes(exact_worlds, fol
     report = (dirs[4] / "report.txt").read_text()
     assert "sum their accumulators exactly, so their number changes no bit" in line(report, "determinism")
     assert line(report, "choices").endswith("; on 4 processes on 2 nodes, whose number changes no bit")
-    # and so a resume on another number of processes continues with the same bits
+    # and so a replay on one process repeats the steps of 4, and a resume continues with their bits
+    replayed = in_process("replay", dirs[4] / "step-1", "--device", "cpu")
+    assert replayed["status"] == 0 and "every step's loss bits and digest match" in replayed["out"], replayed["err"]
     resumed = in_process("run", exact_worlds["file"], "--device", "cpu", "--run-dir", folder / "exact/resumed",
                          "--resume", dirs[4] / "step-1")
     assert resumed["status"] == 0, resumed["err"]
