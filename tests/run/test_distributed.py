@@ -406,6 +406,22 @@ def test_a_device_the_process_group_cannot_use_is_refused(facts, says):
     assert BACKENDS[device] in refused.value.message
 
 
+def test_on_several_gpus_products_are_ordinary_and_a_process_stacks_its_share(folder, monkeypatch):
+    from fake_device import FakeDevice
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run import choosing
+    from sexpgpu.run.setup import build_run
+
+    device = FakeDevice(product_seconds={"ordinary": 1.0, "split-k 2": 0.5})  # split-k would win if timed
+    monkeypatch.setattr(choosing, "backend_probe", lambda backend: device)
+    built = build_run(load_experiment(str(tiny(folder / "choosing")), None), "cpu")
+    two = World.from_environment({**TORCHRUN, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "GROUP_RANK": "0"})
+    chosen = choosing.choose(built, choosing.ChoiceSettings(), None, dict, two)
+    assert set(chosen.choices.products.values()) == {"ordinary"} and not [m for m in device.measured if m[0] == "product"]
+    assert "stacking degrees 1, 2 fit" in " ".join(chosen.notes)  # the divisors of its 2 microbatches, not of 4
+    assert chosen.choices.device.endswith(", 2 processes on 1 node")
+
+
 def test_one_process_imports_no_torch(folder):
     file = tiny(folder / "plain")
     probe = ("import sys; from sexpgpu.cli.main import main; status = main(sys.argv[1:]); "
