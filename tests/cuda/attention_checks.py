@@ -18,6 +18,7 @@ output the interpreter happens to get almost exactly."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,12 +52,31 @@ def check(backend, shapes, dtype: str, causal: bool) -> None:
             check_against_float64(name, got, expected, exact[name])
 
 
+class Float64Errors(NamedTuple):
+    ours: float  # the largest error of the result checked against float64
+    reference: float  # the interpreter's largest error
+    top: float  # the largest magnitude of the float64 result
+
+    @property
+    def within(self) -> bool:
+        """At most F64_FACTOR times the interpreter's error, plus the floor."""
+        return self.ours <= F64_FACTOR * self.reference + F64_FLOOR * self.top
+
+
+def float64_errors(got, interpreted, exact) -> Float64Errors:
+    """The norm-wise errors against float64 of a result and of the interpreter's."""
+    exact = np.asarray(exact, dtype=np.float64)
+    if not exact.size:
+        return Float64Errors(0.0, 0.0, 0.0)
+    ours, reference = (float(np.max(np.abs(np.asarray(value, dtype=np.float64) - exact))) for value in (got, interpreted))
+    return Float64Errors(ours, reference, float(np.max(np.abs(exact))))
+
+
 def check_against_float64(name: str, got, interpreted, exact) -> None:
     """The fused error against float64 within F64_FACTOR of the interpreter's, plus the floor."""
-    top = float(np.max(np.abs(exact)))
-    ours, reference = (float(np.max(np.abs(value.astype(np.float64) - exact))) for value in (got, interpreted))
-    assert ours <= F64_FACTOR * reference + F64_FLOOR * top, \
-        f"{name}: error {ours:.3g} against float64, the interpreter's {reference:.3g}, largest magnitude {top:.3g}"
+    errors = float64_errors(got, interpreted, exact)
+    assert errors.within, (f"{name}: error {errors.ours:.3g} against float64, the interpreter's "
+                           f"{errors.reference:.3g}, largest magnitude {errors.top:.3g}")
 
 
 def float64_attention(values: dict, scale: float, causal: bool) -> dict:
