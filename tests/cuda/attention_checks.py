@@ -31,13 +31,14 @@ F64_FLOOR = 2.0**-21
 CPU = Interpreter()
 
 
-def attention_case(shapes, dtype: str, causal: bool) -> OpCase:
-    scale = 1.0 / math.sqrt(shapes[0][-1])
+def attention_case(shapes, dtype: str, causal: bool, scale: float | None = None) -> OpCase:
+    """The case of the shapes, scaled by 1 / sqrt(width) unless a `scale` is given."""
+    scale = 1.0 / math.sqrt(shapes[0][-1]) if scale is None else scale
     return OpCase("attention_core", [(dtype, shape, "normal") for shape in shapes], {"scale": scale, "causal": causal})
 
 
-def check(backend, shapes, dtype: str, causal: bool) -> None:
-    case = attention_case(shapes, dtype, causal)
+def check(backend, shapes, dtype: str, causal: bool, scale: float | None = None) -> None:
+    case = attention_case(shapes, dtype, causal, scale)
     graph, values = case_graph(case, seed=len(shapes[0]) + shapes[0][-2])
     want = CPU.run(graph, values)
     first, second = backend.run(graph, values), backend.run(graph, values)
