@@ -40,7 +40,7 @@ class CrowdedDevice(Interpreter):
         super().__init__()
         self.graph, self.error = graph, error
 
-    def run(self, graph, inputs):
+    def run(self, graph, inputs, lent=False):
         if graph is self.graph:
             raise self.error
         return super().run(graph, inputs)
@@ -98,7 +98,7 @@ def test_a_pinned_stacked_run_stops_with_the_allocation_error(runs):
 class CrowdedForStacks(Interpreter):
     """The interpreter, out of memory for any graph that takes twice the file's batch."""
 
-    def run(self, graph, inputs):
+    def run(self, graph, inputs, lent=False):
         if any(name.startswith("field/") and node.shape[0] == 128 for name, node in graph.inputs.items()):
             raise MemoryError("out of memory")
         return super().run(graph, inputs)

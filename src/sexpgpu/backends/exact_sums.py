@@ -57,8 +57,9 @@ def accumulated(value) -> Accumulator:
 
 def summed_over_processes(value, group=None) -> Accumulator:
     """A gradient's exact sum over the processes of a torch.distributed group (the default
-    one when None): its digits added as integers, whose sum no order or algorithm changes."""
-    return det_all_reduce(accumulated(value), group)
+    one when None): its digits added as integers, whose sum no order or algorithm changes.
+    The all-reduce works in place, on a copy: the digits may be a buffer the backend lent."""
+    return det_all_reduce(Accumulator(accumulated(value).digits.clone()), group)
 
 
 def rounded_once(value) -> torch.Tensor:

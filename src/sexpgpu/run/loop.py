@@ -92,13 +92,15 @@ class Trainer:
         grads, losses = None, []
         share = self.across.share(self.run.microbatches)
         diagnosed = diagnosed_step(self.run, step) and 0 in share  # the process that runs microbatch 0
-        before, first_outputs = dict(state.params), {}
+        # the update writes over the buffers it lent the last step: read what it compares first
+        before = {path: self.backend.to_host(value) for path, value in state.params.items()} if diagnosed else {}
+        first_outputs, last = {}, share.stop - degree
         for first in range(share.start, share.stop, degree):
             inputs = self._stacked_inputs(state, step, first, degree)
             if diagnosed and first == 0:
                 outputs, first_outputs = self._diagnose(state, step, micro, inputs, degree)
-            else:
-                outputs = self.backend.run(micro, inputs)
+            else:  # the last call's outputs are read before the next step's first call
+                outputs = self.backend.run(micro, inputs, lent=first == last)
             losses.append(outputs["loss"])  # read after the update is queued: no wait between them
             grads = self.sums.add(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
@@ -107,7 +109,8 @@ class Trainer:
         update_inputs.update(state.optimizer)
         update_inputs.update({"step": np.int32(step), "lr": lr})
         update = self.stacking.training.update
-        outputs = self.backend.run(update, _only(update, update_inputs))
+        # the parameters and state it returns are read until the next step's update, which they feed
+        outputs = self.backend.run(update, _only(update, update_inputs), lent=True)
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
@@ -141,11 +144,11 @@ class Trainer:
         return {name: value for name, value in outputs.items() if not name.startswith(ACTIVATION)}, host
 
     def _statistics(self, step: int, first_outputs: dict, before: dict, after: dict) -> dict:
+        """`before`: the parameters on the host before the step; `after`: on the backend."""
         host = self.backend.to_host
         return statistics(step, {name: value for name, value in first_outputs.items() if name.startswith("grad/")},
                           {name: value for name, value in first_outputs.items() if name.startswith(ACTIVATION)},
-                          {path: host(value) for path, value in before.items()},
-                          {path: host(value) for path, value in after.items()})
+                          before, {path: host(value) for path, value in after.items()})
 
     def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
         """One pass: the pass graph on `batches` batches, losses and metrics averaged in order."""

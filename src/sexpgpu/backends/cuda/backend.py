@@ -82,10 +82,11 @@ class CudaBackend:
         self._lowerings.clear()
 
 
-    def run(self, graph, inputs: dict) -> dict:
+    def run(self, graph, inputs: dict, lent: bool = False) -> dict:
         """The graph's outputs. A device allocation that fails, the arena's or any step's,
         raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
-        caller may go on with a smaller graph (the run loop's unstacked steps)."""
+        caller may go on with a smaller graph (the run loop's unstacked steps). `lent`: a
+        captured graph may return its own output buffers (runtime.py's Captured)."""
         check_input_names(graph, inputs)
         self._form_pending(graph)
         try:
@@ -93,7 +94,7 @@ class CudaBackend:
             # a step that needs an input on the host (a draw's salt) reads it here, not back
             # from the device, which would wait for every queued kernel
             host = {name: value for name, value in inputs.items() if not isinstance(value, self.torch.Tensor)}
-            outputs = self._entry(graph)[2](accepted, host)
+            outputs = self._entry(graph)[2](accepted, host, lent)
             if self.exact_sums is not None:
                 self._pending[id(graph)] = weakref.WeakSet(value for value in outputs.values()
                                                            if isinstance(value, PendingSum))
