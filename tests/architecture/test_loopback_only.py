@@ -8,9 +8,11 @@ interface whatever MASTER_ADDR says), and a moto server is started with -H 127.0
 The one process group a run joins, in run/world.py, meets at `world.meeting`: a file
 (SEXPGPU_DIST_FILE), which every world of the tests uses, or under torchrun the launcher's
 store, which its processes join as clients (torchrun sets TORCHELASTIC_USE_AGENT_STORE). That
-store is torchrun's, and it listens on every interface: tests/run/test_distributed.py starts
-it once, for the command docs/distributed.md documents, and tests/cuda/test_distributed_gpu.py
-once on a GPU machine; nothing else does."""
+store is torchrun's, and it listens on every interface: the two tests that start torchrun
+(tests/run/test_distributed.py, for the command docs/distributed.md documents, and
+tests/cuda/test_distributed_gpu.py) start it inside a network namespace holding only a
+loopback interface (tests/sockets.py's in_loopback_namespace), and skip where none can be
+made; nothing else starts it."""
 
 from __future__ import annotations
 
