@@ -31,7 +31,7 @@ from sexpgpu.cli.main import main
 
 SHORT_STEPS = 2
 COMMAND = re.compile(r"^(\$ )?(\S*/)?sexpgpu\s")  # sexpgpu, .venv/bin/sexpgpu, $ sexpgpu
-SHELL = re.compile(r"^(\$ )?(\S*/)?(sexpgpu|python3?|pip|pytest|PYTHONPATH=\S*)\s")
+SHELL = re.compile(r"^(\$ )?(\S*/)?(sexpgpu|python3?|pip|pytest|torchrun|PYTHONPATH=\S*)\s")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,13 @@ SKIPPED = {
         "envelopes are checked current there, and its report is the one docs/ladder.md shows",
     Snippet("ladder.md", "sexpgpu ladder --envelopes --device cuda\nsexpgpu ladder --device cuda"):
         "needs a GPU (an H200); tests/run/test_ladder.py runs the same code on the CPU",
+    Snippet("distributed.md", "torchrun --standalone --nproc-per-node 2"):
+        "starts torchrun and two processes, each importing torch: tests/run/test_distributed.py's "
+        "test_the_documented_torchrun_command_trains_with_process_0_writing runs this command as it is written, on "
+        "the file cut to six steps",
+    Snippet("distributed.md", "torchrun --nnodes NODES"):
+        "the template of a launch on several machines, with placeholders: tests/run/test_distributed.py runs 2 nodes "
+        "of 2 processes with the environment torchrun gives them",
     Snippet("tools.md", "sexpgpu plot runs/a runs/b -o runs.png"):
         "needs matplotlib, the optional extra plot; tests/run/test_plot.py draws it where matplotlib is installed",
 }

@@ -83,15 +83,16 @@ class CudaBackend:
         self._lowerings.clear()
 
 
-    def run(self, graph, inputs: dict) -> dict:
+    def run(self, graph, inputs: dict, lent: bool = False) -> dict:
         """The graph's outputs. A device allocation that fails, the arena's or any step's,
         raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
-        caller may go on with a smaller graph (the run loop's unstacked steps)."""
+        caller may go on with a smaller graph (the run loop's unstacked steps). `lent`: a
+        captured graph may return its own output buffers (runtime.py's Captured)."""
         check_input_names(graph, inputs)
         self._form_pending(graph)
         try:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
-            outputs = self._entry(graph)[2](accepted)
+            outputs = self._entry(graph)[2](accepted, lent)
             if self.exact_sums is not None:
                 self._pending[id(graph)] = weakref.WeakSet(value for value in outputs.values()
                                                            if isinstance(value, PendingSum))

@@ -3,7 +3,8 @@
 `Executable` allocates the memory plan's arena once and runs the steps eagerly. `Captured`
 records the same steps as one CUDA graph: its inputs and outputs are static buffers (some
 of them inside the arena, placement.py), each call copies the inputs in, replays, and
-returns copies of the outputs. Scalars such as the
+returns copies of the outputs, or, to a caller that takes them lent, the output buffers
+themselves (`lendable`). Scalars such as the
 step and the learning rate are inputs like any other, read by the kernels from device
 memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the
 same configurations on the same addresses, so it gives the eager run's bits.
@@ -78,7 +79,8 @@ class Executable:
         for step in self.lowered.steps:
             step(env)
 
-    def __call__(self, inputs: dict) -> dict:
+    def __call__(self, inputs: dict, lent: bool = False) -> dict:
+        """The outputs, in buffers of their own: each call allocates them (`lent` changes nothing)."""
         env = dict(self.fixed)
         env.update({key: inputs[name] for name, key in self.lowered.inputs.items()})
         env.update(self.output_buffers())
@@ -96,8 +98,13 @@ class Captured:
         self.calls = 0
         self.graph = None
         self.env = None
+        self.lendable = frozenset()  # outputs whose buffers may be handed out, not copied
 
-    def __call__(self, inputs: dict) -> dict:
+    def __call__(self, inputs: dict, lent: bool = False) -> dict:
+        """The outputs. `lent`: the caller takes the lendable outputs as the graph's own
+        buffers, which the next replay writes over; it reads them before that, and gives
+        them back only as inputs (the optimizer's parameters and state, step after step),
+        so a step does not copy them out."""
         self.calls += 1
         if self.calls == 1:
             return self.executable(inputs)
@@ -106,7 +113,9 @@ class Captured:
         lowered = self.executable.lowered
         _copy_all([self.env[key] for key in lowered.inputs.values()], [inputs[name] for name in lowered.inputs])
         self.graph.replay()
-        return {name: self.env[key].clone() for name, key in lowered.outputs.items()}
+        lend = self.lendable if lent else frozenset()
+        return {name: self.env[key] if name in lend else self.env[key].clone()
+                for name, key in lowered.outputs.items()}
 
     def _capture(self, inputs: dict) -> None:
         import torch
@@ -121,6 +130,25 @@ class Captured:
         with torch.cuda.graph(graph, stream=stream):
             self.executable.execute(env)
         self.graph, self.env = graph, env
+        self.lendable = _lendable(self.executable.lowered, env)
+
+
+def _lendable(lowered, env: dict) -> frozenset:
+    """The outputs whose memory no input's buffer shares. Lent, an output may come back as
+    any input of the next call; the copies in must not write over memory they read from."""
+    slots = [_span(env[key]) for key in lowered.inputs.values()]
+    return frozenset(name for name, key in lowered.outputs.items()
+                     if not any(_overlap(_span(env[key]), slot) for slot in slots))
+
+
+def _span(tensor) -> tuple[int, int]:
+    """The bytes a contiguous buffer covers."""
+    start = tensor.data_ptr()
+    return start, start + tensor.numel() * tensor.element_size()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _constants(lowered, device) -> dict:
