@@ -83,8 +83,9 @@ class OurStep:
     def __call__(self) -> None:
         training = self.built.program.training
         self.step_number += 1
-        outputs = self.backend.run(training.micro, self.micro_inputs())
-        updated = self.backend.run(training.update, self.update_inputs(outputs))
+        # lent, as the run loop takes them (run/loop.py): no copies of the outputs
+        outputs = self.backend.run(training.micro, self.micro_inputs(), lent=True)
+        updated = self.backend.run(training.update, self.update_inputs(outputs), lent=True)
         self.state.params = {name[6:]: value for name, value in updated.items() if name.startswith("param/")}
         self.state.optimizer = {name: value for name, value in updated.items() if name.startswith("state/")}
 

@@ -95,10 +95,10 @@ def phases(trainer, state) -> dict:
     names = {id(training.micro): "microbatch calls", id(training.update): "update call"}
 
     def timed(name_of, call):
-        def run(*args):
+        def run(*args, **kwargs):  # kwargs: the run loop's lent=, which names no phase
             torch.cuda.synchronize()
             started = time.perf_counter()
-            result = call(*args)
+            result = call(*args, **kwargs)
             torch.cuda.synchronize()
             name = name_of(*args)
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - started

@@ -346,12 +346,12 @@ def counted_step(trainer, state, counts: Counting) -> None:
     within: list[str] = ["the loop"]
 
     def in_phase(name_of, call):
-        def run(*args):
+        def run(*args, **kwargs):  # kwargs: the run loop's lent=, which names no phase
             name = name_of(*args)
             within.append(name)
             try:
                 with counts.phase(name):
-                    return call(*args)
+                    return call(*args, **kwargs)
             finally:
                 within.pop()
 

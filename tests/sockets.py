@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 
 LISTEN = "0A"  # the TCP state column of /proc/net/tcp
@@ -60,3 +61,19 @@ def _address(hex_text: str):
     raw = bytes.fromhex(hex_text)
     in_order = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     return ipaddress.ip_address(in_order)
+
+
+# A command run after this prefix sees a network of its own with the loopback interface alone:
+# torchrun's store, which listens on every interface whatever address it is given, is then
+# reachable from this machine only.
+LOOPBACK_NAMESPACE = ["unshare", "--map-root-user", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+
+
+def in_loopback_namespace(argv: list[str]) -> list[str] | None:
+    """argv run inside a new network namespace holding only a loopback interface, or None
+    where this machine cannot make one (no unshare or ip, or user namespaces refused)."""
+    try:
+        probe = subprocess.run([*LOOPBACK_NAMESPACE, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [*LOOPBACK_NAMESPACE, *argv] if probe.returncode == 0 else None

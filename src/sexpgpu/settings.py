@@ -53,11 +53,14 @@ def _integer(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def _seconds(text: str) -> float:
-    seconds = float(text)
-    if not 0 <= seconds <= 3600:
-        raise ValueError
-    return seconds
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        seconds = float(text)
+        if not low <= seconds <= high:
+            raise ValueError
+        return seconds
+
+    return parse
 
 
 def _choices_source(text: str) -> str:
@@ -87,6 +90,13 @@ SETTINGS = {setting.name: setting for setting in (
             "where a run's machine choices come from, as `--choices`", _choices_source),
     Setting("SEXPGPU_NODE_GRADIENTS", "bf16, f32", "bf16",
             "the dtype of gradients summed between nodes", _one_of("bf16", "f32")),
+    Setting("SEXPGPU_DIST_TIMEOUT", "seconds, from 1 to 86400", "600",
+            "how long a process of a run on several processes (docs/distributed.md) waits for the others: to "
+            "join them, and at each exchange of a step; then it stops with E-DIST-004", _seconds(1, 86400)),
+    Setting("SEXPGPU_DIST_FILE", "a file path every process can reach", "(none)",
+            "where the processes of a run on several processes meet: a file (torch's FileStore) instead of "
+            "torchrun's store at MASTER_ADDR:MASTER_PORT, so that nothing listens for the meeting; the tests' "
+            "worlds meet this way", _any_text),
     Setting("SEXPGPU_CPU_THREADS", "an integer from 1 to 1024", "the usable CPUs, at most 8",
             "threads the CPU interpreter splits large kernels over; never changes bits", _integer(1, 1024)),
     Setting("SEXPGPU_S3_PART_SIZE", f"bytes, an integer from {S3_MIN_PART} (5 MiB) to {S3_MAX_PART} (5 GiB)",
@@ -104,7 +114,7 @@ SETTINGS = {setting.name: setting for setting in (
             "tests only: the JSON-lines file the GPU numerics tests append their counts to; sexpgpu never "
             "reads it", _any_text),
     Setting("SEXPGPU_TEST_CHECKPOINT_SLEEP", "seconds, from 0 to 3600", "(none)",
-            "tests only: a pause at every crash point", _seconds),
+            "tests only: a pause at every crash point", _seconds(0, 3600)),
 )}
 
 

@@ -18,6 +18,7 @@ output the interpreter happens to get almost exactly."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,13 +31,14 @@ F64_FLOOR = 2.0**-21
 CPU = Interpreter()
 
 
-def attention_case(shapes, dtype: str, causal: bool) -> OpCase:
-    scale = 1.0 / math.sqrt(shapes[0][-1])
+def attention_case(shapes, dtype: str, causal: bool, scale: float | None = None) -> OpCase:
+    """The case of the shapes, scaled by 1 / sqrt(width) unless a `scale` is given."""
+    scale = 1.0 / math.sqrt(shapes[0][-1]) if scale is None else scale
     return OpCase("attention_core", [(dtype, shape, "normal") for shape in shapes], {"scale": scale, "causal": causal})
 
 
-def check(backend, shapes, dtype: str, causal: bool) -> None:
-    case = attention_case(shapes, dtype, causal)
+def check(backend, shapes, dtype: str, causal: bool, scale: float | None = None) -> None:
+    case = attention_case(shapes, dtype, causal, scale)
     graph, values = case_graph(case, seed=len(shapes[0]) + shapes[0][-2])
     want = CPU.run(graph, values)
     first, second = backend.run(graph, values), backend.run(graph, values)
@@ -51,12 +53,31 @@ def check(backend, shapes, dtype: str, causal: bool) -> None:
             check_against_float64(name, got, expected, exact[name])
 
 
+class Float64Errors(NamedTuple):
+    ours: float  # the largest error of the result checked against float64
+    reference: float  # the interpreter's largest error
+    top: float  # the largest magnitude of the float64 result
+
+    @property
+    def within(self) -> bool:
+        """At most F64_FACTOR times the interpreter's error, plus the floor."""
+        return self.ours <= F64_FACTOR * self.reference + F64_FLOOR * self.top
+
+
+def float64_errors(got, interpreted, exact) -> Float64Errors:
+    """The norm-wise errors against float64 of a result and of the interpreter's."""
+    exact = np.asarray(exact, dtype=np.float64)
+    if not exact.size:
+        return Float64Errors(0.0, 0.0, 0.0)
+    ours, reference = (float(np.max(np.abs(np.asarray(value, dtype=np.float64) - exact))) for value in (got, interpreted))
+    return Float64Errors(ours, reference, float(np.max(np.abs(exact))))
+
+
 def check_against_float64(name: str, got, interpreted, exact) -> None:
     """The fused error against float64 within F64_FACTOR of the interpreter's, plus the floor."""
-    top = float(np.max(np.abs(exact)))
-    ours, reference = (float(np.max(np.abs(value.astype(np.float64) - exact))) for value in (got, interpreted))
-    assert ours <= F64_FACTOR * reference + F64_FLOOR * top, \
-        f"{name}: error {ours:.3g} against float64, the interpreter's {reference:.3g}, largest magnitude {top:.3g}"
+    errors = float64_errors(got, interpreted, exact)
+    assert errors.within, (f"{name}: error {errors.ours:.3g} against float64, the interpreter's "
+                           f"{errors.reference:.3g}, largest magnitude {errors.top:.3g}")
 
 
 def float64_attention(values: dict, scale: float, causal: bool) -> dict:

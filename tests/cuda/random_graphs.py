@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from attention_checks import float64_errors
 from op_cases import random_array
 from sexpgpu.graph.autodiff import gradients
 from sexpgpu.graph.emit import Emitter
@@ -55,6 +56,7 @@ class RandomGraph(NamedTuple):
     values: dict  # input name -> host array
     ops: frozenset  # the op table's ops the graph's nodes use
     loose: bool  # bf16 somewhere: compare with the bf16 tolerance
+    attended: frozenset = frozenset()  # the outputs computed from fused float32 attention
 
 
 class Skip(Exception):
@@ -587,7 +589,20 @@ def graph_from_seed(seed: int, profile: str | Profile = "tiny") -> RandomGraph:
     _differentiate(b, outputs)
     graph = b.e.graph(b.inputs, outputs)
     loose = any(node.dtype == "bf16" for node in graph.nodes)
-    return RandomGraph(seed, graph, b.values, frozenset(graph.op_counts()), loose)
+    return RandomGraph(seed, graph, b.values, frozenset(graph.op_counts()), loose, _attended(graph))
+
+
+FUSED_ATTENTION = frozenset({"attention_core", "attention_grad_q", "attention_grad_kv"})
+
+
+def _attended(graph: Graph) -> frozenset:
+    """The names of the outputs that are, or are computed from, a float32 attention op (the
+    CUDA backend's fused 3xTF32 kernels; _as_close_to_float64 says why they are refereed apart)."""
+    reached = set()
+    for node in graph.nodes:  # topological: a node's inputs come before it
+        if (node.op in FUSED_ATTENTION and node.dtype == "f32") or any(source in reached for source in node.inputs):
+            reached.add(node)
+    return frozenset(name for name, node in graph.outputs.items() if node in reached)
 
 
 def _differentiate(b: _Builder, outputs: dict) -> None:
@@ -649,7 +664,16 @@ def _as_close_to_float64(name: str, found, want, sample: RandomGraph, float64: d
     cancellation (a graph's `loss`) has no tolerance relative to its result, since both
     backends round in their own orders. The float64 interpreter is then the oracle: the CUDA
     result passes when it is at most REFEREE_FACTOR times farther from the float64 value than
-    the CPU interpreter's float32 result is, plus one float32 rounding of that value."""
+    the CPU interpreter's float32 result is, plus one float32 rounding of that value.
+
+    An output computed from float32 attention may instead pass the fused attention's own
+    envelope (tests/cuda/attention_checks.py, docs/cuda.md "Attention"), norm-wise: its
+    error is not the interpreter's, element by element. The kernels' 3xTF32 products drop
+    about 2^-22 of each term, and the backward's D = rowsum(dO * O) carries the forward
+    output's error times |dO| into every dS of the row, so an element the interpreter gets
+    almost exactly (a gradient of a near one-hot softmax row, where the terms of dS k cancel)
+    takes the error of its row's larger elements. That error is bounded by the interpreter's
+    largest, not by its own."""
     from sexpgpu.backends.cpu import Interpreter
 
     if want.dtype.kind not in "f" or sample.loose:  # bf16 rounding points are the interpreter's own
@@ -657,6 +681,8 @@ def _as_close_to_float64(name: str, found, want, sample: RandomGraph, float64: d
     if not float64:
         float64.update(Interpreter("f64").run(sample.graph, sample.values))
     exact = np.asarray(float64[name], dtype=np.float64)
+    if name in sample.attended and float64_errors(found, want, exact).within:
+        return True
     rounding = np.abs(exact) * 2.0**-24
     cpu_error = np.abs(want.astype(np.float64) - exact)
     gpu_error = np.abs(found.astype(np.float64) - exact)

@@ -182,7 +182,7 @@ def exact_file(tmp_path: Path, name: str, more: dict) -> Path:
     return path
 
 
-def on_the_cuda_backend(device, arithmetic="float"):
+def on_the_cuda_backend(device, arithmetic="float", gpu=None):
     """select_backend's answer for --device cuda, with the CUDA backend on CPU tensors."""
     from sexpgpu.backends.select import CUDA_LINES
 

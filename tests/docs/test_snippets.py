@@ -31,7 +31,7 @@ from sexpgpu.cli.main import main
 
 SHORT_STEPS = 2
 COMMAND = re.compile(r"^(\$ )?(\S*/)?sexpgpu\s")  # sexpgpu, .venv/bin/sexpgpu, $ sexpgpu
-SHELL = re.compile(r"^(\$ )?(\S*/)?(sexpgpu|python3?|pip|pytest|PYTHONPATH=\S*)\s")
+SHELL = re.compile(r"^(\$ )?(\S*/)?(sexpgpu|python3?|pip|pytest|torchrun|PYTHONPATH=\S*)\s")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,13 @@ SKIPPED = {
         "envelopes are checked current there, and its report is the one docs/ladder.md shows",
     Snippet("ladder.md", "sexpgpu ladder --envelopes --device cuda\nsexpgpu ladder --device cuda"):
         "needs a GPU (an H200); tests/run/test_ladder.py runs the same code on the CPU",
+    Snippet("distributed.md", "torchrun --standalone --nproc-per-node 2"):
+        "starts torchrun and two processes, each importing torch: tests/run/test_distributed.py's "
+        "test_the_documented_torchrun_command_trains_with_process_0_writing runs this command as it is written, on "
+        "the file cut to six steps",
+    Snippet("distributed.md", "torchrun --nnodes NODES"):
+        "the template of a launch on several machines, with placeholders: tests/run/test_distributed.py runs 2 nodes "
+        "of 2 processes with the environment torchrun gives them",
     Snippet("tools.md", "sexpgpu plot runs/a runs/b -o runs.png"):
         "needs matplotlib, the optional extra plot; tests/run/test_plot.py draws it where matplotlib is installed",
 }
@@ -117,6 +124,14 @@ x, w = torch.randn(3, 64), torch.randn(2, 64)""",
 import numpy as np
 step = 3
 x = np.linspace(-4, 4, 101, dtype=np.float32)""",
+    Snippet("numerics.md", "spec = nx.draw_spec"): """
+import os
+import torch
+from sexpgpu import numerics as nx
+os.environ["TRITON_INTERPRET"] = "1"
+key = nx.stream_key(7, "block0/noise#0")
+step = torch.tensor(3, dtype=torch.int32)
+out = torch.empty(4, 5)""",
 }
 
 # Changes a Python snippet needs to run on a CPU in a second: (documented, run instead, why).
@@ -128,11 +143,18 @@ EDITS = {
     Snippet("numerics.md", "from sexpgpu import numerics as nx"): [
         ('device="cuda")', 'device="cpu")', "the draw on a torch device this machine has"),
     ],
+    Snippet("numerics.md", "spec = nx.draw_spec"): [
+        ('device="cuda")', ')', "CPU tensors, which Triton's interpreter (the prelude's TRITON_INTERPRET) runs"),
+    ],
 }
 
-# What runs after a Python snippet, when the snippet holds resources that must be let go.
+# What runs after a Python snippet: resources it holds let go, an environment it set restored, and what it
+# says of its result checked.
 CLOSING = {
     Snippet("exact.md", "import torch"): "dist.destroy_process_group()",
+    Snippet("numerics.md", "spec = nx.draw_spec"): """
+os.environ.pop("TRITON_INTERPRET")
+assert torch.equal(out, nx.normal(nx.fold_in(key, 3), (4, 5), std=0.5, device="cpu"))""",
 }
 
 

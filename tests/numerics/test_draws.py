@@ -135,6 +135,30 @@ def test_torch_device_cpu_gives_the_same_bits():
         assert np.array_equal(t.numpy(), fn(KEY, (4, 5), *args))
 
 
+def test_draw_by_name_is_the_named_draw_and_checks_as_it_does():
+    for name, params in nx.DRAW_PARAMETERS.items():
+        values = {"p": 0.25, "low": 3, "high": 9} if name in ("bernoulli", "randint") else {}
+        given = {parameter: values[parameter] for parameter in params if parameter in values}
+        assert np.array_equal(nx.draw(name, KEY, (4, 5), **given), getattr(nx, name)(KEY, (4, 5), **given))
+    with pytest.raises(ValueError, match="std must not be negative"):
+        nx.draw_spec("normal", std=-1.0)
+    with pytest.raises(ValueError, match="did you mean 'uniform'"):
+        nx.draw("unifrom", KEY, 3)
+
+
+def test_device_draws_take_cpu_tensors_only_under_the_interpreter(monkeypatch):
+    """Without TRITON_INTERPRET a CPU tensor would reach a compiled kernel: refused."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    spec = nx.draw_spec("uniform")
+    args = torch.tensor([nx.draw_args(KEY, spec)])
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        nx.draw_into(spec, torch.empty(4), args)
+    with pytest.raises(TypeError, match="torch tensors"):
+        nx.fold_keys(args, [3], np.empty((1, 6), dtype=np.int64))
+
+
 @pytest.mark.parametrize("call, error", [
     (lambda: nx.uniform((1, 2), 3), TypeError),
     (lambda: nx.uniform(KEY, (2, -1)), TypeError),

@@ -64,7 +64,9 @@ def test_philox_kernel_matches_numpy():
 
 
 def _kernel_draw(kernel, shape, dtype, args):
-    return cuda.draw(kernel, shape, dtype, torch.device("cpu"), list(KEY.words) + args)
+    """The kernel's draw under KEY with the args words given here, not the spec's."""
+    spec = nx.DrawSpec(kernel, None, 0, dtype, (), tuple(args))
+    return cuda.draw(spec, shape, torch.device("cpu"), KEY.words)
 
 
 def _bits(value):
@@ -76,15 +78,100 @@ def test_draw_kernels_match_numpy(shape):
     n = math.prod(shape)
     low, high = -0.25, 1.5
     caps = [int(np.float32(low).view(np.uint32)), int(np.nextafter(np.float32(high), 0).view(np.uint32))]
-    got = _kernel_draw("uniform_kernel", shape, torch.float32, [_bits(low), _bits(high)] + caps)
+    got = _kernel_draw("uniform_kernel", shape, np.float32, [_bits(low), _bits(high)] + caps)
     assert np.array_equal(got.numpy(), nx.uniform(KEY, shape, low, high))
-    got = _kernel_draw("normal_kernel", shape, torch.float32, [_bits(0.5), _bits(2.0)])
+    got = _kernel_draw("normal_kernel", shape, np.float32, [_bits(0.5), _bits(2.0)])
     assert np.array_equal(got.numpy(), nx.normal(KEY, shape, 0.5, 2.0))
-    got = _kernel_draw("truncated_normal_kernel", shape, torch.float32,
+    got = _kernel_draw("truncated_normal_kernel", shape, np.float32,
                        [_bits(0.0), _bits(1.0), _bits(1.5)])
     assert np.array_equal(got.numpy(), nx.truncated_normal(KEY, shape, bound=1.5))
-    got = _kernel_draw("bernoulli_kernel", shape, torch.uint8, [round(0.7 * 2**32)])
-    assert np.array_equal(got.numpy().astype(bool), nx.bernoulli(KEY, shape, 0.7))
-    got = _kernel_draw("randint_kernel", shape, torch.int32, [-5, 1000])
+    got = _kernel_draw("bernoulli_kernel", shape, np.bool_, [round(0.7 * 2**32)])
+    assert np.array_equal(got.numpy(), nx.bernoulli(KEY, shape, 0.7))
+    got = _kernel_draw("randint_kernel", shape, np.int32, [-5, 1000])
     assert np.array_equal(got.numpy(), nx.randint(KEY, shape, -5, 995))
     assert n == got.numel()
+
+
+# --- draws a CUDA graph captures: keys folded on the device (device_draws.py) ----------------
+
+DRAWS = [("uniform", {"low": -0.25, "high": 1.5}), ("normal", {"mean": 0.5, "std": 2.0}),
+         ("truncated_normal", {"bound": 1.5}), ("bernoulli", {"p": 0.7}),
+         ("randint", {"low": -5, "high": 995})]
+TORCH_DTYPES = {np.float32: torch.float32, np.bool_: torch.bool, np.int32: torch.int32}
+
+
+def _template(spec, key=KEY):
+    return torch.tensor([nx.draw_args(key, spec)], dtype=torch.int64)
+
+
+def _salt(value, dtype=torch.int32):
+    return torch.tensor(value, dtype=dtype)
+
+
+def _folded(key, values):
+    for value in values:
+        key = nx.fold_in(key, int(value))
+    return key
+
+
+@pytest.mark.parametrize("name, params", DRAWS, ids=[name for name, _ in DRAWS])
+def test_draw_into_under_keys_folded_on_the_device_gives_the_numpy_bits(name, params):
+    """fold_in on the device, of salts of either width and sign (int64 beyond 32 bits), then
+    the draw: 0-d, odd and multi-block shapes, the same bits as the numpy draw."""
+    spec = nx.draw_spec(name, **params)
+    for values, dtype in (((), torch.int32), ((-3,), torch.int32), ((7, 2**40 + 5), torch.int64)):
+        args = torch.empty_like(_template(spec))
+        nx.fold_keys(_template(spec), [_salt(v, dtype) for v in values], args)
+        for shape in ((), (7,), (3, 335)):
+            out = torch.empty(shape, dtype=TORCH_DTYPES[spec.dtype])
+            nx.draw_into(spec, out, args)
+            assert np.array_equal(out.numpy(), nx.draw(name, _folded(KEY, values), shape, **params)), (values, shape)
+
+
+@pytest.mark.parametrize("name, params", DRAWS, ids=[name for name, _ in DRAWS])
+def test_rows_under_their_own_keys_and_repeated_copies(name, params):
+    """Per-row salts (a strided vector between scalar salts, int32 extremes) give row r the
+    draw of fold_in(key, value[r]); copies repeat one draw, as a stacked draw does."""
+    spec = nx.draw_spec(name, **params)
+    values = torch.tensor([[4, 0], [-1, 0], [2**31 - 1, 0], [-(2**31), 0], [9, 0]], dtype=torch.int32)[:, 0]
+    rows = torch.empty((5, len(nx.draw_args(KEY, spec))), dtype=torch.int64)
+    nx.fold_keys(_template(spec), [_salt(3), values, _salt(8)], rows)
+    out = torch.empty((5, 3, 3), dtype=TORCH_DTYPES[spec.dtype])
+    nx.draw_into(spec, out, rows, rows=5)
+    for r in range(5):
+        want = nx.draw(name, _folded(KEY, (3, values[r], 8)), (3, 3), **params)
+        assert np.array_equal(out[r].numpy(), want), r
+    repeated = torch.empty((3 * 5, 3), dtype=TORCH_DTYPES[spec.dtype])
+    nx.draw_into(spec, repeated, _template(spec), copies=3)
+    assert np.array_equal(repeated.numpy(), np.concatenate([nx.draw(name, KEY, (5, 3), **params)] * 3))
+
+
+def test_more_salts_than_one_launch_folds_are_folded_in_order():
+    spec = nx.draw_spec("normal")
+    values = [_salt(v) for v in range(5)] + [torch.tensor([11, 12], dtype=torch.int32), _salt(-99, torch.int64)]
+    args = torch.empty((2, 4), dtype=torch.int64)
+    nx.fold_keys(_template(spec), values, args)
+    out = torch.empty((2, 5))
+    nx.draw_into(spec, out, args, rows=2)
+    for r in range(2):
+        key = _folded(KEY, list(range(5)) + [11 + r, -99])
+        assert np.array_equal(out[r].numpy(), nx.normal(key, 5))
+
+
+def test_device_draws_refuse_what_they_cannot_draw():
+    spec = nx.draw_spec("uniform")
+    args = _template(spec)
+    with pytest.raises(ValueError, match="float32"):
+        nx.draw_into(spec, torch.empty(4, dtype=torch.int32), args)
+    with pytest.raises(ValueError, match="rows"):
+        nx.draw_into(spec, torch.empty(5), args, copies=2)
+    with pytest.raises(ValueError, match=r"shape \(2, 6\)"):
+        nx.draw_into(spec, torch.empty(4), args, rows=2)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        nx.fold_keys(args, [torch.tensor(1.0)], torch.empty_like(args))
+    with pytest.raises(ValueError, match=r"\(\) or \(1,\)"):
+        nx.fold_keys(args, [torch.tensor([1, 2], dtype=torch.int32)], torch.empty_like(args))
+    with pytest.raises(ValueError, match="did you mean 'normal'"):
+        nx.draw_spec("normall")
+    with pytest.raises(TypeError, match="DrawSpec"):
+        nx.draw_args(KEY, "uniform")

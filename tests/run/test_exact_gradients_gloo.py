@@ -1,7 +1,7 @@
 """Exact sums compose across processes: each rank's step gradients, kept as accumulators
 over its microbatches and summed over gloo with det_all_reduce, round to the one-process
-gradients bit for bit at 1, 2 and 4 processes. (A run itself on several processes comes
-later; this is the sum it will make.)"""
+gradients bit for bit at 1, 2 and 4 processes, whichever microbatches each rank takes (here
+every W-th; a run on several processes gives each a contiguous share, tests/run/test_distributed.py)."""
 
 from __future__ import annotations
 

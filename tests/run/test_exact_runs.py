@@ -167,7 +167,7 @@ def test_a_checkpoint_another_device_wrote_resumes_only_in_an_exact_run(tmp_path
     path = tmp_path / "fit.sexp"
     path.write_text(text)
 
-    def written_on_cuda(device, arithmetic):
+    def written_on_cuda(device, arithmetic, gpu=None):
         backend, facts = select_backend("cpu", arithmetic)
         return backend, {**facts, "kind": "cuda"}
 

@@ -40,7 +40,7 @@ class CrowdedDevice(Interpreter):
         super().__init__()
         self.graph, self.error = graph, error
 
-    def run(self, graph, inputs):
+    def run(self, graph, inputs, lent=False):
         if graph is self.graph:
             raise self.error
         return super().run(graph, inputs)
@@ -98,7 +98,7 @@ def test_a_pinned_stacked_run_stops_with_the_allocation_error(runs):
 class CrowdedForStacks(Interpreter):
     """The interpreter, out of memory for any graph that takes twice the file's batch."""
 
-    def run(self, graph, inputs):
+    def run(self, graph, inputs, lent=False):
         if any(name.startswith("field/") and node.shape[0] == 128 for name, node in graph.inputs.items()):
             raise MemoryError("out of memory")
         return super().run(graph, inputs)
@@ -112,7 +112,7 @@ def test_the_run_says_memory_allocation_failed_and_records_stacking_1(tmp_path, 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr(choosing, "backend_probe", lambda backend: FakeDevice())
     monkeypatch.setattr(session, "stacked_training", lambda program, degree: stacked if degree == 2 else program.training)
-    monkeypatch.setattr(setup, "select_backend", lambda device, arithmetic="float": (CrowdedForStacks(), cpu_facts()))
+    monkeypatch.setattr(setup, "select_backend", lambda device, arithmetic="float", gpu=None: (CrowdedForStacks(), cpu_facts()))
     code = main(["run", experiment.path, "--run-dir", str(tmp_path / "r")])
     out, err = capsys.readouterr()
     assert code == 0

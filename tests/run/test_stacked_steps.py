@@ -62,7 +62,7 @@ class _NoRoomForStacked(Interpreter):
         self.batch = batch
         self.failures = 0
 
-    def run(self, graph, inputs: dict) -> dict:
+    def run(self, graph, inputs: dict, lent: bool = False) -> dict:
         field = inputs.get("field/x")
         if field is not None and np.shape(field)[0] > self.batch:
             self.failures += 1

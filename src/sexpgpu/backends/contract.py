@@ -25,8 +25,11 @@ class Backend(Protocol):
 
     name: str  # "cpu", "cuda": the device kind a report and a checkpoint name
 
-    def run(self, graph, inputs: dict) -> dict:
-        """The graph's outputs by name, from `inputs` by name (exactly the graph's inputs)."""
+    def run(self, graph, inputs: dict, lent: bool = False) -> dict:
+        """The graph's outputs by name, from `inputs` by name (exactly the graph's inputs).
+        `lent`: the caller takes outputs that may be the backend's own buffers, valid until
+        the next run of the same graph, and neither writes to them nor keeps them past it;
+        a backend may ignore it and return values of their own."""
 
     def cast_parameter(self, array: np.ndarray, dtype: str):
         """A parameter's starting value in this backend's storage for `dtype`."""

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sexpgpu.exact import Accumulator, det_combine, det_finalize, det_sum
+from sexpgpu.exact import Accumulator, det_all_reduce, det_combine, det_finalize, det_sum
 
 
 class PendingSum:
@@ -56,6 +56,13 @@ class PendingSum:
 def accumulated(value) -> Accumulator:
     """A gradient's digits, formed now if it is a PendingSum."""
     return value.accumulator() if isinstance(value, PendingSum) else value
+
+
+def summed_over_processes(value, group=None) -> Accumulator:
+    """A gradient's exact sum over the processes of a torch.distributed group (the default
+    one when None): its digits added as integers, whose sum no order or algorithm changes.
+    The all-reduce works in place, on a copy: the digits may be a buffer the backend lent."""
+    return det_all_reduce(Accumulator(accumulated(value).digits.clone()), group)
 
 
 def rounded_once(value) -> torch.Tensor:

@@ -60,8 +60,10 @@ def cuda_problem() -> str | None:
     return None
 
 
-def select_backend(device: str, arithmetic: str = "float"):
-    """(backend, facts) for a device name and the run's `:arithmetic`."""
+def select_backend(device: str, arithmetic: str = "float", gpu: int | None = None):
+    """(backend, facts) for a device name and the run's `:arithmetic`; `gpu` is the index of
+    the GPU a CUDA backend computes on (one process of several each has its own), else the
+    current one."""
     if device not in DEVICES:
         raise SexpgpuError("E-CLI-002", f"unknown device '{device}': expected one of {', '.join(DEVICES)}.")
     if device == "cuda" or (device == "auto" and cuda_problem() is None):
@@ -71,7 +73,7 @@ def select_backend(device: str, arithmetic: str = "float"):
                                hint="Use --device cpu to run on the CPU interpreter.")
         from sexpgpu.backends.cuda.backend import CudaBackend
 
-        backend = CudaBackend(arithmetic=arithmetic)
+        backend = CudaBackend(device=None if gpu is None else f"cuda:{gpu}", arithmetic=arithmetic)
         return backend, {"kind": "cuda", **backend.facts(), **CUDA_LINES[arithmetic]}
     from sexpgpu.backends.cpu import Interpreter
 

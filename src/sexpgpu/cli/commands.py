@@ -11,12 +11,14 @@ def run(args) -> int:
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.choosing import choice_settings
     from sexpgpu.run.session import RunOptions, execute, run_flags
+    from sexpgpu.run.world import World
 
+    world = World.from_environment()  # torchrun's processes, or one (docs/distributed.md)
     experiment = load_experiment(args.file, args.selection)
     settings = choice_settings(args.choices, args.deterministic)
     options = RunOptions(run_dir=args.run_dir, device=args.device, resume=args.resume,
                          checkpoint_to=args.checkpoint_to, allow_layout_change=args.allow_layout_change,
-                         flags=run_flags(args.device, settings), choices=settings)
+                         flags=run_flags(args.device, settings), choices=settings, world=world)
     result = execute(experiment, options)
     return 130 if result.interrupted else 0
 

@@ -11,10 +11,13 @@ from .functions import cos, erf, exp, expm1, log, log1p, pow, rsqrt, sigmoid, si
 from .initializers import PARAMETERS as INITIALIZERS
 from .initializers import fans, initialize
 from .keys import Key, fold_in, stream_key
-from .sampling import bernoulli, normal, randint, truncated_normal, uniform
+from .sampling import PARAMETERS as DRAW_PARAMETERS
+from .sampling import DrawSpec, bernoulli, draw, draw_spec, normal, randint, truncated_normal, uniform
+from .device_draws import draw_args, draw_into, fold_keys
 
 __all__ = [
-    "INITIALIZERS", "Key", "bernoulli", "cos", "erf", "exp", "expm1", "fans", "fold_in",
+    "DRAW_PARAMETERS", "DrawSpec", "INITIALIZERS", "Key", "bernoulli", "cos", "draw", "draw_args",
+    "draw_into", "draw_spec", "erf", "exp", "expm1", "fans", "fold_in", "fold_keys",
     "initialize", "log", "log1p", "normal", "philox4x32", "pow", "randint", "rsqrt",
     "sigmoid", "sin", "stream_key", "tanh", "truncated_normal", "uniform",
 ]

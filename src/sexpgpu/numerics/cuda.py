@@ -85,11 +85,55 @@ def philox(counter, key):
     return out
 
 
-def draw(kernel, shape, dtype, device, args):
-    """A draw kernel's output of `shape`; args are the int64 words the kernel reads."""
+def draw(spec, shape, device, key_words):
+    """A new tensor of `shape` on `device`: the draw `spec` (sampling.DrawSpec) under one key."""
     import torch
 
-    out = torch.empty(shape, dtype=dtype, device=device)
-    words = torch.tensor(args, dtype=torch.int64).to(device)
-    launch(kernel, out.numel(), out, out.numel(), words)
+    out = torch.empty(shape, dtype=getattr(torch, TORCH_DTYPES[spec.dtype]), device=device)
+    args = torch.tensor([list(key_words) + list(spec.words)], dtype=torch.int64).to(device)
+    draw_into(spec, out, args)
     return out
+
+
+# the result's torch dtype for each numpy one (the kernels store a bool as a uint8)
+TORCH_DTYPES = {np.float32: "float32", np.int32: "int32", np.bool_: "bool"}
+
+
+def draw_into(spec, out, args, rows=1, copies=1):
+    """The draw `spec` into the contiguous tensor `out`, rows of n = out.numel() / (rows
+    copies) elements, each written `copies` times in a row: row r is the draw of n elements
+    under the key of args row r (an int64 (rows, 2 + len(spec.words)) tensor). Launches one
+    kernel and nothing else, so a CUDA graph can capture it."""
+    import torch
+
+    n = out.numel() // (rows * copies)
+    if n == 0:
+        return
+    storage = out.view(torch.uint8) if out.dtype == torch.bool else out
+    grid = (rows * ((n + BLOCK - 1) // BLOCK),)
+    compiled()[spec.kernel][grid](storage, n, args, args.stride(0), BLOCK=BLOCK, COPIES=copies,
+                                  num_warps=NUM_WARPS, enable_fp_fusion=False)
+
+
+SALT_SLOTS = 4  # salts one fold_keys_kernel launch folds in; more take further launches
+KEY_BLOCK = 128
+
+
+def fold_keys(template, salts, out):
+    """Row r of `out` (int64, (rows, words)): the one row of `template` (int64, (1, words))
+    with each salt folded into its key in order: a 0-d salt into every row's, a vector salt's
+    element r into row r's. Salts are int32 or int64 tensors; no value leaves the device."""
+    rows, words = out.shape
+    if not salts:
+        out.copy_(template.expand(rows, words))
+    source, source_stride = template, 0
+    for first in range(0, len(salts), SALT_SLOTS):
+        group = salts[first:first + SALT_SLOTS]
+        slots = [(salt, salt.stride(0) if salt.dim() else 0) for salt in group]
+        slots += [slots[0]] * (SALT_SLOTS - len(slots))  # unread: SALTS says how many are
+        grid = ((rows + KEY_BLOCK - 1) // KEY_BLOCK,)
+        compiled()["fold_keys_kernel"][grid](source, source_stride, out, rows,
+                                             *[value for slot in slots for value in slot],
+                                             SALTS=len(group), WORDS=words, BLOCK=KEY_BLOCK,
+                                             num_warps=1, enable_fp_fusion=False)
+        source, source_stride = out, words

@@ -15,7 +15,6 @@ import numpy as np
 from .portable import philox
 
 DOMAIN = b"sexpgpu.numerics.stream_key.v1\x00"
-FOLD_COUNTER_WORD3 = 1  # draws use counter word 3 = 0; fold_in uses 1
 WORD = 0xFFFFFFFF
 
 
@@ -76,8 +75,7 @@ def fold_in(key, value):
     if not -(2**63) <= value < 2**64:
         raise ValueError(f"fold_in: value must lie in [-2^63, 2^64), got {value}")
     v = int(value) % 2**64
-    words = [np.array([w], dtype=np.uint32) for w in
-             (v & WORD, v >> 32, 0, FOLD_COUNTER_WORD3, key.k0, key.k1)]
+    words = [np.array([w], dtype=np.uint32) for w in (v & WORD, v >> 32, key.k0, key.k1)]
     with np.errstate(over="ignore"):
-        out = philox.philox4x32(*words)
-    return Key(int(out[0][0]), int(out[1][0]))
+        k0, k1 = philox.fold_in_words(*words)
+    return Key(int(k0[0]), int(k1[0]))

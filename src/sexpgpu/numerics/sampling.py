@@ -8,8 +8,11 @@ tensor there (a CPU tensor is computed by numpy, a CUDA one by the Triton kernel
 same bits).
 """
 
+import difflib
+import inspect
 import math
 import numbers
+import typing
 
 import numpy as np
 
@@ -51,21 +54,36 @@ def _f32_bits(value):
     return int(np.float32(value).view(np.uint32))
 
 
-def _run(kernel, blocks_fn, per_block, shape, dtype, device, key, cpu_params, cuda_params):
-    n = math.prod(shape)
+class DrawSpec(typing.NamedTuple):
+    """A distribution with its parameters checked: all a draw needs beside its key and shape."""
+
+    kernel: str  # the Triton kernel (triton_wrappers.py)
+    blocks: object  # the numpy path: blocks(b_lo, b_hi, k0, k1, *cpu_params) -> the blocks' elements
+    per_block: int  # elements one Philox block gives
+    dtype: type  # of the result: np.float32, np.bool_ or np.int32
+    cpu_params: tuple
+    words: tuple  # the int64 words the kernel reads after the key's two
+
+
+def _run(spec, key, shape, device):
     if device is not None and device.type == "cuda":
         from . import cuda
 
-        torch = arrays.torch_module()
-        torch_dtype = {np.float32: torch.float32, np.int32: torch.int32, np.bool_: torch.uint8}
-        out = cuda.draw(kernel, shape, torch_dtype[dtype], device, list(key) + cuda_params)
-        return out.view(torch.bool) if dtype is np.bool_ else out
-    out = cpu.draw(blocks_fn, per_block, n, np.uint32 if dtype is np.float32 else dtype, key,
-                   *cpu_params)
-    if dtype is np.float32:
+        return cuda.draw(spec, shape, device, key)
+    out = cpu.draw(spec.blocks, spec.per_block, math.prod(shape),
+                   np.uint32 if spec.dtype is np.float32 else spec.dtype, key, *spec.cpu_params)
+    if spec.dtype is np.float32:
         out = out.view(np.float32)
     out = out.reshape(shape)
     return out if device is None else arrays.torch_module().from_numpy(out)
+
+
+def _drawn(name, key, shape, device, params):
+    """The public draw `name`: its arguments checked in the order written, then drawn."""
+    what = f"sexpgpu.numerics.{name}"
+    words, shape = _key(key, what), _shape(shape, what)
+    spec = _spec(name, params)
+    return _run(spec, words, shape, arrays.resolve_device(device, what))
 
 
 def _float32_inside(low, high):
@@ -79,6 +97,90 @@ def _float32_inside(low, high):
     return _f32_bits(lo), _f32_bits(hi)
 
 
+def _uniform_spec(low=0.0, high=1.0):
+    what = "sexpgpu.numerics.uniform"
+    low, high = _real(low, "low", what), _real(high, "high", what)
+    if not low < high:
+        raise ValueError(f"{what}: low must be below high, got low={low} high={high}")
+    caps = _float32_inside(low, high)
+    if np.array(caps, dtype=np.uint32).view(np.float32)[0] > np.array(caps, dtype=np.uint32).view(np.float32)[1]:
+        raise ValueError(f"{what}: no float32 lies in [{low}, {high})")
+    return DrawSpec("uniform_kernel", draws.uniform_f32, 4, np.float32, (low, high, caps[0], caps[1]),
+                    (_f64_bits(low), _f64_bits(high), caps[0], caps[1]))
+
+
+def _normal_spec(mean=0.0, std=1.0):
+    what = "sexpgpu.numerics.normal"
+    mean, std = _real(mean, "mean", what), _real(std, "std", what)
+    if std < 0:
+        raise ValueError(f"{what}: std must not be negative, got {std}")
+    return DrawSpec("normal_kernel", draws.normal_f32, 2, np.float32, (mean, std),
+                    (_f64_bits(mean), _f64_bits(std)))
+
+
+def _truncated_normal_spec(mean=0.0, std=1.0, bound=2.0):
+    what = "sexpgpu.numerics.truncated_normal"
+    mean, std = _real(mean, "mean", what), _real(std, "std", what)
+    bound = _real(bound, "bound", what)
+    if std < 0:
+        raise ValueError(f"{what}: std must not be negative, got {std}")
+    if bound < MIN_BOUND:
+        raise ValueError(f"{what}: bound must be at least {MIN_BOUND} standard deviations, "
+                         f"got {bound}")
+
+    def blocks(b_lo, b_hi, k0, k1):
+        return draws.scaled_f32(cpu.truncated_normal_pairs(b_lo, b_hi, k0, k1, bound), mean, std)
+
+    return DrawSpec("truncated_normal_kernel", blocks, 2, np.float32, (),
+                    (_f64_bits(mean), _f64_bits(std), _f64_bits(bound)))
+
+
+def _bernoulli_spec(p):
+    what = "sexpgpu.numerics.bernoulli"
+    p = _real(p, "p", what)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{what}: p must lie in [0, 1], got {p}")
+    threshold = round(p * 2**32)
+    return DrawSpec("bernoulli_kernel", draws.bernoulli, 4, np.bool_, (threshold,), (threshold,))
+
+
+def _randint_spec(low, high):
+    what = "sexpgpu.numerics.randint"
+    for name, v in (("low", low), ("high", high)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{what}: {name} must be an int, got {v!r}")
+    low, high = int(low), int(high)
+    if not INT32_MIN <= low < high <= INT32_LIMIT:
+        raise ValueError(f"{what}: need -2^31 <= low < high <= 2^31, got low={low} high={high}")
+    return DrawSpec("randint_kernel", draws.randint_i32, 2, np.int32, (low, high - low), (low, high - low))
+
+
+SPECS = {"uniform": _uniform_spec, "normal": _normal_spec, "truncated_normal": _truncated_normal_spec,
+         "bernoulli": _bernoulli_spec, "randint": _randint_spec}
+# each draw's parameters by name, in order: what a caller holding them by name passes
+PARAMETERS = {name: tuple(inspect.signature(spec).parameters) for name, spec in SPECS.items()}
+
+
+def _spec(name, params):
+    if name not in SPECS:
+        close = difflib.get_close_matches(str(name), SPECS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"sexpgpu.numerics: unknown draw {name!r}{hint} (known: {', '.join(SPECS)})")
+    return SPECS[name](**params)
+
+
+def draw_spec(name, **params):
+    """The draw `name` ("uniform", "normal", "truncated_normal", "bernoulli", "randint") with
+    its parameters checked as the function of that name checks them (for draw_into)."""
+    return _spec(name, params)
+
+
+def draw(name, key, shape, device=None, **params):
+    """The draw `name` with its parameters by name: draw("normal", key, shape, std=2.0) is
+    normal(key, shape, std=2.0)."""
+    return _drawn(name, key, shape, device, params)
+
+
 def uniform(key, shape, low=0.0, high=1.0, device=None):
     """float32 in [low, high): low + (high - low) u rounded, u = (w >> 8) 2^-24 for the
     element's word w (word i mod 4 of block i div 4).
@@ -86,31 +188,13 @@ def uniform(key, shape, low=0.0, high=1.0, device=None):
     With the defaults the result is u itself, a multiple of 2^-24 below 1; a value that
     rounds outside [low, high) becomes the nearest float32 inside it.
     """
-    what = "sexpgpu.numerics.uniform"
-    words, shape = _key(key, what), _shape(shape, what)
-    low, high = _real(low, "low", what), _real(high, "high", what)
-    if not low < high:
-        raise ValueError(f"{what}: low must be below high, got low={low} high={high}")
-    caps = _float32_inside(low, high)
-    if np.array(caps, dtype=np.uint32).view(np.float32)[0] > np.array(caps, dtype=np.uint32).view(np.float32)[1]:
-        raise ValueError(f"{what}: no float32 lies in [{low}, {high})")
-    device = arrays.resolve_device(device, what)
-    return _run("uniform_kernel", draws.uniform_f32, 4, shape, np.float32, device, words,
-                [low, high, caps[0], caps[1]],
-                [_f64_bits(low), _f64_bits(high), caps[0], caps[1]])
+    return _drawn("uniform", key, shape, device, {"low": low, "high": high})
 
 
 def normal(key, shape, mean=0.0, std=1.0, device=None):
     """float32 mean + std z, z a Box-Muller standard normal in float64, rounded once;
     elements 2b and 2b + 1 are the cosine and sine normals of block b."""
-    what = "sexpgpu.numerics.normal"
-    words, shape = _key(key, what), _shape(shape, what)
-    mean, std = _real(mean, "mean", what), _real(std, "std", what)
-    if std < 0:
-        raise ValueError(f"{what}: std must not be negative, got {std}")
-    device = arrays.resolve_device(device, what)
-    return _run("normal_kernel", draws.normal_f32, 2, shape, np.float32, device, words,
-                [mean, std], [_f64_bits(mean), _f64_bits(std)])
+    return _drawn("normal", key, shape, device, {"mean": mean, "std": std})
 
 
 def truncated_normal(key, shape, mean=0.0, std=1.0, bound=2.0, device=None):
@@ -119,36 +203,13 @@ def truncated_normal(key, shape, mean=0.0, std=1.0, bound=2.0, device=None):
     bound is in standard deviations and must be at least 0.1 (each element takes about
     1 / P(|z| <= bound) attempts).
     """
-    what = "sexpgpu.numerics.truncated_normal"
-    words, shape = _key(key, what), _shape(shape, what)
-    mean, std = _real(mean, "mean", what), _real(std, "std", what)
-    bound = _real(bound, "bound", what)
-    if std < 0:
-        raise ValueError(f"{what}: std must not be negative, got {std}")
-    if bound < MIN_BOUND:
-        raise ValueError(f"{what}: bound must be at least {MIN_BOUND} standard deviations, "
-                         f"got {bound}")
-    device = arrays.resolve_device(device, what)
-
-    def blocks(b_lo, b_hi, k0, k1):
-        return draws.scaled_f32(cpu.truncated_normal_pairs(b_lo, b_hi, k0, k1, bound), mean, std)
-
-    return _run("truncated_normal_kernel", blocks, 2, shape, np.float32, device, words, [],
-                [_f64_bits(mean), _f64_bits(std), _f64_bits(bound)])
+    return _drawn("truncated_normal", key, shape, device, {"mean": mean, "std": std, "bound": bound})
 
 
 def bernoulli(key, shape, p, device=None):
     """bool, True where the element's word (i mod 4 of block i div 4) is below
     round(p 2^32): True with probability round(p 2^32) / 2^32."""
-    what = "sexpgpu.numerics.bernoulli"
-    words, shape = _key(key, what), _shape(shape, what)
-    p = _real(p, "p", what)
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{what}: p must lie in [0, 1], got {p}")
-    threshold = round(p * 2**32)
-    device = arrays.resolve_device(device, what)
-    return _run("bernoulli_kernel", draws.bernoulli, 4, shape, np.bool_, device, words,
-                [threshold], [threshold])
+    return _drawn("bernoulli", key, shape, device, {"p": p})
 
 
 def randint(key, shape, low, high, device=None):
@@ -157,14 +218,4 @@ def randint(key, shape, low, high, device=None):
 
     Each value's probability is within 2^-32 relative of 1 / (high - low).
     """
-    what = "sexpgpu.numerics.randint"
-    words, shape = _key(key, what), _shape(shape, what)
-    for name, v in (("low", low), ("high", high)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{what}: {name} must be an int, got {v!r}")
-    low, high = int(low), int(high)
-    if not INT32_MIN <= low < high <= INT32_LIMIT:
-        raise ValueError(f"{what}: need -2^31 <= low < high <= 2^31, got low={low} high={high}")
-    device = arrays.resolve_device(device, what)
-    return _run("randint_kernel", draws.randint_i32, 2, shape, np.int32, device, words,
-                [low, high - low], [low, high - low])
+    return _drawn("randint", key, shape, device, {"low": low, "high": high})

@@ -69,6 +69,51 @@ def determinism_line(how: How, device: str) -> str:
     return LINES[how.mode](how, device)
 
 
+@dataclass(frozen=True)
+class Spread:
+    """How many processes a run spans and how their gradients meet (docs/distributed.md)."""
+
+    processes: int = 1
+    nodes: int = 1
+    node_gradients: str | None = None
+    exact: bool = False
+    resumed: bool = False
+
+    def mode(self) -> str:
+        if self.processes == 1:
+            return "one"
+        if self.exact:
+            return "exact"
+        if self.nodes == 1:
+            return "one node"
+        if self.node_gradients != "bf16":
+            return "f32"
+        return "bf16 resumed" if self.resumed else "bf16"
+
+
+_CARRIED = ("between them as bf16, each node carrying its rounding error into its next step; a checkpoint does not "
+            "keep that error")
+SPREAD_CLAUSES = {
+    "one": "",
+    "exact": "; its {processes} processes sum their accumulators exactly, so their number changes no bit",
+    "one node": "; its {processes} processes add their gradients in rank order, so the process count is part of these "
+                "bits",
+    "f32": "; its {processes} processes add their gradients in rank order within each of its {nodes} nodes and in node "
+           "order between them, in float32, so the process and node counts are part of these bits, and a resume "
+           "repeats them",
+    "bf16": "; its {processes} processes add their gradients in rank order within each of its {nodes} nodes and "
+            f"{_CARRIED}, so a resume is one step's rounding away from the uninterrupted run",
+    "bf16 resumed": "; its {processes} processes add their gradients in rank order within each of its {nodes} nodes "
+                    f"and {_CARRIED}: this resume started without it, one step's rounding away from the uninterrupted "
+                    "run",
+}
+
+
+def spread_clause(spread: Spread) -> str:
+    """What the determinism line adds for a run on several processes."""
+    return SPREAD_CLAUSES[spread.mode()].format(processes=spread.processes, nodes=spread.nodes)
+
+
 def choices_line(choices: Choices) -> str:
     recompute = "no recomputation" if choices.recompute is None else f"recompute {choices.recompute:.2f} flops a byte"
     products = choices.products or {}

@@ -18,7 +18,6 @@ from sexpgpu.run.state import TrainingState
 # Parts of the resolved run that do not change a training step's bits. The microbatch layout
 # is checked on its own (it decides which data a global microbatch index holds).
 _NOT_BIT_RELEVANT = ("checkpoint", "passes", "microbatches", "path", "loc")
-WORLD_SIZE = 1
 _LOAD_PATH = re.compile(r':load "(?:[^"\\]|\\.)*"')
 
 
@@ -58,7 +57,8 @@ def identity_digest(identity: dict) -> str:
 
 def checkpoint_record(built, state: TrainingState, options) -> dict:
     """experiment.json of a checkpoint. Its `experiment.resolved`, `selection`, `flags`,
-    `environment`, `world_size` and `device` are what a resume compares (store.BIT_KEYS)."""
+    `environment` and `device` are what a resume compares (store.BIT_KEYS); `microbatches` and
+    `world_size` are its layout (`_check_layout`)."""
     run = built.experiment.run
     identity = bit_identity(built.experiment, built.data_identity)
     return {
@@ -72,7 +72,7 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
         "data_position": {"next_step": state.step + 1,
                           "next_record": state.step * run.microbatches * run.batch},
         "microbatches": run.microbatches,
-        "world_size": WORLD_SIZE,
+        "world_size": options.world.size,
         "choices": built.choices,
         "backend": built.backend_facts["name"],
         "loads": [pin.to_json() for pin in built.load_pins],
@@ -115,12 +115,13 @@ def resume_state(built, options, run_dir: str) -> Resumed:
     check_tensors(checkpoint, expected_tensors(built))
     recorded = checkpoint.experiment
     # an exact run's bits are the same on every device (docs/determinism.md, "Exact runs"):
-    # its resume compares everything but the backend that wrote the checkpoint
+    # its resume compares everything but the backend that wrote the checkpoint. The world
+    # size is the layout's, checked with its own error and its own way past it (_check_layout).
     exact = built.experiment.run.arithmetic == "exact"
-    bit_keys = tuple(key for key in BIT_KEYS if key != "device" or not exact)
+    bit_keys = tuple(key for key in BIT_KEYS if key != "world_size" and (key != "device" or not exact))
     check_same_experiment(_patterns_recorded(recorded), checkpoint_record(built, TrainingState(checkpoint.step, {}),
                                                                           options), bit_keys)
-    layout_note = _check_layout(recorded, built.experiment.run, options)
+    layout_note = _check_layout(recorded, built.experiment.run, options, exact)
     pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded_pins(path, recorded)]
     built.load_pins = pins
     state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
@@ -156,18 +157,21 @@ def _current_source(built, pin) -> str | None:
     return load_source(built.experiment, spec) if spec is not None and spec.load is not None else None
 
 
-def _check_layout(recorded: dict, run, options) -> str | None:
+def _check_layout(recorded: dict, run, options, exact: bool) -> str | None:
+    """E-RESUME-001 when the microbatch count or the number of processes changed: each changes
+    how a step's sums are grouped, so the bits. An exact run's sums are exact whatever the
+    number of processes adding them, so only its microbatch count counts."""
     before = (recorded.get("microbatches"), recorded.get("world_size"))
-    now = (run.microbatches, WORLD_SIZE)
-    if before == now:
+    now = (run.microbatches, options.world.size)
+    if before == now or (exact and before[0] == now[0]):
         return None
-    described = (f"the checkpoint was written with {before[0]} microbatches a step on {before[1]} GPU(s); "
+    described = (f"the checkpoint was written with {before[0]} microbatches a step on {before[1]} process(es); "
                  f"this run has {now[0]} on {now[1]}")
     if not options.allow_layout_change:
         raise SexpgpuError(
             "E-RESUME-001",
             f"resuming would change which data a global microbatch index holds: {described}.",
-            hint="Restore the file's :microbatches, or pass --allow-layout-change to continue "
-                 "with bits that differ from the uninterrupted run's.",
+            hint="Restore the file's :microbatches and start as many processes as wrote the checkpoint, or pass "
+                 "--allow-layout-change to continue with bits that differ from the uninterrupted run's.",
         )
     return f"  {'layout changed':<20}{described}: the bits will differ from the uninterrupted run's"

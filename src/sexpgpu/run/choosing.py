@@ -23,8 +23,9 @@ from sexpgpu.plan.choices import (
     exact_stacking,
     take_pinned,
 )
-from sexpgpu.plan.levels import How, choices_line, determinism_line
+from sexpgpu.plan.levels import How, Spread, choices_line, determinism_line, spread_clause
 from sexpgpu.plan.patterns import patterns_line
+from sexpgpu.run.world import World
 from sexpgpu.store import read_record
 
 FRESH = "fresh"
@@ -64,16 +65,20 @@ class Chosen:
     notes: list = field(default_factory=list)
     described: str | None = None  # the backend's own choices line, for a backend with no probe yet
     patterns: str | None = None  # the report's patterns line, for a backend with cuDNN's pattern graphs
+    spread: Spread = field(default_factory=Spread)  # the processes the run spans
 
     @property
     def pinned(self) -> bool:
         return self.how.mode == "pinned"
 
+    def determinism(self) -> str:
+        return determinism_line(self.how, self.choices.device) + spread_clause(self.spread)
+
     def report_lines(self) -> list:
         """(label, text) pairs: how the choices were made, then the closing two lines."""
         lines = [("choosing", note) for note in self.notes]
         lines += [("patterns", self.patterns)] if self.patterns is not None else []
-        return lines + [("determinism", determinism_line(self.how, self.choices.device)),
+        return lines + [("determinism", self.determinism()),
                         ("choices", self.described or choices_line(self.choices))]
 
     def unstacked(self) -> None:
@@ -94,16 +99,41 @@ def hand_over(backend, choices: Choices) -> None:
         take(choices)
 
 
-def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs=dict) -> Chosen:
-    """The run's choices, or E-CHOICE-001/002/003 before its first step."""
+def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs=dict,
+           world: World = World.SOLO) -> Chosen:
+    """The run's choices, or E-CHOICE-001/002/003 before its first step; on several
+    processes, with their count in the recorded device."""
+    chosen = _chosen(built, settings, resumed_record, first_step_inputs, world)
+    suffix = world.described(built.backend_facts.get("kind", "cpu"))
+    if suffix:
+        chosen.choices = replace(chosen.choices, device=f"{chosen.choices.device}, {suffix}")
+        chosen.described = chosen.described and f"{chosen.described}; on {suffix}, whose number changes no bit"
+    chosen.spread = Spread(world.size, world.nodes, chosen.choices.node_gradients, computes_exact(built.backend),
+                           resumed_record is not None)
+    return chosen
+
+
+def agreed(chosen: Chosen, group) -> Chosen:
+    """Every process takes the choices of process 0, which its report and records state: a
+    measured choice (a stacking timed at the first step) may come out otherwise on another
+    GPU, and every process must sum in the same order."""
+    first = json.loads(group.from_first(lambda: json.dumps(chosen.choices.to_json()), "sharing the choices"))
+    if first != json.loads(json.dumps(chosen.choices.to_json())):
+        chosen.choices = choices_from_json(first, "process 0")
+    return chosen
+
+
+def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs, world: World) -> Chosen:
     _refuse_contradictions(settings)
     program = built.program
     probe = backend_probe(built.backend)
     pinned = _pin(settings, resumed_record)
     if probe is None:
-        return _interpreter_choices(built, settings, pinned)
-    situation = Situation(probe, program.training, program.stackable, program.training.microbatches,
-                          settings.node_gradients, first_step_inputs=first_step_inputs,
+        return _interpreter_choices(built, settings, pinned, world)
+    # each process stacks its own share of the microbatches; on several GPUs the measured
+    # product and engine choices are rules (plan/choices.py)
+    situation = Situation(probe, program.training, program.stackable, program.training.microbatches // world.size,
+                          settings.node_gradients, gpus=world.size, first_step_inputs=first_step_inputs,
                           passes=tuple(program.passes.values()))
     if settings.deterministic:
         chosen = Chosen(decide_strictly(situation), How("strict"), situation.notes)
@@ -178,7 +208,7 @@ def _decisions(keys) -> str:
     return ", ".join(dict.fromkeys(key.split("/")[0] for key in keys))
 
 
-def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
+def _interpreter_choices(built, settings: ChoiceSettings, pinned, world: World = World.SOLO) -> Chosen:
     """A backend without a probe decides nothing: stacking 1, no fusion planner, no products
     of its own to choose (the CPU interpreter). A pinned record must ask for nothing else,
     unless the run is exact, where no choice changes a bit and a pin has nothing to hold."""
@@ -186,7 +216,7 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
     gradients = "f32" if settings.deterministic else settings.node_gradients
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
     if computes_exact(built.backend):
-        return exact_chosen(built, choices)
+        return exact_chosen(built, choices, world)
     if pinned is not None:
         record, source = pinned
         reasons = [(key, reason) for key, wrong, reason in (
@@ -211,14 +241,14 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned) -> Chosen:
     return Chosen(choices, How("own"), described=described)
 
 
-def exact_chosen(built, choices: Choices) -> Chosen:
+def exact_chosen(built, choices: Choices, world: World = World.SOLO) -> Chosen:
     """An exact run's choices: none that changes a bit. The CPU interpreter runs unstacked; a
-    device backend stacks a step's microbatches into one call where the program allows
-    (plan/choices.py's exact_stacking)."""
+    device backend stacks its process's share of a step's microbatches into one call where
+    the program allows (plan/choices.py's exact_stacking)."""
     if built.backend_facts.get("kind") == "cpu":
         return interpreter_chosen(built, choices)
     program = built.program
-    degree = exact_stacking(program.training.microbatches, program.stackable)
+    degree = exact_stacking(program.training.microbatches // world.size, program.stackable)
     chosen = interpreter_chosen(built, replace(choices, stacking=degree))
     if degree > 1:
         chosen.notes.append(f"stacking {degree}: a step's microbatches in one call, which changes no bit under "
@@ -261,4 +291,4 @@ def lowering_annotation(report: str, chosen: Chosen) -> dict:
     """The run's lowering annotation: the report, with the device and the choices in its metadata."""
     return {"annotation": "lowering", "text": report,
             "metadata": {"device": chosen.choices.device, "choices": chosen.choices.to_json(),
-                         "determinism": determinism_line(chosen.how, chosen.choices.device)}}
+                         "determinism": chosen.determinism()}}

@@ -63,7 +63,8 @@ class Feeder:
 
     def _generate(self, graph, step: int, trip: int, microbatch: int) -> dict:
         inputs = {"step": np.int32(step), "trip": np.int32(trip), "microbatch": np.int32(microbatch)}
-        outputs = self.backend.run(graph, {name: inputs[name] for name in graph.inputs})
+        # lent: the fields are copied into the call that reads them before the next batch is made
+        outputs = self.backend.run(graph, {name: inputs[name] for name in graph.inputs}, lent=True)
         return {name: value for name, value in outputs.items() if name.startswith("field/")}
 
 

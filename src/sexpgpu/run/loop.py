@@ -8,7 +8,11 @@ computes unstacked from that step; a pinned one stops with the allocation error.
 
 Under `:arithmetic exact` the backend's `exact_sums` (backends/exact_sums.py) replaces the
 float sums across calls: gradients arrive as exact accumulators, are combined exactly and
-rounded once before the update, and the loss and metrics average as round(exact sum) / n."""
+rounded once before the update, and the loss and metrics average as round(exact sum) / n.
+
+On several processes (run/world.py) each runs its contiguous share of a step's microbatches,
+by their global indices, and `across` combines the processes' sums before the update; one
+process runs them all and combines nothing."""
 
 from __future__ import annotations
 
@@ -33,17 +37,36 @@ class Stacking:
     pinned: bool = False  # a pinned run never falls back
 
 
+class OneProcess:
+    """A step's sums across processes when the run is one: it runs every microbatch, and
+    there is nothing to combine. run/world.py's RankSums is the same for several."""
+
+    @staticmethod
+    def share(microbatches: int) -> range:
+        return range(microbatches)
+
+    @staticmethod
+    def gradients(total: dict) -> dict:
+        return total
+
+    @staticmethod
+    def losses(values: list) -> list:
+        return values
+
+
 class Trainer:
     """Drives a compiled program on a backend. It owns no policy about where output goes:
     `on_step`, `on_pass` and `on_checkpoint` callbacks receive each record."""
 
-    def __init__(self, run, program, backend, feeder, stacking: Stacking | None = None, on_unstacked=None):
+    def __init__(self, run, program, backend, feeder, stacking: Stacking | None = None, on_unstacked=None,
+                 across=OneProcess):
         self.run = run
         self.program = program
         self.backend = backend
         self.feeder = feeder
         self.stacking = stacking or Stacking(program.training)
         self.sums = _sums_of(backend)
+        self.across = across  # how the step's sums combine across processes
         self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
         self.diagnostics: dict | None = None  # the last step's diag record, on a diagnosed step
         self._diagnosed = None  # the diagnosed microbatch graph, made on the first diagnosed step
@@ -67,27 +90,32 @@ class Trainer:
         step = state.step + 1
         micro, degree = self.stacking.training.micro, self.stacking.degree
         grads, losses = None, []
-        diagnosed = diagnosed_step(self.run, step)
-        before, first_outputs = dict(state.params), {}
-        for first in range(0, self.run.microbatches, degree):
+        share = self.across.share(self.run.microbatches)
+        diagnosed = diagnosed_step(self.run, step) and 0 in share  # the process that runs microbatch 0
+        # the update writes over the buffers it lent the last step: read what it compares first
+        before = {path: self.backend.to_host(value) for path, value in state.params.items()} if diagnosed else {}
+        first_outputs, last = {}, share.stop - degree
+        for first in range(share.start, share.stop, degree):
             inputs = self._stacked_inputs(state, step, first, degree)
             if diagnosed and first == 0:
                 outputs, first_outputs = self._diagnose(state, step, micro, inputs, degree)
-            else:
-                outputs = self.backend.run(micro, inputs)
+            else:  # the last call's outputs are read before the next step's first call
+                outputs = self.backend.run(micro, inputs, lent=first == last)
             losses.append(outputs["loss"])  # read after the update is queued: no wait between them
             grads = self.sums.add(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
-        update_inputs.update(self.sums.rounded(grads))
+        update_inputs.update(self.sums.rounded(self.across.gradients(grads)))
         update_inputs.update(state.optimizer)
         update_inputs.update({"step": np.int32(step), "lr": lr})
         update = self.stacking.training.update
-        outputs = self.backend.run(update, _only(update, update_inputs))
+        # the parameters and state it returns are read until the next step's update, which they feed
+        outputs = self.backend.run(update, _only(update, update_inputs), lent=True)
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
-        loss = self.sums.mean([part for value in losses for part in np.ravel(self.backend.to_host(value))])
+        loss = self.sums.mean(self.across.losses([part for value in losses
+                                                  for part in np.ravel(self.backend.to_host(value))]))
         self.diagnostics = self._statistics(step, first_outputs, before, state.params) if diagnosed else None
         return {
             "step": step,
@@ -116,11 +144,11 @@ class Trainer:
         return {name: value for name, value in outputs.items() if not name.startswith(ACTIVATION)}, host
 
     def _statistics(self, step: int, first_outputs: dict, before: dict, after: dict) -> dict:
+        """`before`: the parameters on the host before the step; `after`: on the backend."""
         host = self.backend.to_host
         return statistics(step, {name: value for name, value in first_outputs.items() if name.startswith("grad/")},
                           {name: value for name, value in first_outputs.items() if name.startswith(ACTIVATION)},
-                          {path: host(value) for path, value in before.items()},
-                          {path: host(value) for path, value in after.items()})
+                          before, {path: host(value) for path, value in after.items()})
 
     def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
         """One pass: the pass graph on `batches` batches, losses and metrics averaged in order."""

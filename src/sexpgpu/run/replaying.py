@@ -49,6 +49,7 @@ def replay(named: str, options: ReplayOptions) -> Replayed:
     experiment = experiment_of(path, record, options.file)
     built = build_run(experiment, options.device, read_loads=False)
     check_same_run(path, record, experiment, built)
+    _check_one_process(path, record, experiment.run)
     metrics_path = options.metrics or _metrics_beside(path)
     logged, _ = read_metrics(_readable(metrics_path))
     checkpoint = read_checkpoint(path)
@@ -74,6 +75,19 @@ def replay(named: str, options: ReplayOptions) -> Replayed:
     print(f"replayed steps {checkpoint.step + 1}..{last} from {path}: every step's loss bits and digest match "
           f"{metrics_path}", file=out, flush=True)
     return Replayed(checkpoint.step + 1, last, None)
+
+
+def _check_one_process(path: str, record: dict, run) -> None:
+    """Replay computes on one process. A float run on several grouped its sums by them
+    (docs/distributed.md), so one process would report its first step as differing; an exact
+    run's sums are the same on any number."""
+    processes = record.get("world_size", 1)
+    if processes != 1 and run.arithmetic != "exact":
+        raise SexpgpuError("E-EVAL-008", f"{path} was written by a run on {processes} processes, whose gradients "
+                                         "were summed in groups that replay, on one process, does not form: every "
+                                         "step would differ from the log.",
+                           hint="Replay a checkpoint of a run on one process, or resume the run on as many "
+                                "processes (docs/distributed.md).")
 
 
 def _metrics_beside(path: str) -> str:

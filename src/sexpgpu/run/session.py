@@ -3,6 +3,10 @@
 The run directory holds `experiment.json` (the resolved experiment and flags),
 `report.txt` (the lowering report), `metrics.jsonl`, `run.lock` (rundir.py), and `step-<n>/`
 checkpoints unless the file or the command line sends them elsewhere.
+
+On several processes (run/world.py) every process trains, and process 0 alone claims and
+writes the run directory, prints the report and the progress, runs the passes and writes the
+checkpoints; what fails there stops the others too, with the same code.
 """
 
 from __future__ import annotations
@@ -10,17 +14,20 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
-from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over, lowering_annotation, stacked_training
+from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, hand_over, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.progress import Progress
 from sexpgpu.run.report import lowering_report
 from sexpgpu.run.rundir import claimed, default_run_dir, run_dir_errors
 from sexpgpu.run.setup import build_run, checkpoint_root
+from sexpgpu.run.world import World, joined, process_device
 from sexpgpu.run import checkpointing
 
 
@@ -48,6 +55,7 @@ class RunOptions:
     allow_layout_change: bool = False
     flags: dict = field(default_factory=dict)
     choices: ChoiceSettings = field(default_factory=ChoiceSettings)
+    world: World = World.SOLO  # this process among the run's (torchrun's environment)
     out: object = None  # where the report goes (stdout)
     err: object = None  # where progress goes (stderr)
 
@@ -63,25 +71,47 @@ class RunResult:
 def execute(experiment, options: RunOptions) -> RunResult:
     out = options.out or sys.stdout
     err = options.err or sys.stderr
-    built = build_run(experiment, options.device)
-    run_dir = options.run_dir or default_run_dir(experiment.run.name)
-    root = checkpoint_root(experiment.run, options, run_dir)
-    with claimed(run_dir, root, fresh=not options.resume, writes_checkpoints=experiment.run.checkpoint is not None):
-        resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
-        chosen = choose(built, options.choices, resumed.record if resumed is not None else None,
-                        lambda: _first_step_inputs(built))
-        built.choices = chosen.choices.to_json()
-        hand_over(built.backend, chosen.choices)
-        report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity,
-                                 chosen.report_lines())
-        if resumed is not None:
-            report += "\n" + resumed.annotation
-        with run_dir_errors(run_dir, "write the run's files in"):
-            _write_run_files(run_dir, experiment, built, options, report)
-            _write_json(os.path.join(run_dir, "lowering.json"), lowering_annotation(report, chosen))
-        print(report, file=out, flush=True)
-        state = resumed.state if resumed is not None else built.initial_state()
-        return _train(experiment, built, state, run_dir, options, err, chosen)
+    world = options.world
+    world.check_share(experiment.run.microbatches)
+    kind = process_device(world, options.device) if world.distributed else None
+    with joined(world, kind) as group:
+        built = build_run(experiment, kind or options.device, gpu=group.gpu)
+        group.check_same("the run and its settings", _started_as(built, options))
+        run_dir = group.from_first(lambda: options.run_dir or default_run_dir(experiment.run.name),
+                                   "sharing the run directory")
+        root = checkpoint_root(experiment.run, options, run_dir)
+        with ExitStack() as held:
+            with group.settled("setting the run up"):
+                if group.first:
+                    held.enter_context(claimed(run_dir, root, fresh=not options.resume,
+                                               writes_checkpoints=experiment.run.checkpoint is not None))
+                resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
+                chosen = choose(built, options.choices, resumed.record if resumed is not None else None,
+                                lambda: _first_step_inputs(built), world)
+            chosen = agreed(chosen, group)
+            built.choices = chosen.choices.to_json()
+            hand_over(built.backend, chosen.choices)
+            report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity,
+                                     chosen.report_lines())
+            if resumed is not None:
+                report += "\n" + resumed.annotation
+            with group.settled("writing the run's files"):
+                if group.first:
+                    with run_dir_errors(run_dir, "write the run's files in"):
+                        _write_run_files(run_dir, experiment, built, options, report)
+                        _write_json(os.path.join(run_dir, "lowering.json"), lowering_annotation(report, chosen))
+                    print(report, file=out, flush=True)
+            state = resumed.state if resumed is not None else built.initial_state()
+            return _train(experiment, built, state, run_dir, options, err, chosen, group)
+
+
+def _started_as(built, options) -> bytes:
+    """What every process of a run must have alike: the run's bit identity and selection,
+    its flags and settings (SEXPGPU_NODE_GRADIENTS among them), and what it resumes."""
+    identity = checkpointing.identity_digest(checkpointing.bit_identity(built.experiment, built.data_identity))
+    return json.dumps({"identity": identity, "selection": built.experiment.run.name, "flags": options.flags,
+                       "resume": options.resume, "checkpoint_to": options.checkpoint_to,
+                       "allow_layout_change": options.allow_layout_change}, sort_keys=True).encode()
 
 
 def _write_run_files(run_dir, experiment, built, options, report) -> None:
@@ -115,16 +145,39 @@ def _write_json(path: str, content: dict) -> None:
         handle.write("\n")
 
 
-def _train(experiment, built, state, run_dir, options, err, chosen) -> RunResult:
+class _Silent:
+    """The metrics log and the progress of a process other than process 0: they write nothing."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def update(self, step: int, loss: float) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def _train(experiment, built, state, run_dir, options, err, chosen, group) -> RunResult:
     run = experiment.run
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
-    if options.resume:
+    if options.resume and group.first:
         torn = truncate_after_step(metrics_path, state.step).note(metrics_path)
         if torn:
             print(torn, file=err, flush=True)
-    metrics = MetricsLog(metrics_path, append=bool(options.resume))
+    metrics = MetricsLog(metrics_path, append=bool(options.resume)) if group.first else _Silent()
     degree = chosen.choices.stacking
-    stacking = Stacking(stacked_training(built.program, degree), degree, chosen.pinned)
+    # on several processes a stacking is never given up on one of them alone: each must sum as the others do
+    stacking = Stacking(stacked_training(built.program, degree), degree, chosen.pinned or group.world.several)
 
     def unstacked(step: int) -> None:
         print(f"memory: allocation failed at step {step} with stacking {degree}; computing unstacked from this "
@@ -134,34 +187,52 @@ def _train(experiment, built, state, run_dir, options, err, chosen) -> RunResult
         _record_choices(os.path.join(run_dir, "experiment.json"), built.choices)
 
     trainer = Trainer(run, built.program, built.backend, built.feeder, stacking, unstacked)
-    progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err)
+    trainer.across = group.across(trainer.sums, chosen.choices.node_gradients, computes_exact(built.backend))
+    progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err) if group.first \
+        else _Silent()
     root = checkpoint_root(run, options, run_dir)
     last_checkpoint = None
     try:
         while state.step < run.steps:
             record = trainer.step(state)
-            metrics.write(record)
-            if trainer.diagnostics is not None:
-                metrics.write(trainer.diagnostics)
-            progress.update(state.step, record["loss"])
-            for pass_spec in run.passes:
-                if state.step % pass_spec.every == 0 or state.step == run.steps:
-                    evaluation = trainer.evaluate(state, pass_spec, built.pass_name(pass_spec))
-                    metrics.write(evaluation)
-                    progress.note(_describe_evaluation(evaluation))
-            if checkpointing.due(run, state.step):
-                metrics.sync()
-                last_checkpoint = checkpointing.save(built, state, root, options)
-                progress.note(f"checkpoint step {state.step} -> {last_checkpoint}")
+            group.check_parameters(state.step, record["digest"])
+            with group.settled(f"writing step {state.step}"):
+                if group.first:
+                    last_checkpoint = _after_step(trainer, built, state, record, metrics, progress, root,
+                                                  options) or last_checkpoint
     except KeyboardInterrupt:
         progress.finish()
         metrics.close()
-        print(_interrupted_message(experiment, state.step, run.steps, last_checkpoint, run_dir), file=err, flush=True)
+        if group.first:
+            print(_interrupted_message(experiment, state.step, run.steps, last_checkpoint, run_dir), file=err,
+                  flush=True)
         return RunResult(run_dir, state.step, True, last_checkpoint)
     progress.finish()
     metrics.close()
-    print(f"done: {state.step} steps; run directory {run_dir}", file=err, flush=True)
+    if group.first:
+        print(f"done: {state.step} steps; run directory {run_dir}", file=err, flush=True)
     return RunResult(run_dir, state.step, False, last_checkpoint)
+
+
+def _after_step(trainer, built, state, record, metrics, progress, root, options) -> str | None:
+    """What process 0 does after a step: the metrics line, the passes due, the checkpoint
+    due (its path, else None)."""
+    run = built.experiment.run
+    metrics.write(record)
+    if trainer.diagnostics is not None:
+        metrics.write(trainer.diagnostics)
+    progress.update(state.step, record["loss"])
+    for pass_spec in run.passes:
+        if state.step % pass_spec.every == 0 or state.step == run.steps:
+            evaluation = trainer.evaluate(state, pass_spec, built.pass_name(pass_spec))
+            metrics.write(evaluation)
+            progress.note(_describe_evaluation(evaluation))
+    if not checkpointing.due(run, state.step):
+        return None
+    metrics.sync()
+    written = checkpointing.save(built, state, root, options)
+    progress.note(f"checkpoint step {state.step} -> {written}")
+    return written
 
 
 def _describe_evaluation(record: dict) -> str:

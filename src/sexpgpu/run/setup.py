@@ -41,9 +41,9 @@ class BuiltRun:
         return pass_spec.name or "eval"
 
 
-def build_run(experiment, device: str, read_loads: bool = True) -> BuiltRun:
+def build_run(experiment, device: str, read_loads: bool = True, gpu: int | None = None) -> BuiltRun:
     run = experiment.run
-    backend, facts = select_backend(device, run.arithmetic)
+    backend, facts = select_backend(device, run.arithmetic, gpu)
     feeder = Feeder(run, backend)
     program = compile_program(experiment, feeder.field_specs())
     feeder.attach(program)

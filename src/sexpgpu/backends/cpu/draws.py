@@ -20,17 +20,7 @@ from sexpgpu import numerics as nx
 
 
 def _sample(op: str, key, shape: tuple, attrs):
-    if op == "normal":
-        return nx.normal(key, shape, attrs["mean"], attrs["std"])
-    if op == "uniform":
-        return nx.uniform(key, shape, attrs["low"], attrs["high"])
-    if op == "truncated_normal":
-        return nx.truncated_normal(key, shape, attrs["mean"], attrs["std"], attrs["bound"])
-    if op == "bernoulli":
-        return nx.bernoulli(key, shape, attrs["p"])
-    if op == "randint":
-        return nx.randint(key, shape, attrs["low"], attrs["high"])
-    raise AssertionError(op)
+    return nx.draw(op, key, shape, **{name: attrs[name] for name in nx.DRAW_PARAMETERS[op]})
 
 
 def draw(node, salts) -> np.ndarray:

@@ -64,7 +64,8 @@ class Interpreter:
         float_dtype = np.dtype(self.math.float_dtype)
         self._ready_dtypes = {"f32": float_dtype, "i32": np.dtype(np.int32), "bool": np.dtype(np.bool_)}
 
-    def run(self, graph, inputs: dict) -> dict:
+    def run(self, graph, inputs: dict, lent: bool = False) -> dict:
+        """The outputs, as arrays of their own (`lent` changes nothing here)."""
         steps, positions, graph = self._prepare(graph)
         check_input_names(graph, inputs)
         values = [None] * len(graph.nodes)

@@ -15,7 +15,10 @@ def _operand(x, bf16: bool):
 
 
 def _probabilities(q, k, lse, scale: float, causal: bool):
-    """(exp(s - lse), s) with s the masked scores; lse None: computed from s."""
+    """(softmax of s, lse) with s the masked scores; lse None: computed from s. The
+    probabilities are exp(s - max) / sum, as the interpreter's, not exp(s - lse): lse's
+    rounding, |lse| 2^-24, would enter every probability of the row, and wide heads' scores
+    reach tens (the scores are in memory here, unlike in the fused kernels)."""
     import torch
 
     bf16 = q.dtype == torch.bfloat16
@@ -25,7 +28,7 @@ def _probabilities(q, k, lse, scale: float, causal: bool):
         mask = torch.ones((size, size), dtype=torch.bool, device=scores.device).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, -1) if lse is None else lse.view(scores.shape[:-1])
-    return torch.exp(scores - lse.unsqueeze(-1)), lse
+    return torch.softmax(scores, -1), lse
 
 
 def forward(q, k, v, out, lse, scale: float, causal: bool) -> None:

@@ -7,8 +7,9 @@ Inputs may be numpy arrays, Python numbers or tensors; they are checked against 
 inputs exactly as the interpreter checks them (no silent casts). Outputs are device tensors;
 `to_host` brings one back as the interpreter's numpy array (bf16 values as float32).
 
-Each graph is lowered once (lowering.py) and kept; with SEXPGPU_OPTIMIZE=on a graph that
-needs no host round trip is captured as a CUDA graph at its second run. `device="cpu"` runs
+Each graph is lowered once (lowering.py) and kept; with SEXPGPU_OPTIMIZE=on it is captured
+as a CUDA graph at its second run (draws included: their keys are folded on the device),
+unless it is exact (exact sums read counts back). `device="cpu"` runs
 the same lowering on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1): that is
 how CI checks the lowering without a GPU.
 
@@ -85,22 +86,20 @@ class CudaBackend:
         self._runners.clear()
         self._lowerings.clear()
 
-    def run(self, graph, inputs: dict) -> dict:
+    def run(self, graph, inputs: dict, lent: bool = False) -> dict:
         """The graph's outputs. A device allocation that fails, the arena's or any step's,
         raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
-        caller may go on with a smaller graph (the run loop's unstacked steps)."""
+        caller may go on with a smaller graph (the run loop's unstacked steps). `lent`: a
+        captured graph may return its own output buffers (runtime.py's Captured)."""
         check_input_names(graph, inputs)
         with self.exact_paths():
             self._form_pending(graph)
-            return self._run(graph, inputs)
+            return self._run(graph, inputs, lent)
 
-    def _run(self, graph, inputs: dict) -> dict:
+    def _run(self, graph, inputs: dict, lent: bool) -> dict:
         try:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
-            # a step that needs an input on the host (a draw's salt) reads it here, not back
-            # from the device, which would wait for every queued kernel
-            host = {name: value for name, value in inputs.items() if not isinstance(value, self.torch.Tensor)}
-            outputs = self._entry(graph)[2](accepted, host)
+            outputs = self._entry(graph)[2](accepted, lent)
             if self.exact_sums is not None:
                 self._pending[id(graph)] = weakref.WeakSet(value for value in outputs.values()
                                                            if isinstance(value, PendingSum))

@@ -27,8 +27,9 @@ to it (an `add` of the region, or the run loop adding the step's next call); the
 forms the rest before the graph runs again (backend.py). A step of one call so rounds each
 gradient straight from its operands, by the fast paths, and forms no digits. A step that reads
 ids (an embedding's scatter and gather, a cross-entropy's labels) checks them as the
-interpreter does (E-INDEX-001), on the host, rather than index the device out of range: from
-the caller's array when they are an input given on the host, else read back.
+interpreter does (E-INDEX-001), on the host, rather than index the device out of range: a
+step of its own reads them back as the call runs (the embedding's gradient's too, though its
+sum is formed later).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, load, scalar, unary
 from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
 from sexpgpu.backends.cuda.elementwise import constant
 from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
-from sexpgpu.backends.cuda.special import gather, host_values
+from sexpgpu.backends.cuda.special import gather
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, strided
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.exact_region import gradient_region
@@ -141,13 +142,12 @@ def _per_row(key: str, lead) -> Expr:
 
 
 def _check_step(lowerer, node, ids, bound: int, what: str) -> None:
-    """A step raising the interpreter's E-INDEX-001 for an id outside 0..bound-1, checked on the
-    host: from the caller's array when the ids are an input given there (no wait for the
-    device), else read back."""
+    """A step raising the interpreter's E-INDEX-001 for an id outside 0..bound-1, read back and
+    checked on the host, as the call runs."""
     def check(env) -> None:
-        check_ids(host_values(env, ids.key, ids.view), bound, what, node)
+        check_ids(strided(env, ids.key, ids.view).cpu().numpy(), bound, what, node)
 
-    lowerer.steps.append(TorchStep(check, (ids.key,), (), "check", host_sync=True))
+    lowerer.steps.append(TorchStep(check, (ids.key,), (), "check"))
 
 
 # --- sums and maxima ------------------------------------------------------------------------------

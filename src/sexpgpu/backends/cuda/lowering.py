@@ -6,7 +6,7 @@ movement op changes the views of its source's loads (views.py); an elementwise o
 its inputs' expressions (elementwise.py), so chains of them fuse; the fusion planner
 (fusion.py) decides where a value is written out instead. Reductions, normalisations and
 the loss become row or column kernels that inline their input's expression (reductions.py);
-products, gathers, scatters and copies become steps of their own (special.py). A group of
+products, gathers, scatters, copies and draws become steps of their own (special.py). A group of
 nodes that one of cuDNN's native pattern graphs on computes is one step (pattern_steps.py).
 Every step names its buffers; `finish` places them in one arena (memory.py).
 
@@ -88,10 +88,14 @@ class Lowerer:
 
     # --- buffers ------------------------------------------------------------------------------
 
-    def new_buffer(self, dtype: str, shape, kind: str = "arena") -> str:
+    def new_buffer(self, dtype: str, shape, kind: str = "arena", values=()) -> str:
         key = f"b{len(self.buffers)}"
-        self.buffers[key] = Buffer(key, dtype, tuple(int(size) for size in shape), kind)
+        self.buffers[key] = Buffer(key, dtype, tuple(int(size) for size in shape), kind, values=tuple(values))
         return key
+
+    def constant_buffer(self, dtype: str, shape, values) -> str:
+        """A buffer holding `values` (C order), put on the device once with the executable."""
+        return self.new_buffer(dtype, shape, "constant", values)
 
     def result_buffer(self, node) -> str:
         """The buffer a node's result is written to: an output buffer when the graph

@@ -3,16 +3,17 @@
 `Executable` allocates the memory plan's arena once and runs the steps eagerly. `Captured`
 records the same steps as one CUDA graph: its inputs and outputs are static buffers (some
 of them inside the arena, placement.py), each call copies the inputs in, replays, and
-returns copies of the outputs. Scalars such as the
+returns copies of the outputs, or, to a caller that takes them lent, the output buffers
+themselves (`lendable`). Scalars such as the
 step and the learning rate are inputs like any other, read by the kernels from device
-memory, so a replay sees this call's values. Replaying launches the same kernels with the
+memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the
 same configurations on the same addresses, so it gives the eager run's bits.
 """
 
 from __future__ import annotations
 
 from sexpgpu.backends.cuda.placement import placements
-from sexpgpu.backends.cuda.steps import DEVICE, HOST_INPUTS, strided, torch_dtype
+from sexpgpu.backends.cuda.steps import DEVICE, strided, torch_dtype
 from sexpgpu.errors import SexpgpuError
 
 
@@ -51,6 +52,7 @@ class Executable:
             buffer = lowered.buffers[key]
             piece = arena[offset:offset + buffer.nbytes].view(torch_dtype(buffer.dtype))
             self.fixed[key] = piece.view(buffer.shape)
+        self.fixed.update(_constants(lowered, device))
         self.arena = arena
 
     def output_buffers(self, skip=()) -> dict:
@@ -77,11 +79,11 @@ class Executable:
         for step in self.lowered.steps:
             step(env)
 
-    def __call__(self, inputs: dict, host: dict | None = None) -> dict:
+    def __call__(self, inputs: dict, lent: bool = False) -> dict:
+        """The outputs, in buffers of their own: each call allocates them (`lent` changes nothing)."""
         env = dict(self.fixed)
         env.update({key: inputs[name] for name, key in self.lowered.inputs.items()})
         env.update(self.output_buffers())
-        env[HOST_INPUTS] = {key: host[name] for name, key in self.lowered.inputs.items() if name in (host or {})}
         env[DEVICE] = self.device
         self.execute(env)
         return {name: env[key] for name, key in self.lowered.outputs.items()}
@@ -96,17 +98,24 @@ class Captured:
         self.calls = 0
         self.graph = None
         self.env = None
+        self.lendable = frozenset()  # outputs whose buffers may be handed out, not copied
 
-    def __call__(self, inputs: dict, host: dict | None = None) -> dict:
+    def __call__(self, inputs: dict, lent: bool = False) -> dict:
+        """The outputs. `lent`: the caller takes the lendable outputs as the graph's own
+        buffers, which the next replay writes over; it reads them before that, and gives
+        them back only as inputs (the optimizer's parameters and state, step after step),
+        so a step does not copy them out."""
         self.calls += 1
         if self.calls == 1:
-            return self.executable(inputs, host)
+            return self.executable(inputs)
         if self.graph is None:
             self._capture(inputs)
         lowered = self.executable.lowered
         _copy_all([self.env[key] for key in lowered.inputs.values()], [inputs[name] for name in lowered.inputs])
         self.graph.replay()
-        return {name: self.env[key].clone() for name, key in lowered.outputs.items()}
+        lend = self.lendable if lent else frozenset()
+        return {name: self.env[key] if name in lend else self.env[key].clone()
+                for name, key in lowered.outputs.items()}
 
     def _capture(self, inputs: dict) -> None:
         import torch
@@ -121,6 +130,34 @@ class Captured:
         with torch.cuda.graph(graph, stream=stream):
             self.executable.execute(env)
         self.graph, self.env = graph, env
+        self.lendable = _lendable(self.executable.lowered, env)
+
+
+def _lendable(lowered, env: dict) -> frozenset:
+    """The outputs whose memory no input's buffer shares. Lent, an output may come back as
+    any input of the next call; the copies in must not write over memory they read from."""
+    slots = [_span(env[key]) for key in lowered.inputs.values()]
+    return frozenset(name for name, key in lowered.outputs.items()
+                     if not any(_overlap(_span(env[key]), slot) for slot in slots))
+
+
+def _span(tensor) -> tuple[int, int]:
+    """The bytes a contiguous buffer covers."""
+    start = tensor.data_ptr()
+    return start, start + tensor.numel() * tensor.element_size()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _constants(lowered, device) -> dict:
+    """The constant buffers (a draw's key and parameters), on the device for the executable's
+    life: copied there once, so no call, eager or replayed, copies them again."""
+    import torch
+
+    return {key: torch.tensor(buffer.values, dtype=torch_dtype(buffer.dtype)).reshape(buffer.shape).to(device)
+            for key, buffer in lowered.buffers.items() if buffer.kind == "constant"}
 
 
 def _copy_all(targets: list, sources: list) -> None:

@@ -1,6 +1,6 @@
 """Ops that read or write memory in ways an elementwise kernel does not: products (cuBLAS
-through PyTorch), gathers and their scatters, pads, concatenations, and draws; with the
-window ops (windows.py) and the fused attention (attention.py).
+through PyTorch), gathers and their scatters, pads and concatenations; with the window ops
+(windows.py), the fused attention (attention.py) and the draws (draws.py).
 
 Products: float32 operands give an ordinary GEMM with TF32 and reduced-precision
 reductions off (device.py), bf16 operands a GEMM accumulating in float32 rounded once to
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
 from sexpgpu.backends.cuda.products import ORDINARY, check_implementation, product_shape, run_product, scratch_shape
 from sexpgpu.plan.device import ProductShape
-from sexpgpu.backends.cuda.steps import HOST_INPUTS, TorchStep, same_memory, strided
+from sexpgpu.backends.cuda.steps import TorchStep, same_memory, strided
 
 
 def matmul(lowerer, node) -> None:
@@ -198,54 +198,17 @@ def _concatenation(parts, shapes, key: str, axis: int, starts: list):
     return run
 
 
-def draw(lowerer, node) -> None:
-    """A draw's bits come from the portable numerics library on the host, the same call the
-    CPU interpreter makes, and are copied to the device: equal bits on both. Salts given on
-    the host (the step, the microbatch) are read there; a salt computed on the device is
-    read back, waiting for the GPU. Either way the graph is not captured."""
-    import torch
-
-    from sexpgpu.backends.cpu.draws import draw as host_draw
-
-    salts = [lowerer.addressable(source) for source in node.inputs]
-    key = lowerer.result_buffer(node)
-
-    def run(env):
-        values = [host_values(env, source, view) for source, view in salts]
-        array = np.ascontiguousarray(host_draw(node, values))
-        env[key].copy_(torch.from_numpy(array).reshape(node.shape), non_blocking=True)
-
-    lowerer.steps.append(TorchStep(run, tuple(source for source, _ in salts), (key,), "draw", host_sync=True))
-    lowerer.capturable = False
-    lowerer.values[node] = lowerer.loaded(node, key)
-
-
-def host_values(env: dict, source: str, view) -> np.ndarray:
-    """The values of buffer `source` seen through `view`, on the host: from the caller's own
-    array when the buffer is an input given on the host (no wait for the device), else read back."""
-    given = env.get(HOST_INPUTS, {}).get(source)
-    if given is not None:
-        flat = np.ascontiguousarray(given).reshape(-1)  # the buffer's elements, in its order
-        if flat.size == env[source].numel():
-            steps = [stride * flat.itemsize for stride in view.strides]
-            return np.array(np.lib.stride_tricks.as_strided(flat[view.offset:], tuple(view.dims), steps))
-    return strided(env, source, view).cpu().numpy()
-
-
 from sexpgpu.backends.cuda.attention import ATTENTION  # noqa: E402
+from sexpgpu.backends.cuda.draws import DRAWS  # noqa: E402
 from sexpgpu.backends.cuda.windows import WINDOWS  # noqa: E402
 
 SPECIAL = {
     **WINDOWS,
     **ATTENTION,
+    **DRAWS,
     "matmul": matmul,
     "gather": gather,
     "scatter_add": scatter_add,
     "pad": pad,
     "concat": concat,
-    "normal": draw,
-    "uniform": draw,
-    "truncated_normal": draw,
-    "bernoulli": draw,
-    "randint": draw,
 }

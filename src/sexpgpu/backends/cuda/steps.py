@@ -14,9 +14,9 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, nodes_in_order, number_oper
 from sexpgpu.backends.cuda.codegen.flat import FlatSpec, flat_kernel
 from sexpgpu.backends.cuda.codegen.space import View
 
-HOST_INPUTS = "host inputs"  # env entry: {buffer key: the input as the caller gave it on the host}
 DEVICE = "device"  # env entry: the torch.device the graph runs on (for a step that makes a tensor)
-# i64: an exact graph's accumulators (exact.py), int64 digits kept beside the arena
+# i64: an exact graph's accumulators (exact.py), int64 digits kept beside the arena; a draw's
+# args words (draws.py)
 TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "bool": "bool", "i64": "int64"}
 ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1, "i64": 8}
 
@@ -24,11 +24,14 @@ ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1, "i64": 8}
 @dataclass
 class Buffer:
     key: str
-    dtype: str  # storage dtype: f32, bf16, i32, bool
+    dtype: str  # storage dtype: f32, bf16, i32, bool, i64
     shape: tuple[int, ...]
-    kind: str  # input, arena, output, or accumulator (an exact graph's digits, held in the environment)
+    # input, arena, output, accumulator (an exact graph's digits, held in the environment), or
+    # constant (`values`, made once with the executable: a draw's key and parameters)
+    kind: str
     # held from the graph's first step: inputs may be placed in it before the run (placement.py)
     live_from_start: bool = False
+    values: tuple = ()  # a constant buffer's elements, in C order
 
     @property
     def nbytes(self) -> int:
@@ -104,7 +107,6 @@ class TorchStep:
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     kind: str
-    host_sync: bool = False  # reads device values on the host: the graph cannot be captured
     # (operand, arena key, view): where an input or output operand may live so that this
     # step's copy of it is an identity (placement.py)
     aliases: tuple = ()

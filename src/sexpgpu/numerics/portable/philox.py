@@ -11,6 +11,7 @@ MUL0 = 0xD2511F53
 MUL1 = 0xCD9E8D57
 WEYL0 = 0x9E3779B9
 WEYL1 = 0xBB67AE85
+FOLD_COUNTER_WORD3 = 1  # draws use counter word 3 = 0; fold_in uses 1, so a salt touches no draw's block
 
 
 def philox_round(c0, c1, c2, c3, k0, k1):
@@ -28,3 +29,11 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
         k0 = k0 + WEYL0
         k1 = k1 + WEYL1
     return philox_round(c0, c1, c2, c3, k0, k1)
+
+
+def fold_in_words(v_lo, v_hi, k0, k1):
+    """The key words fold_in gives for the salt v = v_hi 2^32 + v_lo under key (k0, k1):
+    words 0 and 1 of the block with counter (v_lo, v_hi, 0, 1)."""
+    zero = v_lo ^ v_lo
+    w0, w1, _, _ = philox4x32(v_lo, v_hi, zero, zero + FOLD_COUNTER_WORD3, k0, k1)
+    return w0, w1

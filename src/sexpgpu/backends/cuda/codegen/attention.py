@@ -360,9 +360,9 @@ def _power_of_two(size: int, least: int = 16) -> int:
 
 # (kernel, dtype, padded head width over 64) -> tiles on the GPU. Float32 heads are fused up
 # to 64 wide: the 3xTF32 products hold each operand twice (its tf32 parts), and wider tiles
-# spill registers; compiled for sm_90, these take at most 255 registers with no spills and at
-# most 164 KB of shared memory. The backward kernels' own block (queries for dQ, keys for dK
-# and dV) is the tensor cores' 64 rows or more, the block they walk is 32.
+# spill registers. The backward kernels' own block (queries for dQ, keys for dK and dV) is
+# the tensor cores' 64 rows or more. The float32 tiles are the fastest of those timed on an
+# H200 at gpt-50m's heads (32 x 8 heads of 512 x 64, causal; docs/cuda.md, "Attention").
 TILES = {
     ("forward", "bf16", False): Blocks(128, 64, 8, 2),
     ("forward", "bf16", True): Blocks(64, 64, 4, 2),
@@ -370,9 +370,9 @@ TILES = {
     ("backward_kv", "bf16", True): Blocks(64, 32, 4, 1),
     ("backward_q", "bf16", False): Blocks(64, 64, 4, 2),
     ("backward_q", "bf16", True): Blocks(64, 32, 4, 1),
-    ("forward", "f32", False): Blocks(128, 64, 8, 2),
-    ("backward_kv", "f32", False): Blocks(32, 128, 8, 2),
-    ("backward_q", "f32", False): Blocks(128, 32, 8, 2),
+    ("forward", "f32", False): Blocks(64, 64, 4, 2),
+    ("backward_kv", "f32", False): Blocks(32, 128, 8, 3),
+    ("backward_q", "f32", False): Blocks(128, 64, 8, 2),
 }
 # the widest head each dtype's fused kernels take; wider ones run attention_wide.py
 MAX_FUSED_WIDTH = {"bf16": 128, "f32": 64}

@@ -143,14 +143,6 @@ def cast(x, dtype: str) -> Expr:
     return Expr("cast", (x,), None, dtype)
 
 
-def draw(kind: str, key: tuple[int, int], salt: Expr | None, index: Expr, params: tuple = ()) -> Expr:
-    """A stateless draw: element `index` of the stream `key` (two uint32 words) salted by
-    `salt`; the bits come from the portable numerics library."""
-    args = (index,) if salt is None else (index, salt)
-    dtype = "i32" if kind == "randint" else "f32"
-    return Expr("draw", args, (kind, key, params), dtype)
-
-
 def map_leaves(value: Expr, change, memo: dict | None = None) -> Expr:
     """The expression with every leaf replaced by `change(leaf)` (a leaf it returns as is
     stays); inner nodes are rebuilt only where a leaf below them changed."""

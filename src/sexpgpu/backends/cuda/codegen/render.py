@@ -105,10 +105,4 @@ class Renderer:
             self.imports.add(mathlib.import_line(op))
             self._use_table()
             return f"m_{op}({', '.join(args)}, tab)"
-        if op == "draw":
-            kind, key, params = node.attr
-            self.imports.add(mathlib.import_line(kind))
-            salt = args[1] if len(args) > 1 else "0"
-            extra = "".join(f", {float_literal(p)}" for p in params)
-            return f"m_{kind}({key[0]}, {key[1]}, {salt}, {args[0]}{extra})"
         raise ValueError(f"cannot render op {op}")
