@@ -99,3 +99,37 @@ def test_an_output_that_widens_a_bf16_value_keeps_its_own_dtype():
         assert lowered.buffers[operand].dtype == lowered.buffers[target].dtype
     output = lowered.outputs["y"]
     assert lowered.buffers[output].dtype == "f32"
+
+
+def test_parameters_and_moments_that_come_back_lent_are_copied_in_whole():
+    # The run loop hands the update its own lent outputs back as the next step's inputs: each
+    # flat buffer of them is one copy into the flat input buffer, and the step keeps its bits.
+    from sexpgpu.backends.cuda.runtime import Captured, _lendable, _returned
+
+    graph, inputs = _update()
+    backend = CudaBackend(device="cpu")
+    executable = backend._entry(graph)[1]
+    returned = _returned(executable.lowered, placements(executable.lowered))
+    kinds = sorted(tuple({name.split("/")[1] if name.startswith("state/") else "param" for name in group.names})
+                   for group in returned)
+    assert kinds == [("m",), ("param",), ("v",)]  # one flat buffer each
+    assert {name for group in returned for name in group.names} == {
+        name for name in graph.inputs if name.startswith(("param/", "state/"))}
+    accepted = {name: backend._accept(name, graph.inputs[name], value) for name, value in inputs.items()}
+    captured = Captured(executable)
+    captured.env, captured.returned = executable.static_environment(accepted), returned
+    executable.execute(captured.env)
+    lendable = _lendable(executable.lowered, captured.env)
+    assert {name for group in returned for name in group.names} <= lendable
+    lent = {name: captured.env[key] for name, key in executable.lowered.outputs.items() if name in lendable}
+    again = {**accepted, **lent}
+    # another backend's arena: an eager call of this executable would write over the lent buffers
+    expected = CudaBackend(device="cpu")._entry(graph)[1]({name: value.clone() for name, value in again.items()})
+    whole = captured._copy_returned(again)
+    assert whole == {name for group in returned for name in group.names}
+    rest = [name for name in executable.lowered.inputs if name not in whole]
+    for name in rest:
+        captured.env[executable.lowered.inputs[name]].copy_(again[name])
+    executable.execute(captured.env)
+    for name, key in executable.lowered.outputs.items():
+        assert torch.equal(captured.env[key], expected[name]), name

@@ -4,13 +4,19 @@
 records the same steps as one CUDA graph: its inputs and outputs are static buffers (some
 of them inside the arena, placement.py), each call copies the inputs in, replays, and
 returns copies of the outputs, or, to a caller that takes them lent, the output buffers
-themselves (`lendable`). Scalars such as the
+themselves (`lendable`). Inputs that come back as the outputs of the last replay, lent, at
+the same places of another arena buffer (the optimizer's parameters and state: slices of its
+flat results, then slices of its flat inputs) come in with one copy of that whole buffer
+(`Returned`), not one copy each. Scalars such as the
 step and the learning rate are inputs like any other, read by the kernels from device
 memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the
 same configurations on the same addresses, so it gives the eager run's bits.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
 
 from sexpgpu.backends.cuda.placement import placements
 from sexpgpu.backends.cuda.steps import DEVICE, strided, torch_dtype
@@ -99,6 +105,7 @@ class Captured:
         self.graph = None
         self.env = None
         self.lendable = frozenset()  # outputs whose buffers may be handed out, not copied
+        self.returned: tuple[Returned, ...] = ()
 
     def __call__(self, inputs: dict, lent: bool = False) -> dict:
         """The outputs. `lent`: the caller takes the lendable outputs as the graph's own
@@ -111,7 +118,9 @@ class Captured:
         if self.graph is None:
             self._capture(inputs)
         lowered = self.executable.lowered
-        _copy_all([self.env[key] for key in lowered.inputs.values()], [inputs[name] for name in lowered.inputs])
+        whole = self._copy_returned(inputs)
+        _copy_all([self.env[key] for name, key in lowered.inputs.items() if name not in whole],
+                  [inputs[name] for name in lowered.inputs if name not in whole])
         self.graph.replay()
         lend = self.lendable if lent else frozenset()
         return {name: self.env[key] if name in lend else self.env[key].clone()
@@ -131,6 +140,44 @@ class Captured:
             self.executable.execute(env)
         self.graph, self.env = graph, env
         self.lendable = _lendable(self.executable.lowered, env)
+        self.returned = _returned(self.executable.lowered, placements(self.executable.lowered))
+
+    def _copy_returned(self, inputs: dict) -> frozenset:
+        """The names of the inputs that came back as the very buffers the last replay lent
+        and lie all together in one arena buffer: each such buffer is copied in whole."""
+        outputs = self.executable.lowered.outputs
+        whole = set()
+        for returned in self.returned:
+            if all(inputs[name] is self.env[outputs[name]] for name in returned.names):
+                self.env[returned.target].copy_(self.env[returned.source])
+                whole.update(returned.names)
+        return frozenset(whole)
+
+
+@dataclass(frozen=True)
+class Returned:
+    """Inputs that lie in the arena buffer `target` at the very places where the outputs of
+    their names lie in `source`, and fill it: one copy of `source` brings them all in."""
+
+    names: tuple[str, ...]
+    target: str
+    source: str
+
+
+def _returned(lowered, placed: dict) -> tuple[Returned, ...]:
+    groups: dict = {}
+    for name, key in lowered.inputs.items():
+        output = lowered.outputs.get(name)
+        if key in placed and output in placed and placed[key][1] == placed[output][1]:
+            groups.setdefault((placed[key][0], placed[output][0]), []).append(name)
+    found = []
+    for (target, source), names in groups.items():
+        into, out_of = lowered.buffers[target], lowered.buffers[source]
+        covered = sum(prod(placed[lowered.inputs[name]][1].dims) for name in names)
+        if target != source and into.shape == out_of.shape and into.dtype == out_of.dtype \
+                and covered == prod(into.shape):
+            found.append(Returned(tuple(names), target, source))
+    return tuple(found)
 
 
 def _lendable(lowered, env: dict) -> frozenset:
