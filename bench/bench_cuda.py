@@ -7,7 +7,9 @@ For each model, in one process, the step time (forward, loss, gradients, AdamW w
 clipping) of each row:
 
 - `ours-f32`, `ours-bf16`: `sexpgpu` on the CUDA backend, the experiment as written and with
-  `:precision bf16` (bf16 products summed in float32; graph/precision.py);
+  `:precision bf16` (bf16 products summed in float32; graph/precision.py), with the machine's
+  choices made as `sexpgpu run` makes them by default (run/choosing.py's `choose`: each long
+  float32 product's implementation timed at the first step);
 - `eager-f32`, `compile-f32`: the model as a PyTorch user writes it today (bench/torch_models.py
   with F.scaled_dot_product_attention(is_causal=True), torch.optim.AdamW(fused=True),
   clip_grad_norm_), eager and under torch.compile, float32 with TF32 off;
@@ -59,6 +61,23 @@ class OurStep:
         self.backend = self.built.backend
         self.state = self.built.initial_state()
         self.step_number = 0
+        self.choices = self._choose()
+
+    def _choose(self):
+        """The choices `sexpgpu run` makes by default, handed to the backend."""
+        from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over
+        from sexpgpu.run.loop import Trainer
+
+        first = Trainer(self.experiment.run, self.built.program, self.backend, self.built.feeder)
+        chosen = choose(self.built, ChoiceSettings(), None, lambda: first.first_inputs(self.state))
+        hand_over(self.backend, chosen.choices)
+        return chosen.choices
+
+    def chosen_products(self) -> str:
+        counts: dict = {}
+        for implementation in (self.choices.products or {}).values():
+            counts[implementation] = counts.get(implementation, 0) + 1
+        return ", ".join(f"{count} {name}" for name, count in sorted(counts.items())) or "none timed"
 
     def inputs(self, graph, values: dict) -> dict:
         return {name: values[name] for name in graph.inputs}
@@ -211,6 +230,7 @@ def time_ours(path: Path, precision: str, steps: int, warmup: int) -> dict:
     started = time.perf_counter()
     seconds = seconds_per_step(ours, steps, warmup)
     return {"seconds": seconds, "first": time.perf_counter() - started, "profile": ours.profile(),
+            "products": ours.chosen_products(),
             "tflops": ours.product_flops() / seconds / 1e12, "facts": ours.backend.facts()}
 
 
@@ -234,7 +254,7 @@ def time_model(name: str, rows: list, steps: int, warmup: int) -> dict:
 def report(name: str, timed: dict, steps: int, warmup: int) -> None:
     print(f"{name}: {steps} timed steps after {warmup} warm-up steps, TF32 off")
     for row, found in timed.items():
-        extra = f"  {found['tflops']:.1f} TFLOP/s in products" if "tflops" in found else ""
+        extra = f"  {found['tflops']:.1f} TFLOP/s in products ({found['products']})" if "tflops" in found else ""
         print(f"  {row:<20}{found['seconds'] * 1e3:>10.2f} ms{extra}")
     for ours, peer, goal in GOALS:
         if ours in timed and peer in timed:
