@@ -7,6 +7,8 @@ cannot show is the GPU's own reduction tree and libdevice math: tests/cuda/test_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import math
 import os
 
@@ -133,7 +135,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(rows, "MAX_BLOCK", 32)
     monkeypatch.setattr(rows, "SPLIT_CHUNK", 64)
     monkeypatch.setattr(rows, "SPLIT_MIN_LENGTH", 200)
-    monkeypatch.setattr(columns, "CHUNK_TILES", 1)
+    monkeypatch.setattr(columns, "COLUMN_TILES", tuple(replace(tile, chunk_tiles=1) for tile in columns.COLUMN_TILES))
 
 
 @pytest.mark.parametrize("length", [20, 70])  # one chunk, and three chunks of 32

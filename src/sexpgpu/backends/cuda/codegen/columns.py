@@ -20,11 +20,26 @@ from sexpgpu.backends.cuda.codegen.render import Renderer
 from sexpgpu.backends.cuda.codegen.rows import COMBINE, INITIAL, Reduction, combine_lanes
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, needs_wide_index, numel, offset_expression
 
-# the fastest of the tiles timed on an H200 for sums over 16384 rows of 512, 2048 and 24576
-# columns (docs/cuda.md, "Kernels")
 NUM_WARPS = 8
-TILE = 8192
-CHUNK_TILES = 16
+
+
+@dataclass(frozen=True)
+class ColumnTile:
+    """Elements in a tile and tiles of rows in a chunk, for kept extents up to `widest`."""
+
+    widest: int | None  # None: any
+    elements: int
+    chunk_tiles: int
+
+
+# the fastest of 24 tilings timed on an H200 as replays of the column kernels alone, over
+# 16384 rows of 512 columns (one operand and the product of two), 2048 and 24576 columns
+# (docs/cuda.md, "Kernels"): narrow sums want more, shorter chunks to fill the GPU
+COLUMN_TILES = (ColumnTile(1024, 4096, 8), ColumnTile(None, 8192, 16))
+
+
+def column_tile(kept_count: int) -> ColumnTile:
+    return next(tile for tile in COLUMN_TILES if tile.widest is None or kept_count <= tile.widest)
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,7 @@ def tile_for(kept_count: int) -> tuple[int, int]:
     block_k = 1
     while block_k < kept_count and block_k < 128:
         block_k *= 2
-    block_r = min(TILE // block_k, 128)
+    block_r = min(column_tile(kept_count).elements // block_k, 128)
     return block_r, block_k
 
 
@@ -72,7 +87,7 @@ class _ColumnSource:
         self.spec = spec
         self.parts = parts
         self.block_r, self.block_k = tile_for(numel(spec.kept))
-        self.chunk = self.block_r * CHUNK_TILES if parts > 1 else numel(spec.reduced)
+        self.chunk = self.block_r * column_tile(numel(spec.kept)).chunk_tiles if parts > 1 else numel(spec.reduced)
         self.rank = len(spec.reduced)
         output_count = len(spec.reductions) if parts > 1 else len(spec.outputs)
         self.pointers = [f"p{index}" for index in range(len(spec.inputs) + output_count)]
@@ -156,7 +171,7 @@ class _ColumnSource:
 
 def parts_for(spec: ColumnSpec) -> int:
     block_r, _ = tile_for(numel(spec.kept))
-    chunk = block_r * CHUNK_TILES
+    chunk = block_r * column_tile(numel(spec.kept)).chunk_tiles
     return max(1, -(-numel(spec.reduced) // chunk))
 
 
