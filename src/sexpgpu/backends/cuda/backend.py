@@ -178,15 +178,9 @@ class CudaBackend:
     def step_seconds(self, graph, inputs: dict) -> list:
         """[(step, seconds)] of one eager run of `graph`, each step timed with CUDA events."""
         torch = self.torch
-        check_input_names(graph, inputs)
-        executable = self._entry(graph)[1]
-        env = dict(executable.fixed)
-        env.update({key: self._accept(name, graph.inputs[name], inputs[name])
-                    for name, key in executable.lowered.inputs.items()})
-        env.update(executable.output_buffers())
-        env[DEVICE] = self.device
+        env = self.steps_environment(graph, inputs)
         marks = []
-        for step in executable.lowered.steps:
+        for step in self.lowered(graph).steps:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             step(env)
@@ -194,6 +188,18 @@ class CudaBackend:
             marks.append((step, start, end))
         torch.cuda.synchronize(self.device)
         return [(step, start.elapsed_time(end) / 1e3) for step, start, end in marks]
+
+    def steps_environment(self, graph, inputs: dict) -> dict:
+        """The buffers the lowered steps of `graph` read and write, the inputs in them: for
+        running or timing its steps one by one, outside a call."""
+        check_input_names(graph, inputs)
+        executable = self._entry(graph)[1]
+        env = dict(executable.fixed)
+        env.update({key: self._accept(name, graph.inputs[name], inputs[name])
+                    for name, key in executable.lowered.inputs.items()})
+        env.update(executable.output_buffers())
+        env[DEVICE] = self.device
+        return env
 
     def memory_peak(self, graph) -> int:
         """Bytes of the graph's arena: every intermediate buffer at its planned offset."""

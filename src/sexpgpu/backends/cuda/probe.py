@@ -38,6 +38,7 @@ from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
 from sexpgpu.plan.patterns import PatternsInEffect
 
 TIMED_CALLS = 5  # each timing is the median of this many warm calls
+PRODUCT_REPEATS = 10  # a product's steps captured this many times in the graph each timed replay runs
 FMA_ROUNDS = 512  # multiply-adds per element of the flops kernel: arithmetic, not memory, bounds it
 FLOPS_ELEMENTS = 1 << 24
 COPY_BYTES = 1 << 28
@@ -124,10 +125,14 @@ class CudaProbe:
         return implementations(shape)
 
     def time_product(self, shape: ProductShape, implementation: str) -> float:
+        """Seconds of the implementation's steps alone, replayed: a call would add copies in
+        and out that cost every implementation the same and hide the differences between
+        them (the shortest of TIMED_CALLS replays of PRODUCT_REPEATS products each)."""
         graph = product_graph(shape)
         backend = CudaBackend(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
-        values = self._operands(shape, graph)
-        return self._median_seconds(lambda: backend.run(graph, values))
+        env = backend.steps_environment(graph, self._operands(shape, graph))
+        steps = backend.lowered(graph).steps
+        return self._shortest_replay(lambda: [step(env) for step in steps]) / PRODUCT_REPEATS
 
     def _operands(self, shape: ProductShape, graph) -> dict:
         """Normal operands for a shape's product, drawn on the device once and shared by its
@@ -190,18 +195,35 @@ class CudaProbe:
         array = self.backend.to_host(value)
         return self.backend.from_host(np.concatenate([array] * degree) if degree > 1 else array)
 
+    def _shortest_replay(self, work) -> float:
+        """Seconds of the shortest of TIMED_CALLS replays of `work` captured PRODUCT_REPEATS
+        times over as one CUDA graph (run once eagerly first: it compiles and warms up)."""
+        torch = self.torch
+        work()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            work()  # a warm-up on the capture stream, as PyTorch asks
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(PRODUCT_REPEATS):
+                work()
+        return min(self._event_seconds(graph.replay) for _ in range(TIMED_CALLS))
+
+    def _event_seconds(self, work) -> float:
+        torch = self.torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
     def _median_seconds(self, work) -> float:
         torch = self.torch
         work()  # compiles, allocates and warms cuBLAS up
-        times = []
-        for _ in range(TIMED_CALLS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            work()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
+        return statistics.median(self._event_seconds(work) for _ in range(TIMED_CALLS))
 
 
 def product_graph(shape: ProductShape):
