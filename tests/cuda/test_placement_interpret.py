@@ -133,3 +133,29 @@ def test_parameters_and_moments_that_come_back_lent_are_copied_in_whole():
     executable.execute(captured.env)
     for name, key in executable.lowered.outputs.items():
         assert torch.equal(captured.env[key], expected[name]), name
+
+
+def test_no_output_of_an_update_shares_memory_with_the_buffers_its_inputs_lie_in():
+    # gpt-50m's new parameters once took the memory of the flat gradients, which die before
+    # them: then they overlapped an input's buffer, could not be lent, and were copied out and
+    # in again at every step (runtime.py's _lendable). Buffers that hold inputs live throughout.
+    from pathlib import Path
+
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.setup import build_run
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpt-50m.sexp"
+    update = build_run(load_experiment(str(path)), "cpu").program.training.update
+    lowered = CudaBackend(device="cpu").lowered(update)
+    placed = placements(lowered)
+
+    def span(key):
+        return lowered.offsets[key], lowered.offsets[key] + lowered.buffers[key].nbytes
+
+    holding_inputs = {placed[key][0] for key in lowered.inputs.values() if key in placed}
+    holding_outputs = {placed[key][0] for key in lowered.outputs.values() if key in placed}
+    assert len(holding_inputs) == 4 and len(holding_outputs) == 3  # flat parameters, gradients, moments
+    for output in holding_outputs:
+        for held in holding_inputs:
+            (a, b), (c, d) = span(output), span(held)
+            assert b <= c or d <= a, (output, held)

@@ -398,9 +398,10 @@ def _lifetimes(steps: list, buffers: dict) -> list[Lifetime]:
             dies[key] = max(dies.get(key, index), index)
         for key in step.reads:
             dies[key] = index
+    last = len(steps) - 1
     lives = []
     for key in born:
         buffer = buffers[key]
         if buffer.kind == "arena":
-            lives.append(Lifetime(key, buffer.nbytes, born[key], dies[key]))
+            lives.append(Lifetime(key, buffer.nbytes, born[key], last if buffer.live_from_start else dies[key]))
     return lives

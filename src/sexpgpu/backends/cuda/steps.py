@@ -29,7 +29,8 @@ class Buffer:
     # input, arena, output, accumulator (an exact graph's digits, held in the environment), or
     # constant (`values`, made once with the executable: a draw's key and parameters)
     kind: str
-    # held from the graph's first step: inputs may be placed in it before the run (placement.py)
+    # held for the whole graph: inputs may be placed in it before the run (placement.py), and
+    # no output shares its memory, so every output may be lent and come back as an input
     live_from_start: bool = False
     values: tuple = ()  # a constant buffer's elements, in C order
 
