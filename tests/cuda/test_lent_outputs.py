@@ -92,3 +92,26 @@ def test_the_update_hands_out_its_parameters_and_state_once_captured():
     assert all(lent[name].data_ptr() == again[name].data_ptr() for name in given)
     copied = built.backend.run(update, inputs)
     assert all(copied[name].data_ptr() != again[name].data_ptr() for name in given)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_inputs_of_mixed_dtypes_are_copied_in_with_a_few_launches():
+    # an update's inputs: float32 parameters and an int32 step; PyTorch copies a list that
+    # mixes dtypes tensor by tensor, one launch each
+    from torch.profiler import ProfilerActivity, profile
+
+    from sexpgpu.backends.cuda.runtime import _copy_all
+
+    targets = [torch.empty(1000 + index, device="cuda") for index in range(50)]
+    sources = [torch.randn(1000 + index, device="cuda") for index in range(50)]
+    targets.append(torch.empty((), dtype=torch.int32, device="cuda"))
+    sources.append(torch.tensor(3, dtype=torch.int32, device="cuda"))
+    _copy_all(targets, sources)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as recorded:
+        _copy_all(targets, sources)
+        torch.cuda.synchronize()
+    launches = [event for event in recorded.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert 1 <= len(launches) <= 4, [event.name for event in launches]
+    assert all(torch.equal(target, source) for target, source in zip(targets, sources))

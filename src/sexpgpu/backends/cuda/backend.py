@@ -232,8 +232,10 @@ class CudaBackend:
                 _check_bf16(name, array)
             tensor, checked = torch.from_numpy(array), True
         check_input_shape(name, node, tensor.shape)
-        # a host array is staged as the call returns, so the copy need not wait for the
-        # kernels already queued: the host prepares the next graph while the GPU runs this one
+        if checked and self.device.type == "cuda":
+            # a copy from pageable memory waits for every kernel already queued (CUDA's rule);
+            # from pinned memory it is queued behind them, and the host goes on to the next graph
+            tensor = tensor.pin_memory()
         tensor = tensor.to(self.device, non_blocking=True)
         if node.dtype == "bf16" and tensor.dtype == torch.float32:
             narrowed = tensor.to(torch.bfloat16)

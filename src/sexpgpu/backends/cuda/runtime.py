@@ -209,8 +209,16 @@ def _constants(lowered, device) -> dict:
 
 def _copy_all(targets: list, sources: list) -> None:
     """Every source into its target with a few multi-tensor launches, not one launch (and
-    a few microseconds of the host) per tensor: an optimizer graph has hundreds of inputs."""
+    a few microseconds of the host) per tensor: an optimizer graph has hundreds of inputs.
+    One list per pair of dtypes: PyTorch takes its multi-tensor path only for a list whose
+    tensors all share one dtype, and copies a mixed list (the step's int32 among float32
+    parameters) tensor by tensor."""
     import torch
 
-    if targets:
-        torch._foreach_copy_(targets, sources)
+    lists: dict = {}
+    for target, source in zip(targets, sources):
+        pair = lists.setdefault((target.dtype, source.dtype), ([], []))
+        pair[0].append(target)
+        pair[1].append(source)
+    for same_targets, same_sources in lists.values():
+        torch._foreach_copy_(same_targets, same_sources)
