@@ -93,22 +93,26 @@ class _ColumnSource:
         self.pointers = [f"p{index}" for index in range(len(spec.inputs) + output_count)]
         self.renderer = Renderer(self._leaf, "        ")
 
-    def _tile_offset(self, view: View) -> str:
+    def _tile_offset(self, view: View) -> tuple[str, str]:
+        """The offset of each tile lane's element, and the mask its load takes: an operand
+        that varies along one side of the tile only (a per-row statistic, a per-column
+        bias) is loaded as a column or a row of the tile, once, not once per lane."""
         if not view.over(self.spec.space):
             flat = f"(rr * {numel(self.spec.kept)} + kk)"
-            return offset_expression(flat, view.dims, view.strides, view.offset)
+            return offset_expression(flat, view.dims, view.strides, view.offset), "mask"
         reduced = offset_expression("rr", self.spec.reduced, view.strides[:self.rank], view.offset)
         kept = offset_expression("kk", self.spec.kept, view.strides[self.rank:])
         if kept == "0":
-            return reduced
-        return kept if reduced == "0" else f"({reduced}) + ({kept})"
+            return reduced, "rmask"
+        return (kept, "kmask[None, :]") if reduced == "0" else (f"({reduced}) + ({kept})", "mask")
 
     def _leaf(self, node: Expr, args) -> str:
         if node.op == "load":
             operand, view = node.attr
-            return indexed_load(self.pointers[operand], self.spec.inputs[operand], self._tile_offset(view), "mask")
+            offset, mask = self._tile_offset(view)
+            return indexed_load(self.pointers[operand], self.spec.inputs[operand], offset, mask)
         if node.op == "iota":
-            return iota_source(self._tile_offset(node.attr))
+            return iota_source(self._tile_offset(node.attr)[0])
         if node.op == "scalar":
             return load_source(self.pointers[node.attr], self.spec.inputs[node.attr], "0", None)
         if node.op == "row":
@@ -135,7 +139,8 @@ class _ColumnSource:
             f"    for r0 in range(0, {self.chunk}, {self.block_r}):",
             f"        rows = part * {self.chunk} + r0 + lanes",
             "        rr = rows[:, None]",
-            f"        mask = (rr < {reduced_count}) & kmask[None, :]",
+            f"        rmask = rr < {reduced_count}",
+            "        mask = rmask & kmask[None, :]",
         ]
         updates = []
         for number, reduction in enumerate(spec.reductions):
