@@ -2,11 +2,14 @@
 
 Hard cases: every input of ../shared/numerics/hardcases (exp, log, erf, tanh, rsqrt) and of
 tests/numerics/hardcases (our scans of cos, sin, expm1, log1p, sigmoid) whose exact value
-lies within 2^-26 float32 ulps of a rounding midpoint, with both signs where the function
-is odd or even.
+lies within 2^-26 float32 ulps of a rounding midpoint, and every input that exp's and erf's
+float64 values round the wrong way (the MISROUNDED lists there), with both signs where the
+function is odd or even. Then samples of the places where exp's and erf's evaluations
+change: each of erf's pieces, its edges included, and each of exp's 64 steps.
 """
 
 import fractions
+import math
 import pathlib
 import re
 
@@ -24,13 +27,14 @@ NAMES = ("exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "cos", "sin",
 SYMMETRIC = ("cos", "erf", "sin", "tanh")
 SAMPLE = 10_000
 LINE = re.compile(r"^CAND (\w+) x=\S+ \((0x[0-9a-f]{8})\)")
+MISROUNDED = re.compile(r"^MISROUNDED (\w+) x=\S+ \((0x[0-9a-f]{8})\)")
 
 
-def hard_cases(folder):
+def hard_cases(folder, line=LINE):
     found = {}
     for path in sorted(folder.glob("*.txt")):
-        for line in path.read_text().splitlines():
-            match = LINE.match(line)
+        for text in path.read_text().splitlines():
+            match = line.match(text)
             if match:
                 found.setdefault(match.group(1), set()).add(int(match.group(2), 16))
     return found
@@ -58,6 +62,36 @@ def test_published_hard_cases(name):
 @pytest.mark.parametrize("name", ("cos", "sin", "expm1", "log1p", "sigmoid"))
 def test_our_scanned_hard_cases(name):
     _check(name, hard_cases(OURS)[name])
+
+
+@pytest.mark.parametrize("name", ("exp", "erf"))
+def test_inputs_the_float64_value_rounds_the_wrong_way(name):
+    cases = hard_cases(OURS, MISROUNDED)[name]
+    assert len(cases) >= {"exp": 5, "erf": 11}[name]
+    _check(name, cases)
+
+
+def test_erf_pieces_and_their_edges():
+    """Each piece of erf (the top 12 bits of |x|, clamped to 0x3EF..0x408): its first, middle
+    and last inputs, their neighbours across the edges, and a sample inside."""
+    rng = np.random.default_rng(31)
+    bits = []
+    for top in range(0x3EF, 0x409):
+        first, last = top << 20, ((top + 1) << 20) - 1
+        inside = rng.integers(first, last, 24, dtype=np.uint32)
+        bits += [first, first + 1, (top << 20) | 0x80000, last - 1, last, *inside.tolist()]
+    bits += [0x3EE00000, 0x3EEFFFFF, 0x407AD444, 0x407AD445, 0x7F7FFFFF]  # below, where it rounds to 1
+    _check("erf", bits)
+
+
+def test_exp_each_step():
+    """exp over t = x 64/ln2 = 64 m + j: every step j, with m from the subnormal results to
+    overflow, and t near the half-integers where rint(t) changes."""
+    rng = np.random.default_rng(32)
+    steps = np.arange(-9600, 8200, 7)
+    t = np.concatenate([steps + rng.uniform(-0.5, 0.5, len(steps)), np.arange(-9600, 8200, 97) + 0.5])
+    x = (t * (math.log(2) / 64)).astype(np.float32)
+    _check("exp", x.view(np.uint32).tolist())
 
 
 def test_the_hardest_published_cases_by_name():

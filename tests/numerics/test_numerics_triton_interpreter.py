@@ -38,8 +38,11 @@ def inputs(name, n=1500):
     cases = np.array(sorted(hardcases.HARD_CASES[name]), dtype=np.uint32)
     special = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 1, 0x807FFFFF,
                         0x7F7FFFFF, 0x3F800000, 0xBF800000], dtype=np.uint32)
+    # the edges and middles of erf's pieces (the top 12 bits of |x|), and beyond them
+    tops = np.arange(0x3EE, 0x40A, dtype=np.uint32) << 20
+    pieces = np.concatenate([tops, tops - 1, tops | 0x80000])
     return np.concatenate([random, moderate.view(np.uint32), cases, cases | np.uint32(1 << 31),
-                           special]).view(np.float32)
+                           special, pieces, pieces | np.uint32(1 << 31)]).view(np.float32)
 
 
 @pytest.mark.parametrize("name", sorted(UNARY))

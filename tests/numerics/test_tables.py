@@ -5,7 +5,8 @@ the table only near a rounding midpoint, still return every stored answer."""
 import numpy as np
 
 from sexpgpu import numerics as nx
-from sexpgpu.numerics.portable import hardcases, ieee, tables
+from sexpgpu.numerics.portable import hardcases, ieee, polynomials, tables
+from sexpgpu.numerics.portable import numpy_ops as K
 
 
 def _lookup(name, bits):
@@ -61,11 +62,9 @@ def test_functions_return_every_stored_answer():
         assert np.array_equal(got, answers), (name, keys[got != answers])
 
 
-def test_the_midpoint_margin_is_needed(monkeypatch):
-    """With no margin the check above fails (cos, sin, log and log1p hold keys that the
-    float64 value rounds the wrong way), so it does test the margin; with 1 ulp it passes,
-    far below NEAR_MIDPOINT_ULPS."""
-    monkeypatch.setattr(ieee, "NEAR_MIDPOINT_ULPS", 0)
+def _failing_with_margin(monkeypatch, ulps):
+    """The functions that miss a stored answer when near_midpoint's window is `ulps` wide."""
+    monkeypatch.setattr(ieee, "NEAR_MIDPOINT_ULPS", ulps)
     wrong = set()
     for name in hardcases.HARD_CASES:
         keys, answers = _keys_and_answers(name)
@@ -73,9 +72,30 @@ def test_the_midpoint_margin_is_needed(monkeypatch):
             got = getattr(nx, name)(keys.view(np.float32)).view(np.uint32)
         if not np.array_equal(got, answers):
             wrong.add(name)
-    assert wrong == {"cos", "sin", "log", "log1p"}
-    monkeypatch.setattr(ieee, "NEAR_MIDPOINT_ULPS", 1)
-    test_functions_return_every_stored_answer()
+    return wrong
+
+
+def test_the_midpoint_margin_is_needed(monkeypatch):
+    """With no margin the check above fails (cos, sin, log and log1p hold keys that the
+    float64 value rounds the wrong way within 1/4 float64 ulp of a midpoint; exp and erf,
+    whose polynomials err by more, hold keys farther off), so it does test the margin; with
+    1 ulp only exp and erf fail, and with 2^12 ulps none: a sixteenth of NEAR_MIDPOINT_ULPS."""
+    window = ieee.NEAR_MIDPOINT_ULPS
+    assert _failing_with_margin(monkeypatch, 0) == {"cos", "sin", "log", "log1p", "exp", "erf"}
+    assert _failing_with_margin(monkeypatch, 1) == {"exp", "erf"}
+    assert _failing_with_margin(monkeypatch, 2**12) == set()
+    assert 2**12 * 16 == window
+
+
+def test_float64_blocks_read_back():
+    """exp's steps and erf's coefficients, as K.gather_f64 reads them from the table: by
+    degree, then piece, for erf."""
+    steps = K.gather_f64(tables.TABLE, tables.EXP_STEPS_AT + 2 * np.arange(64))
+    assert np.array_equal(steps, np.array(polynomials.EXP_STEPS))
+    pieces, count = tables.ERF_PIECES, tables.ERF_COEFFICIENT_COUNT
+    index = tables.ERF_COEFFICIENTS_AT + 2 * (pieces * np.arange(count)[:, None] + np.arange(pieces))
+    assert np.array_equal(K.gather_f64(tables.TABLE, index), np.array(polynomials.ERF_COEFFICIENTS).T)
+    assert tables.EXP_STEPS_AT % 2 == 0 and tables.ERF_COEFFICIENTS_AT % 2 == 0
 
 
 def test_each_recorded_attempt_is_the_first_collision_free_one():

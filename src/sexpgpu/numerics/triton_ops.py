@@ -72,6 +72,11 @@ def gather_pair_every(table, index, mask):
             tl.load(table + index + 1).to(tl.uint32, bitcast=True))
 
 
+def gather_f64(table, index):
+    # one 8-byte load of the word pair, as gather_pair_if's (index even, pairs aligned)
+    return tl.load((table + index).to(tl.pointer_type(tl.float64)))
+
+
 def interleave(a, b):
     return tl.reshape(tl.join(a, b), [2 * a.shape[0]])
 

@@ -1,37 +1,35 @@
-"""erf: a Taylor series below 1, and 1 - exp(-x^2) erfcx(x) from 1 to 4.
+"""erf: a polynomial of degree 7 on each of 26 pieces of |x|, its coefficients read from the
+table per element (Triton has no per-lane branch; one Horner evaluation serves every piece).
 
-Below 1 the series (2/sqrt(pi)) sum (-1)^n x^(2n+1) / (n! (2n+1)) through n = 18 is
-truncated below 2^-62. On [1, 4], erfcx(x) = exp(x^2) erfc(x) is a degree-22 polynomial in
-s = x - 5/2 (tests/numerics/tools/fit_erfcx.py, 2^-51.3 relative in float64), x^2 is exact,
-and the product is at most 0.16, so its error stays far below the result's ulp. From 4 on,
-erf rounds to 1.
+A piece is the top 12 bits of |x|'s float32 bits, clamped to [0x3EF, 0x408]. Piece 0 is
+|x| < 1/2, where erf(x) = x P(x^2); P(0) is the float64 nearest 2/sqrt(pi), so that for tiny
+x the value is x P(0), rounded once. Pieces 1 to 24 split [1/2, 4) eight to a binade, each a
+polynomial in s = |x| - c, c its midpoint. Piece 25, from 4 on, is the constant 1 (erf
+rounds to 1 from 3.919206). The polynomials (polynomials.py, tools/fit_polynomials.py) err by
+up to 2^-40.5 absolute, and the few inputs that this error rounds the wrong way are in the
+hard-case table (docs/numerics.md).
 """
 
 from . import numpy_ops as K
-from .exp import clamp_f32, exp_f64, finish
-from .ieee import absolute, f32_to_f64, horner_either, neg
-from .tables import ERF_CASES
+from .exp import clamp_f32, finish
+from .ieee import absolute, f32_to_f64, horner_table, with_sign
+from .tables import ERF_CASES, ERF_COEFFICIENT_COUNT, ERF_COEFFICIENTS_AT, ERF_PIECES
 
-ERF_T = (1.1283791670955126, -0.37612638903183754, 0.11283791670955126,
-         -0.026866170645131252, 0.005223977625442188, -0.0008548327023450853,
-         0.00012055332981789664, -1.492565035840625e-05, 1.6462114365889248e-06,
-         -1.6365844691234924e-07, 1.4807192815879218e-08, -1.2290555301717928e-09,
-         9.422759064650411e-11, -6.7113668551641105e-12, 4.4632242632864775e-13,
-         -2.7835162072109215e-14, 1.6342614095367152e-15, -9.063970842808673e-17,
-         4.763348040515068e-18)
-ERFCX_G = (0.2108063640611436, -0.07434734678979495, 0.02493799708665696, -0.008001569382090781, 0.0024670368156992977, -0.0007335909372640017, 0.00021101982430921638, -5.8868964030705185e-05, 1.5961853006132e-05, -4.214297919719682e-06, 1.0852230313786508e-06, -2.7294910415707813e-07, 6.713949125870635e-08, -1.617358802372231e-08, 3.817410913620512e-09, -8.807216258471182e-10, 2.0031019435942918e-10, -4.633682738083616e-11, 1.0146551782430207e-11, -1.6954156353454019e-12, 3.6677267755511203e-13, -1.6538069435089902e-13, 3.3641269918883144e-14)
-
-ERF_T_PADDED = ERF_T + (0.0,) * (len(ERFCX_G) - len(ERF_T))
+ERF_TOP_SMALL = 0x3EF  # the top 12 bits of |x| below 1/2, clamped: piece 0
+ERF_BITS_LOW = 0x3EF00000
+ERF_BITS_HIGH = 0x40800000  # 4.0: piece 25
+ERF_MIDDLE = 0x80000  # the bit below a piece's 12 bits: its midpoint
 
 
 def erf_f32(bits, tab):
-    x = f32_to_f64(bits)
-    a = clamp_f32(absolute(x), bits & 0x7FFFFFFF, 0.0, 4.0)
-    w = a * a
-    small = a < 1.0
-    # one Horner evaluation for both ranges; the series' missing top coefficients are zeros,
-    # which leave its value exactly as a Horner evaluation of its own coefficients
-    p = horner_either(K.where(small, w, a - 2.5), small, ERF_T_PADDED, ERFCX_G)
-    y = K.where(small, a * p, 1.0 - exp_f64(neg(w), 0.0) * p)
-    y = K.where(x < 0.0, neg(y), K.where(x == 0.0, x, y))
-    return finish(bits, x != x, y, 0.0, tab, ERF_CASES)
+    magnitude = bits & 0x7FFFFFFF
+    a = clamp_f32(absolute(f32_to_f64(bits)), magnitude, 0.0, 4.0)
+    top = K.where(magnitude < ERF_BITS_LOW, ERF_BITS_LOW,
+                  K.where(magnitude > ERF_BITS_HIGH, ERF_BITS_HIGH, magnitude)) >> 20
+    piece = K.i32(top) - ERF_TOP_SMALL
+    small = piece == 0
+    # both variables are exact: x^2 of a float32, and s by Sterbenz (c in |x|'s binade)
+    v = K.where(small, a * a, a - f32_to_f64((top << 20) | ERF_MIDDLE))
+    p = horner_table(v, tab, ERF_COEFFICIENTS_AT + 2 * piece, 2 * ERF_PIECES, ERF_COEFFICIENT_COUNT)
+    y = with_sign(K.where(small, a * p, p), bits)
+    return finish(bits, magnitude > 0x7F800000, y, 0.0, tab, ERF_CASES)

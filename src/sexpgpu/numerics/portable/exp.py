@@ -1,15 +1,23 @@
-"""exp, expm1, tanh and sigmoid: one float64 argument reduction and Taylor polynomial.
+"""exp, expm1, tanh and sigmoid: float64 argument reductions and polynomials.
 
-x = k ln2 + r with |r| <= ln2/2 + tiny; ln2 is split so that k * LN2_HI is exact and the
-subtraction x - k * LN2_HI is exact (Sterbenz), leaving one rounding in r. expm1(r) is
-r + r^2 q(r) with q the Taylor series through r^14/14!, whose truncation error is below
-2^-63 relative. exp(x) = 2^k (1 + expm1(r)) and expm1(x) = 2^k expm1(r) + (2^k - 1).
+expm1, tanh, sigmoid (and pow's exponential): x = k ln2 + r with |r| <= ln2/2 + tiny; ln2
+is split so that k * LN2_HI is exact and the subtraction x - k * LN2_HI is exact
+(Sterbenz), leaving one rounding in r. expm1(r) is r + r^2 q(r) with q the Taylor series
+through r^14/14!, whose truncation error is below 2^-63 relative. exp(x) = 2^k (1 + expm1(r))
+and expm1(x) = 2^k expm1(r) + (2^k - 1).
+
+exp_f32 makes do with less: t = x 64/ln2 = k + u with k = rint(t), and exp(x) =
+2^(k/64) 2^(u/64), 2^(j/64) (j = k mod 64) read from the table and 2^(u/64) - 1 a polynomial
+of degree 4 (polynomials.py). Its float64 value errs by up to 2^-46 relative (the rounding of
+t, for large |x|), and the few inputs that this error rounds the wrong way are in the
+hard-case table (docs/numerics.md).
 """
 
 from . import numpy_ops as K
-from .ieee import (QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, near_midpoint, neg, pow2,
-                   rint, round_f32)
-from .tables import EXP_CASES, EXPM1_CASES, SIGMOID_CASES, TANH_CASES, hard_case
+from .ieee import (QUIET_NAN, ROUNDING_SHIFT, absolute, f32_to_f64, fast_two_sum, horner, near_midpoint,
+                   neg, pow2, rint, round_f32)
+from .polynomials import EXP_Q
+from .tables import EXP_CASES, EXP_STEPS_AT, EXPM1_CASES, SIGMOID_CASES, TANH_CASES, hard_case
 
 INV_LN2 = 1.4426950408889634
 LN2_HI = 0.6931471805598903  # ln 2 to 42 bits: k * LN2_HI is exact for |k| < 2^11
@@ -19,6 +27,7 @@ EXPM1_Q = (0.5, 0.16666666666666666, 0.041666666666666664, 0.008333333333333333,
            2.7557319223985893e-06, 2.755731922398589e-07, 2.505210838544172e-08,
            2.08767569878681e-09, 1.6059043836821613e-10, 1.1470745597729725e-11)
 SERIES_LIMIT = 2.0**-11
+SIXTY_FOUR_OVER_LN2 = 92.33248261689366
 
 
 def exp_reduce(x, x_lo):
@@ -65,9 +74,14 @@ def finish(bits, invalid, hi, lo, tab, cases):
 
 
 def exp_f32(bits, tab):
-    x = f32_to_f64(bits)
-    y = exp_f64(clamp_f32(x, bits, -110.0, 100.0), 0.0)
-    return finish(bits, x != x, y, 0.0, tab, EXP_CASES)
+    t = clamp_f32(f32_to_f64(bits), bits, -110.0, 100.0) * SIXTY_FOUR_OVER_LN2
+    shifted = t + ROUNDING_SHIFT
+    k = K.i32(K.f64_bits(shifted))  # rint(t), from the low word of the shifted sum
+    u = t - (shifted - ROUNDING_SHIFT)  # exact
+    step = K.f64_bits(K.gather_f64(tab, EXP_STEPS_AT + 2 * (k & 63))) + (K.i64(k >> 6) << 52)
+    scaled = K.f64_from_bits(step)  # 2^(k/64), a normal float64 for |x| <= 110
+    y = scaled + scaled * (u * horner(u, EXP_Q))
+    return finish(bits, (bits & 0x7FFFFFFF) > 0x7F800000, y, 0.0, tab, EXP_CASES)
 
 
 def expm1_f32(bits, tab):

@@ -13,13 +13,15 @@ MIN_NORMAL_F64_BITS = 897 << 52  # 2^-126
 MIN_NORMAL_F64_HIGH = 897 << 20  # the high word of MIN_NORMAL_F64_BITS
 SUBNORMAL_NEAR_FLOOR_F64_HIGH = 872 << 20  # the high word of 2^-151, below the least midpoint
 MIDPOINT_REST = 0x10000000  # the 29 bits a float64 drops for float32 at a rounding midpoint
-# Distance, in float64 ulps, within which near_midpoint flags a value. The float64
-# evaluations err by less than 3 ulps (docs/numerics.md); the bound only has to exceed
-# that, and a wide one costs nothing but an occasional table read.
+# Distance, in float64 ulps, within which near_midpoint flags a value. It has to exceed the
+# error of every float64 evaluation whose hard-case table holds the inputs it rounds the
+# wrong way: below 3 ulps for most, about 2^7 for exp and 2^12.5 for erf (docs/numerics.md).
+# A wide one costs nothing but an occasional table read.
 NEAR_MIDPOINT_ULPS = 1 << 16
 TWO_M149 = 2.0**-149
 TWO_P149 = 2.0**149
 SPLITTER = 134217729.0  # 2^27 + 1
+ROUNDING_SHIFT = 6755399441055744.0  # 1.5 2^52: x + it is rint(x) + it, for |x| < 2^51
 
 
 def neg(x):
@@ -30,6 +32,11 @@ def neg(x):
 def absolute(x):
     """|x| for float64, by clearing the sign bit."""
     return K.f64_from_bits(K.f64_bits(x) & 0x7FFFFFFFFFFFFFFF)
+
+
+def with_sign(y, bits):
+    """y (not negative) with the sign of the float32 of these bits, by its sign bit."""
+    return K.f64_from_bits(K.f64_bits(y) | (K.i64(bits >> 31) << 63))
 
 
 def f32_to_f64(bits):
@@ -126,7 +133,7 @@ def pow2(k):
 
 def rint(x):
     """x rounded to the nearest integer (ties to even), for |x| < 2^51, as float64."""
-    return (x + 6755399441055744.0) - 6755399441055744.0
+    return (x + ROUNDING_SHIFT) - ROUNDING_SHIFT
 
 
 def horner(x, coefs):
@@ -137,13 +144,10 @@ def horner(x, coefs):
     return p
 
 
-def horner_either(x, first, coefs_a, coefs_b):
-    """horner(x, coefs_a) where `first`, else horner(x, coefs_b): one evaluation whose
-    coefficients are chosen per element (both tuples of one length). Lengths are written
-    inline: Triton would turn a local holding one into a tensor."""
-    p = x * K.where(first, K.full_like(x, coefs_a[len(coefs_a) - 1]), coefs_b[len(coefs_a) - 1])
-    p = p + K.where(first, K.full_like(x, coefs_a[len(coefs_a) - 2]), coefs_b[len(coefs_a) - 2])
-    for i in K.static_range(len(coefs_a) - 2):
-        p = p * x + K.where(first, K.full_like(x, coefs_a[len(coefs_a) - 3 - i]),
-                            coefs_b[len(coefs_a) - 3 - i])
+def horner_table(x, tab, first, stride, count):
+    """c_0 + c_1 x + ... + c_(count-1) x^(count-1) by Horner's rule, count >= 2, c_j the
+    float64 of tab at word first + j stride: coefficients chosen per element by `first`."""
+    p = x * K.gather_f64(tab, first + stride * (count - 1)) + K.gather_f64(tab, first + stride * (count - 2))
+    for i in K.static_range(count - 2):
+        p = p * x + K.gather_f64(tab, first + stride * (count - 3 - i))
     return p

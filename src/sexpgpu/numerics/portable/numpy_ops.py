@@ -68,6 +68,12 @@ def gather_pair_if(table, index, mask):
     return table[index], table[index + 1]
 
 
+def gather_f64(table, index):
+    """The float64 whose little-endian words are table[index] and table[index + 1] (index
+    even)."""
+    return f64_from_bits(table[index].astype(np.int64) | (table[index + 1].astype(np.int64) << 32))
+
+
 def interleave(a, b):
     """a[0], b[0], a[1], b[1], ... of two equal-length 1-D arrays."""
     return np.stack((a, b), axis=-1).reshape(-1)

@@ -1,4 +1,5 @@
-"""The one uint32 table the portable algorithms read: bits of 2/pi and hard-case answers.
+"""The one uint32 table the portable algorithms read: bits of 2/pi, hard-case answers, and
+float64 values that exp and erf choose per element (polynomials.py).
 
 Hard cases sit in open-addressing-free hash tables: slot = (bits * multiplier mod 2^32)
 >> shift, with a multiplier chosen here (deterministically) so that no two keys share a
@@ -6,11 +7,17 @@ slot. Each slot holds (key, answer); empty slots hold the key 0xFFFFFFFF, a NaN,
 answer is replaced by NaN anyway. Even and odd functions are keyed by |x| and hold the
 answer for |x|; an odd function's answer takes the sign of x. Each function's table is
 described to the algorithms by the constant (offset, multiplier, shift, key mask, sign mask).
+
+A float64 is stored as its two little-endian words at an even offset, which K.gather_f64
+reads as one aligned 8-byte load. erf's coefficients are stored by degree: coefficient j of
+every piece, then coefficient j + 1, so that one read of coefficient j spans few cache lines
+whatever the pieces of a warp's lanes.
 """
 
 import numpy as np
 
 from . import numpy_ops as K
+from . import polynomials
 from .hardcases import HARD_CASES
 
 # 2/pi = 0.A2F9836E 4E441529 ... in hex; one zero word in front so that windows of bits
@@ -24,7 +31,7 @@ ODD = ("erf", "sin", "tanh")
 # The search from attempt 1 takes about a second in Python (log1p's is attempt 72,681), and
 # every process that imports the numerics paid it; starting at the recorded attempt builds
 # the same table at once. test_tables.py checks that each is still the first.
-FIRST_FREE_ATTEMPT = {"cos": 27, "erf": 2, "exp": 12, "expm1": 14, "log": 9812, "log1p": 72681, "rsqrt": 1,
+FIRST_FREE_ATTEMPT = {"cos": 27, "erf": 21, "exp": 12, "expm1": 14, "log": 9812, "log1p": 72681, "rsqrt": 1,
                       "sigmoid": 2, "sin": 4050, "tanh": 1}
 
 
@@ -46,6 +53,17 @@ def _slots(cases, first_attempt: int = 1):
     raise AssertionError("no collision-free multiplier")
 
 
+def _float64_words(values):
+    return np.array(values, dtype="<f8").view("<u4").astype(np.uint32).tolist()
+
+
+FLOAT64_BLOCKS = {
+    "exp_steps": polynomials.EXP_STEPS,
+    "erf_coefficients": tuple(c for j in range(len(polynomials.ERF_COEFFICIENTS[0]))
+                              for c in (piece[j] for piece in polynomials.ERF_COEFFICIENTS)),
+}
+
+
 def _build():
     words = list(TWO_OVER_PI_BITS)
     specs = {}
@@ -56,10 +74,18 @@ def _build():
         sign_mask = 0x80000000 if name in ODD else 0
         specs[name] = (len(words), multiplier, shift, key_mask, sign_mask)
         words.extend(slot_words)
+    for name, values in FLOAT64_BLOCKS.items():
+        assert len(words) % 2 == 0, "K.gather_f64 reads a float64 as one aligned 8-byte word"
+        specs[name] = len(words)
+        words.extend(_float64_words(values))
     return np.array(words, dtype=np.uint32), specs
 
 
 TABLE, _SPECS = _build()
+EXP_STEPS_AT = _SPECS["exp_steps"]
+ERF_COEFFICIENTS_AT = _SPECS["erf_coefficients"]
+ERF_PIECES = len(polynomials.ERF_COEFFICIENTS)
+ERF_COEFFICIENT_COUNT = len(polynomials.ERF_COEFFICIENTS[0])
 TWO_OVER_PI = 0
 EXP_CASES = _SPECS["exp"]
 EXPM1_CASES = _SPECS["expm1"]
