@@ -15,6 +15,7 @@ from sexpgpu.numerics import cuda, retarget  # noqa: E402
 UNARY = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "tab": "*i32"}
 CASES = [
     ("unary_kernel", UNARY, "erf_f32"),
+    ("unary_kernel", UNARY, "exp_f32"),
     ("unary_kernel", UNARY, "sin_f32"),
     ("binary_kernel", {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
                        "tab": "*i32"}, "pow_f32"),
