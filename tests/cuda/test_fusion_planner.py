@@ -10,6 +10,8 @@ promises. Shapes are tiny to keep CI fast; a row of 40 elements is one chunk, a 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -134,6 +136,22 @@ def test_a_transformer_block_keeps_its_bits():
 
     graph, values = differentiated(block, {"x": (2, 5, 8), "wq": (8, 8), "wo": (8, 8)})
     assert_same_bits(graph, values)
+
+
+def test_no_elementwise_kernel_writes_a_buffer_that_no_step_reads():
+    """gelu's gradient in char-lm's transformer blocks: the planner writes the product
+    g * x / 2 out for its three kernel readers, then its one reader merges into the same
+    kernel, which recomputes it; the store left with no reader is dropped (such stores were
+    1.2 GB a step of gpt-50m)."""
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.setup import build_run
+
+    experiment = load_experiment(str(Path(__file__).resolve().parents[2] / "examples" / "char-lm.sexp"))
+    lowered = FUSED.lowered(build_run(experiment, "cpu").program.training.micro)
+    read = {key for step in lowered.steps for key in step.reads}
+    unread = [(key, lowered.buffers[key].shape) for step in lowered.steps if step.kind == "elementwise"
+              for key in step.writes if key not in read and lowered.buffers[key].kind == "arena"]
+    assert not unread, unread
 
 
 # --- the recompute rule ---------------------------------------------------------------------

@@ -350,13 +350,31 @@ class Lowerer:
 
     def _finish(self, inputs: dict, outputs: dict) -> Lowered:
         open_steps = (FlatStep, rowmerge.RowStep)
-        steps = [step.finish(self.buffers) if isinstance(step, open_steps) else step for step in self.steps]
+        kept = _without_dead_stores(self.steps, self.buffers)
+        steps = [step.finish(self.buffers) if isinstance(step, open_steps) else step for step in kept]
         lifetimes = _lifetimes(steps, self.buffers)
         plan = plan_arena(lifetimes)
         used = {key for step in steps for key in step.reads + step.writes}
         buffers = {key: buffer for key, buffer in self.buffers.items() if key in used or buffer.kind != "arena"}
         return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable,
                        tuple(self.patterns.uses), frozenset(self.patterns.covered))
+
+
+def _without_dead_stores(steps: list, buffers: dict) -> list:
+    """The steps with the fused kernels' stores that no step reads taken out. A value is
+    written out when the fusion planner counts several kernels evaluating it; when its one
+    reader then merged into the same kernel (which recomputes it by substitution), the store
+    is left with no reader. Dropping it changes no value, only the bytes written."""
+    read = {key for step in steps for key in step.reads}
+    kept = []
+    for step in steps:
+        if isinstance(step, FlatStep):
+            live = [output for output in step.outputs if output[0] in read or buffers[output[0]].kind != "arena"]
+            if not live:
+                continue
+            step.outputs[:] = live
+        kept.append(step)
+    return kept
 
 
 def _copier(key: str, source: str, view: View):
