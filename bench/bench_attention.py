@@ -1,6 +1,8 @@
 """The fused attention kernels (backends/cuda/codegen/attention.py) alone, on one GPU: their
 error against a float64 reference, two runs giving the same bits, and their time against
-PyTorch's F.scaled_dot_product_attention, forward and backward, at gpt-50m's shape.
+PyTorch's F.scaled_dot_product_attention, forward and backward, at gpt-50m's shape; the
+backward both with dS in memory (the lowering's choice while dS fits its budget) and with
+backward_q recomputing the probabilities (longer sequences).
 
     PYTHONPATH=src python3 bench/bench_attention.py [--shape B,H,T,E] [--repeats N]
 """
@@ -12,10 +14,12 @@ import math
 
 import torch
 
-from sexpgpu.backends.cuda.codegen.attention import run_backward_kv, run_backward_q, run_forward, run_row_delta
+from sexpgpu.backends.cuda.codegen import attention as kernels
+from sexpgpu.backends.cuda.codegen.attention import (run_backward_kv, run_backward_q, run_backward_q_from_ds,
+                                                     run_forward, run_row_delta)
 
 
-def fused(q, k, v, g, causal: bool):
+def fused(q, k, v, g, causal: bool, ds_in_memory: bool = True):
     """(out, dq, dk, dv) of the fused kernels."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     lead = q.shape[:-1]
@@ -23,8 +27,13 @@ def fused(q, k, v, g, causal: bool):
     run_forward(q, k, v, out, lse, scale, causal)
     run_row_delta(out, g, delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
-    run_backward_q(q, k, v, g, lse, delta, dq, scale, causal)
+    if ds_in_memory and kernels.fused(q.shape[-1], v.shape[-1], q.dtype == torch.bfloat16):
+        ds = q.new_empty(lead + (k.shape[-2],))
+        run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal, ds)
+        run_backward_q_from_ds(ds, k, dq, scale, causal)
+    else:
+        run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
+        run_backward_q(q, k, v, g, lse, delta, dq, scale, causal)
     return out, dq, dk, dv
 
 
@@ -40,11 +49,14 @@ def errors(shape, dtype, causal: bool) -> dict:
     generator = torch.Generator(device="cuda").manual_seed(1)
     q, k, v, g = (torch.randn(shape, device="cuda", generator=generator).to(dtype) for _ in range(4))
     got, again = fused(q, k, v, g, causal), fused(q, k, v, g, causal)
+    recomputed = fused(q, k, v, g, causal, ds_in_memory=False)
     same = all(torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
                            b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32)) for a, b in zip(got, again))
     want = reference(q, k, v, g, causal)
     found = {name: float((a.double() - b).abs().max() / b.abs().max()) for name, a, b in zip(("out", "dq", "dk", "dv"), got, want)}
-    return dict(found, same_bits=same)
+    apart = {f"{name} vs recomputed": float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+             for name, a, b in zip(("dq", "dk", "dv"), got[1:], recomputed[1:])}
+    return dict(found, same_bits=same, **apart)
 
 
 def milliseconds(call, repeats: int) -> float:
@@ -67,7 +79,8 @@ def timings(shape, dtype, repeats: int) -> dict:
         out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
         out.backward(g)
 
-    return {"fused fwd+bwd ms": milliseconds(lambda: fused(q, k, v, g, True), repeats),
+    return {"fused fwd+bwd ms (dS in memory)": milliseconds(lambda: fused(q, k, v, g, True), repeats),
+            "fused fwd+bwd ms (backward_q recomputing)": milliseconds(lambda: fused(q, k, v, g, True, False), repeats),
             "sdpa fwd+bwd ms": milliseconds(sdpa, repeats)}
 
 

@@ -3,7 +3,7 @@ tests/cuda/attention_checks.py (float32 results also against float64), each run 
 the same bits: the GPU's own tiles (32 to 128 queries or keys), lengths that leave partial
 tiles, float32 heads of 16, 32 and 64 (the widest fused one) and past it, bf16 heads of 64
 and 128, a narrow head, one wider than the fused kernels take, and gpt-50m's head at its
-context. The float32 kernels compile to the tensor cores' wgmma products with no register
+context, with dS in memory (the lowering's choice while it fits) and without. The float32 kernels compile to the tensor cores' wgmma products with no register
 spilled (docs/cuda.md, "Attention"). Then a small GPT of gpt-50m's form (heads 64 wide) run
 twice from the command line writes the same metrics, and its float32 losses stay in the
 CPU/GPU envelope.
@@ -84,6 +84,17 @@ def test_fused_attention_on_the_gpu_matches_the_interpreter_and_repeats_its_bits
     check(backend, shapes, dtype, causal)
 
 
+@pytest.mark.parametrize("shapes,dtype,causal", CASES[:4], ids=lambda value: str(value).replace(" ", ""))
+def test_attention_with_ds_over_its_budget_on_the_gpu(monkeypatch, shapes, dtype, causal):
+    """backward_kv then backward_q recomputing the probabilities, the path of long sequences."""
+    from sexpgpu.backends.cuda.backend import CudaBackend
+    from sexpgpu.backends.cuda.codegen import attention as kernels
+    from sexpgpu.backends.cuda.fusion import policy_from_environment
+
+    monkeypatch.setattr(kernels, "MAX_DS_BYTES", 0)
+    check(CudaBackend(policy=policy_from_environment()), shapes, dtype, causal)
+
+
 @pytest.mark.parametrize("width", [16, 32, 64])
 def test_the_float32_kernels_run_tensor_core_products_and_spill_no_register(width):
     from sexpgpu.backends.cuda.codegen import attention as kernels
@@ -95,8 +106,11 @@ def test_the_float32_kernels_run_tensor_core_products_and_spill_no_register(widt
     kernels.run_row_delta(out, g, delta)
     kernels.run_backward_kv(q, k, v, g, lse, delta, dk, dv, 0.125, True)
     kernels.run_backward_q(q, k, v, g, lse, delta, dq, 0.125, True)
+    ds = torch.empty(1, 2, 130, 130, device="cuda")
+    kernels.run_backward_kv(q, k, v, g, lse, delta, dk, dv, 0.125, True, ds)  # storing dS too
+    kernels.run_backward_q_from_ds(ds, k, dq, 0.125, True)
     torch.cuda.synchronize()
-    for function in (kernels.forward, kernels.backward_kv, kernels.backward_q):
+    for function in (kernels.forward, kernels.backward_kv, kernels.backward_q, kernels.backward_q_from_ds):
         compiled = [kernel for kernel in _compiled(function)
                     if _constants(function, kernel)["BLOCK_E"] == width and not _constants(function, kernel)["BF16"]]
         assert compiled, function.__name__

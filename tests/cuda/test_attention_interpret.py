@@ -39,6 +39,10 @@ CASES = [
     ([(1, 6, 96)] * 3, "f32", True),
     ([(1, 5, 130), (1, 6, 130), (1, 6, 3)], "f32", False),
     ([(1, 6, 130)] * 3, "bf16", True),
+    # several of the GPU's key blocks (float32 128 keys, bf16 64), the last one partial
+    ([(1, 2, 150, 8)] * 3, "f32", True),
+    ([(1, 20, 8), (1, 200, 8), (1, 200, 8)], "f32", False),
+    ([(1, 2, 75, 8)] * 3, "bf16", True),
 ]
 
 
@@ -59,14 +63,31 @@ def test_wide_heads_with_large_scores_normalise_as_the_interpreter_does(backend)
     check(backend, [(1, 7, 1000), (1, 7, 1000), (1, 7, 64)], "f32", False, scale=1.0)
 
 
-def test_float32_attention_lowers_to_the_fused_kernels_without_the_scores_in_memory(backend):
-    """No buffer of the T x T scores, no product: the attention steps and the loss's own."""
+def test_float32_attention_lowers_to_the_fused_kernels_without_the_scores_in_memory(monkeypatch):
+    """No buffer of the T x T scores, no product: the attention steps and the loss's own;
+    with dS over its budget, no T x T buffer at all (memory linear in T)."""
+    from sexpgpu.backends.cuda.codegen import attention as kernels
+
     length = 40
     graph, _ = case_graph(attention_case([(2, 3, length, 16)] * 3, "f32", True))
-    lowered = backend.lowered(graph)
+    lowered = CudaBackend(device="cpu").lowered(graph)
     kinds = {step.kind for step in lowered.steps}
     assert "attention" in kinds and "matmul" not in kinds, kinds
+    square = [key for key, buffer in lowered.buffers.items() if buffer.shape[-2:] == (length, length)]
+    writers = [step for step in lowered.steps if set(square) & set(step.writes)]
+    assert len(square) == 1 and len(writers) == 1 and writers[0].kind == "attention", square  # dS, from the dK/dV kernel
+    monkeypatch.setattr(kernels, "MAX_DS_BYTES", 2 * 3 * length * length * 4 - 1)
+    lowered = CudaBackend(device="cpu").lowered(graph)
     assert all(buffer.shape[-2:] != (length, length) for buffer in lowered.buffers.values())
+
+
+@pytest.mark.parametrize("shapes,dtype,causal", CASES[:4] + CASES[-3:], ids=lambda value: str(value).replace(" ", ""))
+def test_attention_with_ds_over_its_budget_matches_the_interpreter(backend, monkeypatch, shapes, dtype, causal):
+    """backward_kv then backward_q, each recomputing the probabilities: the path of long sequences."""
+    from sexpgpu.backends.cuda.codegen import attention as kernels
+
+    monkeypatch.setattr(kernels, "MAX_DS_BYTES", 0)
+    check(CudaBackend(device="cpu"), shapes, dtype, causal)
 
 
 def _parts(X, BIG, SMALL, DOT, PARTS: tl.constexpr, PRODUCT: tl.constexpr, BLOCK: tl.constexpr):

@@ -3,7 +3,10 @@
 - attention_core: one forward kernel writes the output and each query's log-sum-exp (kept
   beside the node in `Lowerer.shared`, for the backward);
 - attention_grad_q and attention_grad_kv: D = rowsum(g * o) is computed once for the pair
-  (a step of its own, shared through `Lowerer.shared`), then one kernel each. When `o` is not
+  (a step of its own, shared through `Lowerer.shared`), then one kernel each; or, when the
+  graph has both ops of one set of operands and dS fits in memory (codegen/attention.py,
+  ds_in_memory), the first of them met lowers the pair: the dK/dV kernel also stores dS
+  in a scratch buffer, and dQ is one product of it. When `o` is not
   the forward node of the same q, k, v and attributes (an op written by hand), the
   log-sum-exp is computed by a forward kernel into scratch first. The statistics are
   float32 buffers of the output's shape less its last axis, read by flat position.
@@ -135,9 +138,9 @@ def _row_delta(lowerer, o, g) -> str:
     return key
 
 
-def _cotangent_step(lowerer, node, launch, results: list) -> None:
-    """A step running `launch(q, k, v, g, lse, delta, *results, scale, causal)`, each result
-    a (buffer, view) the kernel writes through."""
+def _cotangent_step(lowerer, node, launch, results: list, scratch: tuple = ()) -> None:
+    """A step running `launch(q, k, v, g, lse, delta, *results, scale, causal, *scratch)`,
+    each result a (buffer, view) the kernel writes through, each scratch a buffer it writes."""
     lse = _log_sum_exp(lowerer, node)
     delta = _row_delta(lowerer, node.inputs[3], node.inputs[4])
     operands = _operands(lowerer, node.inputs[:3] + node.inputs[4:])
@@ -145,15 +148,17 @@ def _cotangent_step(lowerer, node, launch, results: list) -> None:
 
     def run(env):
         q, k, v, g = _tensors(env, operands)
-        launch(q, k, v, g, env[lse], env[delta], *_written(env, results), scale, causal)
+        launch(q, k, v, g, env[lse], env[delta], *_written(env, results), scale, causal, *[env[key] for key in scratch])
 
-    writes = tuple(dict.fromkeys(key for key, _ in results))
+    writes = tuple(dict.fromkeys([key for key, _ in results] + list(scratch)))
     lowerer.steps.append(TorchStep(run, _reads(operands, lse, delta), writes, "attention"))
 
 
 def attention_grad_q(lowerer, node) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_backward_q
 
+    if _paired(lowerer, node, "attention_grad_kv"):
+        return
     result = _result(lowerer, node)
     _cotangent_step(lowerer, node, run_backward_q, [result])
     lowerer.values[node] = load(*result, node.dtype)
@@ -175,21 +180,70 @@ def _kv_slices(lowerer, node) -> tuple | None:
     return tuple(found)
 
 
-def attention_grad_kv(lowerer, node) -> None:
-    from sexpgpu.backends.cuda.codegen.attention import run_backward_kv
-
+def _kv_results(lowerer, node) -> list:
+    """Where dk and dv are written: a buffer each, the gradient rule's slices' values, when
+    the slices are all that reads `node`; else the two halves of one buffer, `node`'s value."""
     slices = _kv_slices(lowerer, node)
     if slices is not None:
         results = [_result(lowerer, part) for part in slices]
-        _cotangent_step(lowerer, node, run_backward_kv, results)
         for part, result in zip(slices, results):
             lowerer.values[part] = load(*result, part.dtype)
-        return
+        return results
     key, width = lowerer.result_buffer(node), node.inputs[1].shape[-1]
     whole = contiguous(node.shape)
-    halves = [View(node.inputs[1].shape, whole.strides), View(node.inputs[2].shape, whole.strides, width)]
-    _cotangent_step(lowerer, node, run_backward_kv, [(key, half) for half in halves])
     lowerer.values[node] = load(key, whole, node.dtype)
+    halves = [View(node.inputs[1].shape, whole.strides), View(node.inputs[2].shape, whole.strides, width)]
+    return [(key, half) for half in halves]
+
+
+def attention_grad_kv(lowerer, node) -> None:
+    from sexpgpu.backends.cuda.codegen.attention import run_backward_kv
+
+    if _paired(lowerer, node, "attention_grad_q"):
+        return
+    _cotangent_step(lowerer, node, run_backward_kv, _kv_results(lowerer, node))
+
+
+def _sibling(lowerer, node, op: str):
+    """The graph's other cotangent op of the same operands and attributes, if any."""
+    for reader in lowerer.readers.consumers[node.inputs[0]]:
+        if reader.op == op and reader.inputs == node.inputs and reader.attrs == node.attrs:
+            return reader
+    return None
+
+
+def _paired(lowerer, node, other: str) -> bool:
+    """Whether `node` is lowered with its sibling through dS in memory: the dK/dV kernel
+    stores dS, and dQ is one product of it (codegen/attention.py, ds_in_memory). The first
+    of the pair met lowers both; the second finds itself done."""
+    from sexpgpu.backends.cuda.codegen.attention import ds_in_memory, fused, run_backward_kv, run_backward_q_from_ds
+
+    if lowerer.shared.get(("attention paired", node)):
+        return True
+    sibling = _sibling(lowerer, node, other)
+    q, k, v = node.inputs[:3]
+    lead = 1
+    for size in q.shape[:-2]:
+        lead *= size
+    bf16 = q.dtype == "bf16"
+    if sibling is None or not fused(q.shape[-1], v.shape[-1], bf16) or not ds_in_memory(lead, q.shape[-2], k.shape[-2], bf16):
+        return False
+    q_node, kv_node = (node, sibling) if node.op == "attention_grad_q" else (sibling, node)
+    ds = lowerer.new_buffer(q.dtype, (lead, 1, q.shape[-2], k.shape[-2]))
+    _cotangent_step(lowerer, kv_node, run_backward_kv, _kv_results(lowerer, kv_node), scratch=(ds,))
+    dq = _result(lowerer, q_node)
+    key_operand = lowerer.addressable(k)
+    scale, causal = node.attrs["scale"], node.attrs["causal"]
+
+    def run(env):
+        (keys,) = _tensors(env, [key_operand])
+        (written,) = _written(env, [dq])
+        run_backward_q_from_ds(env[ds], keys, written, scale, causal)
+
+    lowerer.steps.append(TorchStep(run, _reads([key_operand], ds), (dq[0],), "attention"))
+    lowerer.values[q_node] = load(*dq, q_node.dtype)
+    lowerer.shared[("attention paired", sibling)] = True
+    return True
 
 
 ATTENTION = {

@@ -132,6 +132,15 @@ def _program_head(HEADS, LEAD0):
 
 
 @triton.jit
+def _keys_seen(TK, start_m, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """Where a block of queries' walk over the keys stops: a causal block at its last query."""
+    if CAUSAL:
+        return tl.minimum(TK, start_m + BLOCK_M)
+    else:
+        return TK
+
+
+@triton.jit
 def _scores(a, b, rows, cols, TQ, TK, scale, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
     """(a b) * scale over (rows, cols) of queries and keys, -inf where masked; a is the
     operand whose rows are `rows` (q, or k for the transposed tile)."""
@@ -195,9 +204,7 @@ def forward(Q, K, V, O, LSE, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, s
     m_i = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_EV], 0.0, tl.float32)
-    stop = TK
-    if CAUSAL:
-        stop = tl.minimum(TK, start_m + BLOCK_M)
+    stop = _keys_seen(TK, start_m, BLOCK_M, CAUSAL)
     if NATIVE:
         for start_n in range(0, stop, BLOCK_N):
             m_i, l_i, acc = _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve,
@@ -230,7 +237,8 @@ def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, LEAD0,
 @triton.jit
 def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, stat_base, sqt, sqe, sgt, sge,
               TQ, TK, scale, E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-              BLOCK_M: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+              BLOCK_M: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr,
+              DS, ds_base, STORE_DS: tl.constexpr):
     queries = start_m + tl.arange(0, BLOCK_M)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -244,16 +252,19 @@ def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, sta
                       seen[:, None] & (ev[None, :] < EV), BF16, NATIVE)
     dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16, NATIVE)
     ds_t = p_t * (_dot(v, tl.trans(g), BF16, NATIVE) - delta[None, :])
+    if STORE_DS:  # for backward_q_from_ds: dS[query, key], stored as the product's operand rounds it
+        _store_result(DS + ds_base + queries[None, :] * TK + keys[:, None], ds_t,
+                      seen[None, :] & (keys[:, None] < TK), BF16)
     dk += _dot(_operand(ds_t, BF16, NATIVE), query, BF16, NATIVE)
     return dk, dv
 
 
 @triton.jit
-def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve,
+def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, DS, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve,
                 sg0, sg1, sgt, sge, sdk0, sdk1, sdkt, sdke, sdv0, sdv1, sdvt, sdve, HEADS, LEAD0, TQ, TK, scale,
                 E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr,
-                CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
+                CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr, STORE_DS: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     lead, batch, head = _program_head(HEADS, LEAD0)
     keys = start_n + tl.arange(0, BLOCK_N)
@@ -267,18 +278,21 @@ def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, sq0, sq1, sqt, sqe, sk0, sk1, sk
     dk = tl.full([BLOCK_N, BLOCK_E], 0.0, tl.float32)
     dv = tl.full([BLOCK_N, BLOCK_EV], 0.0, tl.float32)
     q_base, g_base, stat_base = batch * sq0 + head * sq1, batch * sg0 + head * sg1, lead * TQ
+    ds_base = stat_base * TK  # dS is (lead, TQ, TK) contiguous
     first = 0
     if CAUSAL:
         first = (start_n // BLOCK_M) * BLOCK_M
     if NATIVE:
         for start_m in range(first, TQ, BLOCK_M):
             dk, dv = _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, stat_base, sqt, sqe,
-                               sgt, sge, TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_M, BF16, NATIVE, CAUSAL)
+                               sgt, sge, TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_M, BF16, NATIVE, CAUSAL,
+                               DS, ds_base, STORE_DS)
     else:
         start_m = first
         while start_m < TQ:
             dk, dv = _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, stat_base, sqt, sqe,
-                               sgt, sge, TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_M, BF16, NATIVE, CAUSAL)
+                               sgt, sge, TQ, TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_M, BF16, NATIVE, CAUSAL,
+                               DS, ds_base, STORE_DS)
             start_m += BLOCK_M
     dk = dk * scale
     dk_pointers = DK + batch * sdk0 + head * sdk1 + keys[:, None] * sdkt + e[None, :] * sdke
@@ -325,9 +339,7 @@ def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, sk
     delta = tl.load(DELTA + lead * TQ + rows, mask=row_mask, other=0.0)
     k_base, v_base = batch * sk0 + head * sk1, batch * sv0 + head * sv1
     dq = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
-    stop = TK
-    if CAUSAL:
-        stop = tl.minimum(TK, start_m + BLOCK_M)
+    stop = _keys_seen(TK, start_m, BLOCK_M, CAUSAL)
     if NATIVE:
         for start_n in range(0, stop, BLOCK_N):
             dq = _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK,
@@ -342,6 +354,49 @@ def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, sk
     pointers = DQ + batch * sdq0 + head * sdq1 + rows[:, None] * sdqt + e[None, :] * sdqe
     mask = row_mask[:, None] & (e[None, :] < E)
     _store_result(pointers, dq, mask, OUT_BF16)
+
+
+@triton.jit
+def _q_ds_block(dq, start_n, rows, DS, ds_base, K, k_base, skt, ske, TQ, TK, E: tl.constexpr, BLOCK_E: tl.constexpr,
+                BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    cols = start_n + tl.arange(0, BLOCK_N)
+    e = tl.arange(0, BLOCK_E)
+    seen = (rows[:, None] < TQ) & (cols[None, :] < TK)
+    if CAUSAL:
+        seen = seen & (cols[None, :] <= rows[:, None])  # backward_kv wrote every entry a row sees
+    ds = _load_operand(DS + ds_base + rows[:, None] * TK + cols[None, :], seen, BF16, NATIVE)
+    key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
+                        (cols[:, None] < TK) & (e[None, :] < E), BF16, NATIVE)
+    return dq + _dot(ds, key, BF16, NATIVE)
+
+
+@triton.jit
+def backward_q_from_ds(DS, K, DQ, sk0, sk1, skt, ske, sdq0, sdq1, sdqt, sdqe, HEADS, LEAD0, TQ, TK, scale,
+                       E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr, OUT_BF16: tl.constexpr):
+    """dQ = scale * dS k, dS as backward_kv stored it: one program per (query block, lead and
+    head), walking key blocks as backward_q does."""
+    start_m = tl.program_id(0) * BLOCK_M
+    lead, batch, head = _program_head(HEADS, LEAD0)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    e = tl.arange(0, BLOCK_E)
+    ds_base = lead * TQ * TK
+    k_base = batch * sk0 + head * sk1
+    dq = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
+    stop = _keys_seen(TK, start_m, BLOCK_M, CAUSAL)
+    if NATIVE:
+        for start_n in range(0, stop, BLOCK_N):
+            dq = _q_ds_block(dq, start_n, rows, DS, ds_base, K, k_base, skt, ske, TQ, TK, E, BLOCK_E, BLOCK_N, BF16,
+                             NATIVE, CAUSAL)
+    else:
+        start_n = 0
+        while start_n < stop:
+            dq = _q_ds_block(dq, start_n, rows, DS, ds_base, K, k_base, skt, ske, TQ, TK, E, BLOCK_E, BLOCK_N, BF16,
+                             NATIVE, CAUSAL)
+            start_n += BLOCK_N
+    dq = dq * scale
+    pointers = DQ + batch * sdq0 + head * sdq1 + rows[:, None] * sdqt + e[None, :] * sdqe
+    _store_result(pointers, dq, (rows[:, None] < TQ) & (e[None, :] < E), OUT_BF16)
 
 
 # --- launching ----------------------------------------------------------------------------------------------
@@ -370,10 +425,23 @@ TILES = {
     ("backward_kv", "bf16", True): Blocks(64, 32, 4, 1),
     ("backward_q", "bf16", False): Blocks(64, 64, 4, 2),
     ("backward_q", "bf16", True): Blocks(64, 32, 4, 1),
+    ("backward_q_from_ds", "bf16", False): Blocks(64, 64, 4, 2),
+    ("backward_q_from_ds", "bf16", True): Blocks(64, 32, 4, 2),
+    ("backward_q_from_ds", "f32", False): Blocks(64, 64, 4, 2),
     ("forward", "f32", False): Blocks(64, 64, 4, 2),
     ("backward_kv", "f32", False): Blocks(32, 128, 8, 3),
     ("backward_q", "f32", False): Blocks(128, 64, 8, 2),
 }
+# dS in memory, lead x TQ x TK elements of q's dtype, up to this many bytes: backward_kv stores
+# it and dQ is one product of it (backward_q_from_ds) instead of backward_q's three with the
+# probabilities recomputed; longer sequences keep memory linear in T (backward_q)
+MAX_DS_BYTES = 1 << 30
+
+
+def ds_in_memory(lead: int, queries: int, keys: int, bf16: bool) -> bool:
+    return lead * queries * keys * (2 if bf16 else 4) <= MAX_DS_BYTES
+
+
 # the widest head each dtype's fused kernels take; wider ones run attention_wide.py
 MAX_FUSED_WIDTH = {"bf16": 128, "f32": 64}
 INTERPRETED_TILES = Blocks(16, 16, 1, 1)  # many blocks, partial ones included, on small test shapes
@@ -446,7 +514,9 @@ def run_row_delta(out, g, delta) -> None:
                                                        value_width, block_ev, rows, bf16, enable_fp_fusion=False)
 
 
-def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) -> None:
+def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool, ds=None) -> None:
+    """dk and dv; with `ds` ((lead, heads, TQ, TK) contiguous, q's dtype), also dS there, for
+    run_backward_q_from_ds."""
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
     if not fused(width, value_width, bf16):
         return attention_wide.backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
@@ -454,9 +524,20 @@ def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) 
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     for lead0, count in _lead_chunks(lead * heads):
         backward_kv[(triton.cdiv(keys, tile.n), count)](
-            q, k, v, g, lse, delta, dk, dv, *_strides(q, k, v, g, dk, dv), heads, lead0, queries, keys, scale,
-            width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
-            **_launch_options(tile, native))
+            q, k, v, g, lse, delta, dk, dv, dk if ds is None else ds, *_strides(q, k, v, g, dk, dv), heads, lead0,
+            queries, keys, scale, width, value_width, block_e, block_ev, tile.m, tile.n, bf16, native, causal, bf16,
+            ds is not None, **_launch_options(tile, native))
+
+
+def run_backward_q_from_ds(ds, k, dq, scale: float, causal: bool) -> None:
+    """dq = scale * dS k, from the dS that run_backward_kv stored."""
+    width, _, block_e, _, bf16, native = _sizes(k, k)
+    tile = blocks("backward_q_from_ds", bf16, block_e, native)
+    lead, heads, queries, keys = dq.shape[0], dq.shape[1], dq.shape[2], k.shape[2]
+    for lead0, count in _lead_chunks(lead * heads):
+        backward_q_from_ds[(triton.cdiv(queries, tile.m), count)](
+            ds, k, dq, *_strides(k, dq), heads, lead0, queries, keys, scale, width, block_e, tile.m, tile.n, bf16,
+            native, causal, bf16, **_launch_options(tile, native))
 
 
 def run_backward_q(q, k, v, g, lse, delta, dq, scale: float, causal: bool) -> None:
