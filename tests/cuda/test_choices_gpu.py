@@ -3,6 +3,8 @@ cache, level 2 pinned to another run's record with the cache emptied, a deleted 
 another outcome reported, and --deterministic runs that agree. Skipped where no GPU is present.
 
 Run on a GPU machine with:  PYTHONPATH=src python3 -m pytest tests/cuda/test_choices_gpu.py -m gpu
+(alone, without -n: the deleted-cache test holds most of the GPU's memory, and skips itself
+in a session of several workers)
 """
 
 from __future__ import annotations
@@ -75,7 +77,12 @@ def test_a_run_pinned_to_another_runs_record_repeats_its_bits_with_the_cache_emp
 
 
 def test_a_deleted_cache_and_another_outcome_are_reported(tiny, tmp_path):
-    """Another process takes most of the free memory, so fewer stacking degrees fit."""
+    """Another process takes most of the free memory, so fewer stacking degrees fit. It
+    takes the memory from every test beside it too, so it runs only in a session of one
+    worker (this file alone, without -n)."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.skip("holds 97% of the GPU's free memory, which the tests of the other workers need: "
+                    "run this file alone, without -n")
     first = run(tiny, tmp_path / "a", tmp_path / "home")
     if "stacking degrees" not in first:
         pytest.skip("this CUDA backend offers no DeviceProbe yet, so it measures nothing")
