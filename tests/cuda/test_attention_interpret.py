@@ -22,9 +22,11 @@ import triton.language as tl  # noqa: E402  (kernels are decorated in the tests,
 
 from attention_checks import attention_case, check  # noqa: E402
 from op_cases import case_graph  # noqa: E402
+from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
+pytestmark = pytest.mark.usefixtures("interpreted")
+CPU = Interpreter()  # tests/cuda/conftest.py
 
 CASES = [
     ([(2, 3, 19, 4)] * 3, "f32", True),
@@ -61,6 +63,18 @@ def test_wide_heads_with_large_scores_normalise_as_the_interpreter_does(backend)
     probabilities taken as exp(s - lse) carried lse's rounding into the whole row, outside
     the float32 envelope; a softmax of the scores keeps within it."""
     check(backend, [(1, 7, 1000), (1, 7, 1000), (1, 7, 64)], "f32", False, scale=1.0)
+
+
+def test_a_wide_head_with_one_key_has_no_query_or_key_gradient(backend):
+    """One key: every probability is 1, dS = P (dO v^T - D) is exactly 0, and so are the
+    gradients of q and k, as the interpreter gives them. Heads wider than the fused kernels
+    take form D from the very products dS subtracts it from (attention_wide.py); D as
+    rowsum(dO * O), another sum, left them a rounding apart times the head's width."""
+    graph, values = case_graph(attention_case([(2, 5, 200), (2, 1, 200), (2, 1, 200)], "f32", False))
+    got = backend.run(graph, values)
+    want = CPU.run(graph, values)
+    for name in ("grad0", "grad1"):
+        assert not np.any(want[name]) and not np.any(backend.to_host(got[name])), name
 
 
 def test_float32_attention_lowers_to_the_fused_kernels_without_the_scores_in_memory(monkeypatch):

@@ -108,12 +108,18 @@ def attention_core(lowerer, node) -> None:
     lowerer.values[node] = load(*out, node.dtype)
 
 
+def _output_is_forward(node) -> bool:
+    """Whether a cotangent op's `o` is the forward node of its q, k, v and attributes (else
+    an op written by hand)."""
+    q, k, v, o, _ = node.inputs
+    return o.op == "attention_core" and o.inputs == (q, k, v) and o.attrs == node.attrs
+
+
 def _log_sum_exp(lowerer, node) -> str:
     """The forward's log-sum-exp buffer for a cotangent op `node`, computing it when the
     forward node did not."""
-    q, k, v, o, _ = node.inputs
-    forward = o.op == "attention_core" and o.inputs == (q, k, v) and o.attrs == node.attrs
-    key = lowerer.shared.get(("attention lse", o)) if forward else None
+    o = node.inputs[3]
+    key = lowerer.shared.get(("attention lse", o)) if _output_is_forward(node) else None
     if key is None:
         key = lowerer.new_buffer("f32", o.shape[:-1])
         _forward_step(lowerer, node, (lowerer.new_buffer(o.dtype, o.shape), contiguous(o.shape)), key)
@@ -140,18 +146,25 @@ def _row_delta(lowerer, o, g) -> str:
 
 def _cotangent_step(lowerer, node, launch, results: list, scratch: tuple = ()) -> None:
     """A step running `launch(q, k, v, g, lse, delta, *results, scale, causal, *scratch)`,
-    each result a (buffer, view) the kernel writes through, each scratch a buffer it writes."""
+    each result a (buffer, view) the kernel writes through, each scratch a buffer it writes.
+    Heads too wide for the fused kernels, with the forward's own output, get delta None:
+    attention_wide.py forms D from the probabilities it holds."""
+    from sexpgpu.backends.cuda.codegen.attention import fused
+
+    q, v = node.inputs[0], node.inputs[2]
     lse = _log_sum_exp(lowerer, node)
-    delta = _row_delta(lowerer, node.inputs[3], node.inputs[4])
+    own_delta = not fused(q.shape[-1], v.shape[-1], q.dtype == "bf16") and _output_is_forward(node)
+    delta = None if own_delta else _row_delta(lowerer, node.inputs[3], node.inputs[4])
     operands = _operands(lowerer, node.inputs[:3] + node.inputs[4:])
     scale, causal = node.attrs["scale"], node.attrs["causal"]
 
     def run(env):
         q, k, v, g = _tensors(env, operands)
-        launch(q, k, v, g, env[lse], env[delta], *_written(env, results), scale, causal, *[env[key] for key in scratch])
+        launch(q, k, v, g, env[lse], None if delta is None else env[delta], *_written(env, results), scale, causal,
+               *[env[key] for key in scratch])
 
     writes = tuple(dict.fromkeys([key for key, _ in results] + list(scratch)))
-    lowerer.steps.append(TorchStep(run, _reads(operands, lse, delta), writes, "attention"))
+    lowerer.steps.append(TorchStep(run, _reads(operands, lse, *[key for key in (delta,) if key]), writes, "attention"))
 
 
 def attention_grad_q(lowerer, node) -> None:

@@ -3,7 +3,8 @@ MAX_FUSED_WIDTH: float32 64, bf16 128): the same formula, with the same operands
 statistics and rounding points, through PyTorch on 4-d (lead, heads, T, E) tensors. Every
 sum is a cuBLAS float32 product (TF32 off) or a PyTorch reduction, none with atomics, so the
 bits repeat; the scores are held in memory (lead x heads x TQ x TK floats), as the fused
-kernels avoid.
+kernels avoid. Since they are, D is formed from the probabilities and dO v^T when the
+lowering passes none, the output being the forward's own (`_score_cotangent`).
 """
 
 from __future__ import annotations
@@ -40,11 +41,20 @@ def forward(q, k, v, out, lse, scale: float, causal: bool) -> None:
 
 
 def _score_cotangent(q, k, v, g, lse, delta, scale: float, causal: bool):
+    """(P, dS) with dS = P (dO v^T - D). `delta` None: D = rowsum(P * dO v^T), which equals
+    rowsum(dO * O) when O is the forward's output of these operands, and is formed from the
+    very products it is subtracted from, so a row whose probability is all on one key (a
+    single key, say) gets dS = 0 exactly instead of two sums' rounding apart, which its
+    gradients multiply by the whole head's width."""
     import torch
 
     probabilities, _ = _probabilities(q, k, lse, scale, causal)
     products = torch.matmul(g.float(), v.float().transpose(-1, -2))
-    return probabilities, probabilities * (products - delta.view(products.shape[:-1]).unsqueeze(-1))
+    if delta is None:
+        delta = (probabilities * products).sum(-1, keepdim=True)
+    else:
+        delta = delta.view(products.shape[:-1]).unsqueeze(-1)
+    return probabilities, probabilities * (products - delta)
 
 
 def backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool) -> None:
