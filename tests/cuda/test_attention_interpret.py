@@ -65,6 +65,25 @@ def test_wide_heads_with_large_scores_normalise_as_the_interpreter_does(backend)
     check(backend, [(1, 7, 1000), (1, 7, 1000), (1, 7, 64)], "f32", False, scale=1.0)
 
 
+@pytest.mark.parametrize("shape", [(1, 2, 40, 16), (1, 2, 20, 96)], ids=["fused", "wide"])
+def test_the_attention_bench_runs_both_backward_paths_to_the_same_gradients(shape):
+    """bench/bench_attention.py's `fused`, on CPU tensors under the interpreter: dS in memory
+    and backward_q recomputing give gradients within float32 rounding of each other (a head
+    too wide for the fused kernels takes attention_wide.py either way)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import bench_attention
+
+    generator = torch.Generator().manual_seed(3)
+    q, k, v, g = (torch.randn(shape, generator=generator) for _ in range(4))
+    kept = bench_attention.fused(q, k, v, g, True)
+    recomputed = bench_attention.fused(q, k, v, g, True, ds_in_memory=False)
+    for a, b in zip(kept, recomputed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_a_wide_head_with_one_key_has_no_query_or_key_gradient(backend):
     """One key: every probability is 1, dS = P (dO v^T - D) is exactly 0, and so are the
     gradients of q and k, as the interpreter gives them. Heads wider than the fused kernels

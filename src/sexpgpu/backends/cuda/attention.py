@@ -25,6 +25,8 @@ holds dk then dv along the last axis, and the slices read it as views.
 
 from __future__ import annotations
 
+from math import prod
+
 from sexpgpu.backends.cuda.codegen.expr import load
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
 from sexpgpu.backends.cuda.steps import TorchStep, strided
@@ -164,7 +166,8 @@ def _cotangent_step(lowerer, node, launch, results: list, scratch: tuple = ()) -
                *[env[key] for key in scratch])
 
     writes = tuple(dict.fromkeys([key for key, _ in results] + list(scratch)))
-    lowerer.steps.append(TorchStep(run, _reads(operands, lse, *[key for key in (delta,) if key]), writes, "attention"))
+    statistics = (lse,) if delta is None else (lse, delta)
+    lowerer.steps.append(TorchStep(run, _reads(operands, *statistics), writes, "attention"))
 
 
 def attention_grad_q(lowerer, node) -> None:
@@ -235,14 +238,11 @@ def _paired(lowerer, node, other: str) -> bool:
         return True
     sibling = _sibling(lowerer, node, other)
     q, k, v = node.inputs[:3]
-    lead = 1
-    for size in q.shape[:-2]:
-        lead *= size
-    bf16 = q.dtype == "bf16"
+    lead, bf16 = prod(q.shape[:-2]), q.dtype == "bf16"
     if sibling is None or not fused(q.shape[-1], v.shape[-1], bf16) or not ds_in_memory(lead, q.shape[-2], k.shape[-2], bf16):
         return False
     q_node, kv_node = (node, sibling) if node.op == "attention_grad_q" else (sibling, node)
-    ds = lowerer.new_buffer(q.dtype, (lead, 1, q.shape[-2], k.shape[-2]))
+    ds = lowerer.new_buffer(q.dtype, (lead, q.shape[-2], k.shape[-2]))
     _cotangent_step(lowerer, kv_node, run_backward_kv, _kv_results(lowerer, kv_node), scratch=(ds,))
     dq = _result(lowerer, q_node)
     key_operand = lowerer.addressable(k)

@@ -515,8 +515,8 @@ def run_row_delta(out, g, delta) -> None:
 
 
 def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool, ds=None) -> None:
-    """dk and dv; with `ds` ((lead, heads, TQ, TK) contiguous, q's dtype), also dS there, for
-    run_backward_q_from_ds."""
+    """dk and dv; with `ds` (lead x heads x TQ x TK elements of q's dtype, contiguous), also
+    dS there, for run_backward_q_from_ds."""
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
     if not fused(width, value_width, bf16):
         return attention_wide.backward_kv(q, k, v, g, lse, delta, dk, dv, scale, causal)
