@@ -13,10 +13,19 @@ import torch
 
 def split_special(x: torch.Tensor, w: torch.Tensor):
     """(x, w with non-finite elements zeroed, (3, M, N) counts of NaN/+inf/-inf products or None)."""
-    if bool(torch.isfinite(x).all() & torch.isfinite(w).all()):  # one synchronisation
+    if bool(all_finite(x) & all_finite(w)):  # one synchronisation
         return x, w, None
     counts = torch.stack(_special_counts(_classes(x), _classes(w))).to(torch.int64)
     return _zero_nonfinite(x), _zero_nonfinite(w), counts
+
+
+def all_finite(t: torch.Tensor) -> torch.Tensor:
+    """Whether every element is finite, as a device boolean: one reduction that reads t once
+    (its smallest and largest element, NaN propagating), where isfinite(t).all() writes a mask."""
+    if t.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=t.device)
+    lowest, highest = torch.aminmax(t)
+    return torch.isfinite(lowest) & torch.isfinite(highest)
 
 
 def _classes(t: torch.Tensor) -> dict[str, torch.Tensor]:
