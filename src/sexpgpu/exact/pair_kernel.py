@@ -14,8 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_P = 64
-BLOCK_K = 16  # lanes a TwoSum tree joins afterwards: few levels of small torch operations
+# 32 outputs of 32 lanes: pair_sums of 234,047 outputs at K = 8192 in 2.58 ms on an H200,
+# against 2.74 for 64 of 16 and 3.13 to 4.39 for 64 lanes or more (a deeper tree afterwards)
+BLOCK_P = 32
+BLOCK_K = 32  # lanes a TwoSum tree joins afterwards: few levels of small torch operations
 NUM_WARPS = 4
 
 

@@ -22,8 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 32
-BLOCK_N = 64
+# (BLOCK_M, BLOCK_N) by the outputs' width: long rows take long tiles (8 x 512 settled 8192^2
+# outputs in 0.84 ms on an H200, 32 x 64 in 0.97, 64 x 128 in 1.77); narrow ones the square one.
+WIDE_TILE, NARROW_TILE = (8, 512), (32, 64)
 NUM_WARPS = 4
 
 
@@ -39,7 +40,8 @@ def settled_float32(total, bound):
     above = tl.where(above == float("inf"), 3.402823669209385e38, above)  # 2**128, the overflow point
     kept = magnitude.to(tl.float64)
     size = tl.abs(total)
-    inside = ((size - (kept + below) / 2) > bound) & (((kept + above) / 2 - size) > bound)
+    # halving by a product: the same rounding as a division by 2, without a division's instructions
+    inside = ((size - (kept + below) * 0.5) > bound) & (((kept + above) * 0.5 - size) > bound)
     finite = magnitude < float("inf")
     exact = bound == 0
     exact_zero = exact & (total == 0)
@@ -48,7 +50,7 @@ def settled_float32(total, bound):
     return done, tl.where(done & ~exact_zero, candidate, 0.0)
 
 
-@triton.jit(do_not_specialize=["M", "N", "TILES_M"])
+@triton.jit(do_not_specialize=["M", "TILES_M"])  # N specialised: rows aligned to 16 load and store as vectors
 def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N, TILES_M, factor,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # axis 0 walks the matrices' row tiles, matrix after matrix: TILES_M of them a matrix
@@ -77,9 +79,10 @@ def settle_float32(total: torch.Tensor, x_norm: torch.Tensor, w_norm: torch.Tens
     done = torch.empty(total.shape, dtype=torch.int8, device=total.device)
     matrices = total.numel() // max(m * n, 1)
     if total.numel():
-        tiles_m = triton.cdiv(m, BLOCK_M)
-        grid = (matrices * tiles_m, triton.cdiv(n, BLOCK_N))
+        block_m, block_n = WIDE_TILE if n >= WIDE_TILE[1] else NARROW_TILE
+        tiles_m = triton.cdiv(m, block_m)
+        grid = (matrices * tiles_m, triton.cdiv(n, block_n))
         _settle_float32[grid](total.contiguous(), x_norm.contiguous(), w_norm.contiguous(), value, done, m, n,
-                              tiles_m, factor, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                              tiles_m, factor, BLOCK_M=block_m, BLOCK_N=block_n,
                               num_warps=NUM_WARPS, enable_fp_fusion=False)
     return done.view(torch.bool), value
