@@ -14,6 +14,7 @@ from exact_random import wide_random
 from sexpgpu.exact import det_gemm, rounded
 from sexpgpu.exact.gemm import accumulate_planes
 from sexpgpu.exact.rounding import round_planes
+from sexpgpu.exact import float64_stage
 from sexpgpu.exact.float64_stage import float64_product, gamma, upper_norms
 from sexpgpu.exact.pair_sums import pair_sums
 
@@ -34,7 +35,10 @@ def assert_within(values, bounds, exact):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("chunk", [1, 7, 1024])
-def test_the_float64_product_is_within_its_bound(kind, dtype, chunk):
+@pytest.mark.parametrize("split", [True, False], ids=["chunks side by side", "chunks in turn"])
+def test_the_float64_product_is_within_its_bound(kind, dtype, chunk, split, monkeypatch):
+    if not split:  # no output is small enough to take the chunks' products as one batch
+        monkeypatch.setattr(float64_stage, "SPLIT_OUTPUTS", 0)
     generator = torch.Generator().manual_seed(len(kind) * 3 + chunk)
     x, w = KINDS[kind](5, 4, 60, dtype, generator)
     first = float64_product(x, w, chunk)

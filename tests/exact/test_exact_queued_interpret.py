@@ -11,6 +11,7 @@ reads anything back from the device (bench/exact_counts.py counts the syncs).
 from __future__ import annotations
 
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ if torch.cuda.is_available():  # pragma: no cover - the kernels are then compile
 from adversarial import KINDS  # noqa: E402
 from exact_oracle import BFLOAT16, BINARY32, oracle_gemm, same_bits  # noqa: E402
 from sexpgpu.exact import backends, det_gemm, det_gemm_batched, det_sum, queued  # noqa: E402
-from sexpgpu.exact.float64_stage import SLACK, UNIT, gamma, upward_float32  # noqa: E402
+from sexpgpu.exact.float64_stage import SLACK, UNIT, gamma, upward_float32, widened  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from exact_counts import counting  # noqa: E402
@@ -91,8 +92,9 @@ def every_output_exactly(x, w, flush: int) -> torch.Tensor:
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
     result = torch.full((m * n,), 7.0)
     listed, count = torch.arange(m * n), torch.tensor([m * n])
-    kernels()._exact_refine[(3,)](x, w, listed, count, result, m, n, k, x.stride(0), x.stride(1), w.stride(0),
-                                  w.stride(1), ONES=False, BLOCK_P=8, FLUSH=flush)
+    done = torch.zeros(m * n, dtype=torch.int8)
+    kernels()._exact_refine[(3,)](x, w, listed, count, result, done, m, n, k, x.stride(0), x.stride(1),
+                                  w.stride(0), w.stride(1), ONES=False, BLOCK_P=8, FLUSH=flush)
     return result.view(m, n)
 
 
@@ -127,7 +129,7 @@ def test_the_pair_stage_alone_settles_only_correct_outputs():
         x, w = KINDS[kind](4, 5, 40, torch.float32, generator)
         m, n, k = x.shape[0], w.shape[0], x.shape[1]
         result, done = torch.zeros(m * n), torch.zeros(m * n, dtype=torch.int8)
-        x_norm, w_norm = queued._widened(x)[1], queued._widened(w)[1]
+        x_norm, w_norm = widened(x)[1], widened(w)[1]
         terms = (queued.LANES + 1) * -(-k // queued.LANES) + queued.LANES + 8
         listed, count = queued._pending_list(done)
         assert int(count) == m * n
@@ -255,3 +257,22 @@ def test_the_hosts_scatter_refuses_an_id_out_of_range():
 
     with backends.device_paths(False), pytest.raises(ValueError, match="outside 0..2"):
         det_scatter_sum(torch.tensor([0, 3]), torch.ones((2, 4)), 3)
+
+
+@pytest.mark.parametrize("layout", ["rows", "transposed"])
+def test_widening_keeps_every_value_and_bounds_each_norm_across_segments(layout):
+    """Three rows of 1000 columns take several segments of K (few rows, so the programs are
+    spread along K): the float64 copy is the operand's values exactly, non-finite ones kept, and
+    each norm bound is at least the exact norm, infinite or NaN where the row holds one."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 1000, generator=generator) * 2.0 ** torch.randint(-60, 60, (3, 1000), generator=generator)
+    x[1, 517], x[2, 3] = float("inf"), float("nan")
+    operand = x if layout == "rows" else x.T.contiguous().T  # the same values, a column apart
+    k, block_k = 1000, 128 if layout == "rows" else 32
+    assert -(-k // block_k) > 1  # more than one step of K, so more than one segment
+    wide, norm = widened(operand)
+    assert wide.is_contiguous() and torch.equal(wide.view(torch.int64)[0], x.double().view(torch.int64)[0])
+    assert torch.equal(wide[1], x[1].double()) and bool(torch.isnan(wide[2, 3]))
+    exact_square = sum(Fraction(v) ** 2 for v in x[0].double().tolist())
+    assert Fraction(float(norm[0])) ** 2 >= exact_square
+    assert norm[1] == float("inf") and bool(torch.isnan(norm[2]))

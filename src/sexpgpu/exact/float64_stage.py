@@ -25,10 +25,13 @@ next to a rounding boundary, or the result of cancellation; pair_sums.py refines
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
 import torch
+
+from . import backends
 
 CHUNK = 1024  # columns of K a float64 product sums before the next is added: the bound's depth
 UNIT = 2.0**-52  # twice float64's unit roundoff
@@ -72,20 +75,85 @@ class Float64Product:
 def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> Float64Product:
     """x @ w.T in float64 for finite bf16 or f32 x (M, K) and w (N, K), with its error bound;
     for x (B, M, K) and w (B, N, K), each matrix's product and bound."""
-    x64, w64 = x.to(torch.float64), w.to(torch.float64)
+    (x64, x_norm), (w64, w_norm) = _widened_matrices(x), _widened_matrices(w)
     total = float64_total(x64, w64, chunk)
-    return Float64Product(total, upper_norms(x64), upper_norms(w64), product_factor(x.shape[-1], chunk))
+    return Float64Product(total, x_norm, w_norm, product_factor(x.shape[-1], chunk))
+
+
+def _widened_matrices(t: torch.Tensor) -> tuple:
+    """widened on the rows of t (..., K), reshaped back: (float64 t, norms (...))."""
+    wide, norm = widened(t.reshape(math.prod(t.shape[:-1]), t.shape[-1]))
+    return wide.view(t.shape), norm.view(t.shape[:-1])
+
+
+TILE = 2048  # elements of a widening program's tile
+ROW_COLUMNS = 128  # its columns for contiguous rows; a transposed operand takes 32
+WIDEN_PROGRAMS = 512  # rows are cut into segments of K until about this many programs run
+
+
+def widened(rows: torch.Tensor) -> tuple:
+    """(rows (R, K) of any strides in float64, contiguous; an upper bound of each row's
+    Euclidean norm, infinite or NaN for a row holding a non-finite element, which stays).
+    On the device paths one pass (widen_kernel.py), else a conversion and upper_norms."""
+    if not backends.on_device(rows.device):
+        wide = rows.to(torch.float64, memory_format=torch.contiguous_format)
+        return wide, upper_norms(wide)
+    from .widen_kernel import widen  # Triton is imported only where it runs
+
+    rows = rows.float() if rows.dtype == torch.bfloat16 else rows  # exact; the kernel reads float32
+    r, k = rows.shape
+    # a transposed operand (a weight read as w.T, an activation's gradient in a weight's
+    # product) takes a square tile, which Triton loads along one axis and stores along the other
+    block_k = min(ROW_COLUMNS if rows.stride(1) == 1 else 32, tile_width(k))
+    block_r = TILE // block_k
+    steps = max(-(-k // block_k), 1)
+    segments = min(max(WIDEN_PROGRAMS // max(-(-r // block_r), 1), 1), steps)
+    segment = -(-steps // segments) * block_k
+    # each square passes through its lane's additions, the lanes' tree and the segments' sum
+    additions = -(-segment // block_k) + block_k + -(-k // segment)
+    raise_factor = upward_float32(max(1 + gamma(additions), SLACK))
+    return widen(rows, block_r, block_k, segment, raise_factor)
+
+
+def tile_width(count: int) -> int:
+    """A tile's extent for `count` elements: the smallest power of two at least `count`, and at least 16."""
+    return max(16, 1 << max(count - 1, 0).bit_length())
+
+
+SPLIT_OUTPUTS = 1 << 22  # at most this many outputs take the chunks' products side by side
 
 
 def float64_total(x64: torch.Tensor, w64: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     """x64 @ w64.T (of each matrix, for a batch) in chunks of K: the first chunk's product,
     then each further chunk's added in turn (addmm), so no product passes through more than
-    chunk + chunks additions however the library splits a chunk."""
+    chunk + chunks additions however the library splits a chunk. A small output with a long
+    K (a weight's gradient over every token) takes the chunks side by side instead (`_split_total`)."""
     k = x64.shape[-1]
+    if x64.dim() == 2 and k >= 2 * chunk and x64.shape[0] * w64.shape[0] <= SPLIT_OUTPUTS:
+        return _split_total(x64, w64, chunk)
     total = torch.matmul(x64[..., :chunk], w64[..., :chunk].transpose(-1, -2))
     add = torch.Tensor.addmm_ if x64.dim() == 2 else torch.Tensor.baddbmm_
     for k0 in range(chunk, k, chunk):
         add(total, x64[..., k0 : k0 + chunk], w64[..., k0 : k0 + chunk].transpose(-1, -2))
+    return total
+
+
+def _split_total(x64: torch.Tensor, w64: torch.Tensor, chunk: int) -> torch.Tensor:
+    """float64_total for contiguous x64 (M, K) and w64 (N, K): the whole chunks' products as one
+    batch, which fills the GPU where M x N alone would leave most of it idle, summed over the
+    batch, then the last part chunk's product added. A product passes through at most chunk
+    additions in its chunk's product, chunks - 1 in the sum over the batch (in any tree), and
+    one for the part chunk: within float64_total's bound."""
+    (m, k), n = x64.shape, w64.shape[0]
+    whole = k // chunk
+    if whole * chunk == k and x64.is_contiguous() and w64.is_contiguous():
+        x_chunks, w_chunks = x64.view(m, whole, chunk), w64.view(n, whole, chunk)
+    else:
+        x_chunks = x64[:, : whole * chunk].reshape(m, whole, chunk)
+        w_chunks = w64[:, : whole * chunk].reshape(n, whole, chunk)
+    total = torch.bmm(x_chunks.transpose(0, 1), w_chunks.permute(1, 2, 0)).sum(0)
+    if whole * chunk < k:
+        total.addmm_(x64[:, whole * chunk :], w64[:, whole * chunk :].T)
     return total
 
 

@@ -8,8 +8,8 @@ the float64 product left, how many the pair sums left. On a GPU each read waits 
 kernel queued before it. Here no count leaves the device, so a call queues its kernels and
 returns, whatever its data:
 
-1. the operands widened to float64 (queued_kernels._widen: contiguous rows, non-finite
-   elements zeroed, each row's norm bound from before the zeroing), their float64 product
+1. the operands widened to float64 (float64_stage.widened: contiguous rows, a row holding a
+   non-finite element with an infinite or NaN norm bound), their float64 product
    in chunks of K (float64_stage.float64_total), settled in one pass (settle_kernel); a sum
    instead bounds each row's float64 sum by its own magnitudes (`_row_sums`), tighter than
    the Cauchy-Schwarz bound of a product with ones;
@@ -20,8 +20,8 @@ returns, whatever its data:
    fixed grid of programs that walk the list up to the count in device memory; NaN and
    infinite products are classified there (a row holding one has an infinite or NaN norm, so
    its outputs always reach this stage) and take the special rule;
-4. the outputs still left listed again and computed exactly (`_exact_refine`): Kulisch
-   digits, carried and rounded in the kernel.
+4. the outputs still left (the same list walked again, skipping those stage 3 settled)
+   computed exactly (`_exact_refine`): Kulisch digits, carried and rounded in the kernel.
 
 Each output is its exact sum's rounding on every path, so the bits are the host path's; only
 the time depends on the data. Unlike the host path there are no tiers on a block (choosing
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import backends
-from .float64_stage import CHUNK, SLACK, UNIT, float64_total, gamma, product_factor, upward_float32
+from .float64_stage import CHUNK, SLACK, UNIT, float64_total, gamma, product_factor, tile_width, upward_float32, widened
 from .layout import MAX_K_PER_CALL
 
 REFINE_PROGRAMS = 1024  # a refine kernel's fixed grid: its programs walk the list in turn
@@ -43,8 +43,7 @@ REFINE_BLOCK = 64  # listed outputs a program takes at once
 LANES = 16  # _pair_refine's lanes along K
 LIST_BLOCK = 1024  # outputs a listing program reads
 SEGMENT = 1 << 16  # columns of a row one _row_sums program sums; longer rows are cut into segments
-TILE = 2048  # elements of a _row_sums or _widen program's tile
-WIDEN_COLUMNS = 128
+TILE = 2048  # elements of a _row_sums program's tile
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
@@ -66,16 +65,23 @@ def queued_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     batch, m, k = x3.shape
     n = w3.shape[1]
     rows_x, rows_w = x3.reshape(batch * m, k), w3.reshape(batch * n, k)
-    x64, x_norm = _widened(rows_x)
-    w64, w_norm = _widened(rows_w)
+    x64, x_norm = widened(rows_x)
+    w64, w_norm = widened(rows_w)
     total = float64_total(x64.view(batch, m, k), w64.view(batch, n, k)) if batched else \
         float64_total(x64, w64)
-    del x64, w64
     done, result = settle_float32(total, x_norm.view(batch, m) if batched else x_norm,
                                   w_norm.view(batch, n) if batched else w_norm, product_factor(k, CHUNK))
     del total
-    _refine(rows_x, rows_w, x_norm, w_norm, result, done.view(torch.int8), m, n, ones=False)
+    _refine(_along_rows(rows_x, x64), _along_rows(rows_w, w64), x_norm, w_norm, result, done.view(torch.int8), m, n,
+            ones=False)
     return result
+
+
+def _along_rows(rows: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """What the refine kernels read of an operand: its rows as given where they are contiguous
+    (half the bytes), else its float64 copy, whose rows are (a transposed operand's elements
+    along K lie a row apart, and a kernel walking K would read a sector for each)."""
+    return rows if rows.stride(1) == 1 else wide
 
 
 def queued_sum(rows: torch.Tensor) -> torch.Tensor:
@@ -119,40 +125,14 @@ def _float(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype == torch.bfloat16 else t
 
 
-def _widened(rows: torch.Tensor) -> tuple:
-    """(rows in float64, contiguous, non-finite elements zeroed; an upper bound of each row's
-    Euclidean norm, infinite or NaN for a row holding a non-finite element)."""
-    from . import queued_kernels as kernels
-
-    r, k = rows.shape
-    wide = torch.empty((r, k), dtype=torch.float64, device=rows.device)
-    norm = torch.empty(r, dtype=torch.float64, device=rows.device)
-    if r:
-        # a transposed operand (a weight read as w.T, an activation's gradient in a weight's
-        # product) takes a square tile, which Triton loads along one axis and stores along the other
-        block_k = min(WIDEN_COLUMNS if rows.stride(1) == 1 else 32, _power_of_two(k))
-        block_r = TILE // block_k
-        steps = -(-k // block_k)
-        # the squares' sum: each passes through its lane's additions and the lanes' tree
-        raise_factor = upward_float32(max(1 + gamma(steps + block_k), SLACK))
-        kernels._widen[(-(-r // block_r),)](rows, wide, norm, r, k, rows.stride(0), rows.stride(1), raise_factor,
-                                           BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4, enable_fp_fusion=False)
-    return wide, norm
-
-
 def _sum_tile(rows: torch.Tensor) -> tuple:
     """(BLOCK_R, BLOCK_K) of _row_sums for this layout: rows along K when they are contiguous
     there, many rows a column when the rows are adjacent (a sum over the batch axis)."""
     k = rows.shape[1]
     if rows.stride(1) != 1 and rows.stride(0) == 1:
         return 64, 32
-    block_k = min(1024, _power_of_two(k))
+    block_k = min(1024, tile_width(k))
     return TILE // block_k, block_k
-
-
-def _power_of_two(count: int) -> int:
-    """The smallest power of two at least `count`, and at least 16."""
-    return max(16, 1 << max(count - 1, 0).bit_length())
 
 
 def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> None:
@@ -176,12 +156,11 @@ def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> N
     kernels._pair_refine[grid](x, w, x_norm, w_norm, listed, count, flat_result, flat_done, m, n, k, *strides,
                                unit_factor, terms_factor, ONES=ones, BLOCK_P=REFINE_BLOCK, BLOCK_K=LANES,
                                num_warps=4, enable_fp_fusion=False)
-    listed, count = _pending_list(flat_done, listed)
-    kernels._exact_refine[grid](x, w, listed, count, flat_result, m, n, k, *strides, ONES=ones,
+    kernels._exact_refine[grid](x, w, listed, count, flat_result, flat_done, m, n, k, *strides, ONES=ones,
                                 BLOCK_P=REFINE_BLOCK, FLUSH=MAX_K_PER_CALL, num_warps=4)
 
 
-def _pending_list(done: torch.Tensor, listed: torch.Tensor | None = None) -> tuple:
+def _pending_list(done: torch.Tensor) -> tuple:
     """(int64 list of the pending outputs' indices in increasing order, its count as a 1-element
     device tensor). The list has room for every output."""
     from . import queued_kernels as kernels
@@ -191,6 +170,6 @@ def _pending_list(done: torch.Tensor, listed: torch.Tensor | None = None) -> tup
     counts = torch.empty(blocks, dtype=torch.int64, device=done.device)
     kernels._count_pending[(blocks,)](done, counts, outputs, BLOCK=LIST_BLOCK, num_warps=4)
     ends = torch.cumsum(counts, 0)
-    listed = torch.empty(outputs, dtype=torch.int64, device=done.device) if listed is None else listed
+    listed = torch.empty(outputs, dtype=torch.int64, device=done.device)
     kernels._list_pending[(blocks,)](done, ends, listed, outputs, BLOCK=LIST_BLOCK, num_warps=4)
     return listed, ends[-1:]

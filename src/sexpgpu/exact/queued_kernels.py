@@ -1,8 +1,5 @@
 """The Triton kernels of the queued path (queued.py): every decision on the device, no host wait.
 
-- `_widen`: an operand's rows in float64, contiguous, non-finite elements zeroed, and an upper
-  bound of each row's Euclidean norm taken before the zeroing (a row with an infinity or a NaN
-  has an infinite or NaN norm, so no bound settles its outputs);
 - `_row_sums`, `_segment_sums`: det_sum's first stage: each row's float64 sum and the float64
   sum of its magnitudes, in lanes of BLOCK_K columns, then the lanes, then (long rows) the
   segments; settled by the magnitude bound;
@@ -12,7 +9,7 @@
 - `_pair_refine`: for each listed output, its products summed by TwoSum in BLOCK_K lanes, the
   lanes joined by a TwoSum tree (pair_sums.py's inequality (2)), settled; an output with a NaN
   or infinite product takes the special rule instead (docs/exact.md, "Special values");
-- `_exact_refine`: for each output still listed, the Kulisch digits of its products (the
+- `_exact_refine`: for each listed output the pair sums left, the Kulisch digits of its products (the
   peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel;
 - `_normalise_planes`, `_round_planes`: an accumulator's planes carried in place, and rounded
   once to float32, one launch each (accumulator.normalise_ and rounding.round_planes on CUDA);
@@ -41,30 +38,6 @@ from .triton_kernel import _fp64_from_bits, _peel_product
 # Python call per element (it is never called there). The float64 sums' order is Triton's;
 # their bounds hold for any order.
 _ADD = tl.standard._sum_combine
-
-
-# --- an operand in float64, and its rows' norms ----------------------------------------------
-
-
-@triton.jit(do_not_specialize=["R", "K"])
-def _widen(x_ptr, wide_ptr, norm_ptr, R, K, stride_r, stride_k, raise_factor,
-           BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    # raise_factor >= 1 + gamma(D) for the squares' sum and >= SLACK for the square root
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    inside_rows = rows < R
-    squares = tl.full([BLOCK_R, BLOCK_K], 0.0, tl.float64)
-    k0 = 0
-    while k0 < K:
-        k = k0 + tl.arange(0, BLOCK_K)
-        mask = inside_rows[:, None] & (k < K)[None, :]
-        value = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_r + k[None, :].to(tl.int64) * stride_k,
-                        mask=mask, other=0.0).to(tl.float64)
-        squares += value * value  # exact: at most 48 significant bits; inf or NaN stays so
-        finite = (value - value) == 0
-        tl.store(wide_ptr + rows.to(tl.int64)[:, None] * K + k[None, :], tl.where(finite, value, 0.0), mask=mask)
-        k0 += BLOCK_K
-    total = tl.reduce(squares, 1, _ADD)
-    tl.store(norm_ptr + rows, tl.sqrt(total * raise_factor) * raise_factor, mask=inside_rows)
 
 
 # --- det_sum's first stage --------------------------------------------------------------------
@@ -415,41 +388,52 @@ def _flushed(total, part, digit: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "N", "K"])
-def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stride_xr, stride_xk, stride_wr,
-                  stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, FLUSH: tl.constexpr):
-    # each listed output walks its K, FLUSH products at a time into float64 digit registers
-    # (exact: at most 2**19 parts below 2**32 units), which are then added into int64 digits
+def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, done_ptr, M, N, K, stride_xr, stride_xk,
+                  stride_wr, stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, FLUSH: tl.constexpr):
+    # each listed output the pair sums left (done still 0) walks its K, FLUSH products at a time
+    # into float64 digit registers (exact: at most 2**19 parts below 2**32 units), which are then
+    # added into int64 digits; the pair sums' list is walked again rather than listed anew
     count = tl.load(count_ptr)
     first = tl.program_id(0).to(tl.int64) * BLOCK_P
     while first < count:
         slots = first + tl.arange(0, BLOCK_P)
         listed = slots < count
         out, x_row, w_row = _listed_rows(listed_ptr, slots, listed, M, N, ONES)
-        i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _zeros(BLOCK_P, tl.int64)
-        k0 = 0
-        while k0 < K:
-            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _zeros(BLOCK_P, tl.float64)
-            end = tl.minimum(k0 + FLUSH, K)
-            k = k0
-            while k < end:
-                xv = tl.load(x_ptr + x_row * stride_xr + k.to(tl.int64) * stride_xk, mask=listed,
-                             other=0.0).to(tl.float64)
-                if ONES:
-                    product = xv
-                else:
-                    product = xv * tl.load(w_ptr + w_row * stride_wr + k.to(tl.int64) * stride_wk, mask=listed,
-                                           other=0.0).to(tl.float64)
-                product = tl.where((product - product) == 0, product, 0.0)  # a special output never comes here
-                a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(
-                    product, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
-                k += 1
-            i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _flush(
-                i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
-                a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
-            k0 = end
-        value = _rounded_float32(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
-        tl.store(result_ptr + out, value, mask=listed)
+        listed = listed & (tl.load(done_ptr + out, mask=listed, other=1) == 0)
+        if tl.reduce(listed.to(tl.int32), 0, _ADD) > 0:
+            _exact_outputs(x_ptr, w_ptr, result_ptr, out, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr,
+                           stride_wk, ONES, BLOCK_P, FLUSH)
         first += tl.num_programs(0) * BLOCK_P
+
+
+@triton.jit
+def _exact_outputs(x_ptr, w_ptr, result_ptr, out, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr,
+                   stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, FLUSH: tl.constexpr):
+    """The listed outputs' exact sums, rounded once to float32 and stored."""
+    i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _zeros(BLOCK_P, tl.int64)
+    k0 = 0
+    while k0 < K:
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _zeros(BLOCK_P, tl.float64)
+        end = tl.minimum(k0 + FLUSH, K)
+        k = k0
+        while k < end:
+            xv = tl.load(x_ptr + x_row * stride_xr + k.to(tl.int64) * stride_xk, mask=listed,
+                         other=0.0).to(tl.float64)
+            if ONES:
+                product = xv
+            else:
+                product = xv * tl.load(w_ptr + w_row * stride_wr + k.to(tl.int64) * stride_wk, mask=listed,
+                                       other=0.0).to(tl.float64)
+            product = tl.where((product - product) == 0, product, 0.0)  # a special output never comes here
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(
+                product, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
+            k += 1
+        i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _flush(
+            i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
+            a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
+        k0 = end
+    value = _rounded_float32(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
+    tl.store(result_ptr + out, value, mask=listed)
 
 
 # --- accumulators on the device: carrying and rounding their planes -----------------------------
