@@ -17,8 +17,10 @@ from .reduce import det_sum, det_sum_partial
 class DetLinear(nn.Module):
     """y = x @ weight.T + bias with the bias folded into the exact sum, so y rounds once.
 
-    The products go through det_gemm's fast path (rounded from the top slices where a bound
-    proves the rounding); K-shards and reduced gradients compose exact accumulators instead.
+    The products go through det_gemm's fast paths: on CUDA with float32 results the queued
+    path (queued.py), which never waits for the device, so that a training step's launches run
+    ahead of its kernels; elsewhere the host path (rounded.py). K-shards and reduced gradients
+    compose exact accumulators instead. Every path gives the same bits.
 
     Backward gives grad input, grad weight and grad bias as exact sums rounded once, in the
     parameters' dtype. Options beyond nn.Linear's:
@@ -75,7 +77,7 @@ class _ExactLinear(torch.autograd.Function):
         if bias is not None:  # bias * 1 is one more product of the same exact sum
             x = torch.cat([x, torch.ones((x.shape[0], 1), dtype=x.dtype, device=x.device)], 1)
             weight = torch.cat([weight, bias.unsqueeze(1)], 1)
-        return rounded_product(x, weight, x.dtype)
+        return rounded_product(x, weight, x.dtype, non_blocking=True)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -83,9 +85,9 @@ class _ExactLinear(torch.autograd.Function):
         grad_y = grad_y.to(weight.dtype)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = rounded_product(grad_y, weight.t(), x.dtype)
+            grad_x = rounded_product(grad_y, weight.t(), x.dtype, non_blocking=True)
         if ctx.needs_input_grad[1] and ctx.gradient_group is None:
-            grad_w = rounded_product(grad_y.t(), x.t(), weight.dtype)
+            grad_w = rounded_product(grad_y.t(), x.t(), weight.dtype, non_blocking=True)
         elif ctx.needs_input_grad[1]:
             grad_w = _reduced(det_gemm_partial(grad_y.t(), x.t()), ctx.gradient_group, weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2] and ctx.gradient_group is None:
