@@ -107,3 +107,20 @@ def test_randn_settles_in_the_float64_product(path):
     stats = rounded.last_statistics
     assert stats.float64_settled > 0.98 * 96 * 80 and stats.tiers == 0 and stats.fallback == 0
     assert same_bits(result, round_planes(accumulate_planes(x, w), torch.float32))
+
+
+def test_a_small_output_with_a_long_k_takes_short_chunks_side_by_side():
+    """512 x 512 outputs over 16384 columns: chunks of 128 side by side, D = 257 instead of
+    1041; a large output keeps CHUNK in turn."""
+    assert float64_stage.chunk_for(512 * 512, 16384) == 128
+    assert float64_stage.chunk_for(8192 * 8192, 8192) == float64_stage.CHUNK
+    assert float64_stage.chunk_for(512 * 512, 16384, batched=True) == float64_stage.CHUNK
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_short_chunks_side_by_side_give_the_exact_rounding(kind):
+    """K = 3000 (chunks of 64, a part chunk last) through det_gemm's default path: the oracle's bits."""
+    generator = torch.Generator().manual_seed(len(kind))
+    x, w = KINDS[kind](4, 3, 3000, torch.float32, generator)
+    assert float64_stage.chunk_for(4 * 3, 3000) == 64
+    assert same_bits(det_gemm(x, w), oracle_gemm(x, w, BINARY32))

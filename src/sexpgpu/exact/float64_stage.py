@@ -72,9 +72,10 @@ class Float64Product:
         return (self.x_norm[:, :, None] * self.w_norm[:, None, :]).mul_(self.factor)
 
 
-def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int = CHUNK) -> Float64Product:
+def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int | None = None) -> Float64Product:
     """x @ w.T in float64 for finite bf16 or f32 x (M, K) and w (N, K), with its error bound;
-    for x (B, M, K) and w (B, N, K), each matrix's product and bound."""
+    for x (B, M, K) and w (B, N, K), each matrix's product and bound. chunk: chunk_for's by default."""
+    chunk = chunk_for(x.shape[-2] * w.shape[-2], x.shape[-1], x.dim() == 3) if chunk is None else chunk
     (x64, x_norm), (w64, w_norm) = _widened_matrices(x), _widened_matrices(w)
     total = float64_total(x64, w64, chunk)
     return Float64Product(total, x_norm, w_norm, product_factor(x.shape[-1], chunk))
@@ -121,6 +122,20 @@ def tile_width(count: int) -> int:
 
 
 SPLIT_OUTPUTS = 1 << 22  # at most this many outputs take the chunks' products side by side
+SPLIT_BYTES = 1 << 28  # ... whose float64 products take at most this much memory
+SHORTEST_CHUNK = 64
+
+
+def chunk_for(outputs: int, k: int, batched: bool = False) -> int:
+    """The chunk of K for a product of `outputs` outputs (of each matrix, for a batch). Chunks
+    in turn take CHUNK. Chunks side by side (`_split_total`) cost little more when there are
+    more of them, so they take the chunk that makes D = chunk + chunks + 1 least, about
+    sqrt(K), or the shortest whose products fit SPLIT_BYTES: at K = 16384 D falls from 1041 to
+    257, and the share of outputs the bound leaves with it (a weight's gradient cancels)."""
+    if batched or outputs > SPLIT_OUTPUTS or k < 2 * CHUNK:
+        return CHUNK
+    fitting = -(-k * outputs * 8 // SPLIT_BYTES)
+    return min(max(math.isqrt(k), fitting, SHORTEST_CHUNK), CHUNK)
 
 
 def float64_total(x64: torch.Tensor, w64: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:

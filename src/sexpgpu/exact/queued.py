@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import backends
-from .float64_stage import CHUNK, SLACK, UNIT, float64_total, gamma, product_factor, tile_width, upward_float32, widened
+from .float64_stage import SLACK, UNIT, chunk_for, float64_total, gamma, product_factor, tile_width, upward_float32, widened
 from .layout import MAX_K_PER_CALL
 
 REFINE_PROGRAMS = 1024  # a refine kernel's fixed grid: its programs walk the list in turn
@@ -67,10 +67,11 @@ def queued_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     rows_x, rows_w = x3.reshape(batch * m, k), w3.reshape(batch * n, k)
     x64, x_norm = widened(rows_x)
     w64, w_norm = widened(rows_w)
-    total = float64_total(x64.view(batch, m, k), w64.view(batch, n, k)) if batched else \
-        float64_total(x64, w64)
+    chunk = chunk_for(m * n, k, batched)
+    total = float64_total(x64.view(batch, m, k), w64.view(batch, n, k), chunk) if batched else \
+        float64_total(x64, w64, chunk)
     done, result = settle_float32(total, x_norm.view(batch, m) if batched else x_norm,
-                                  w_norm.view(batch, n) if batched else w_norm, product_factor(k, CHUNK))
+                                  w_norm.view(batch, n) if batched else w_norm, product_factor(k, chunk))
     del total
     _refine(_along_rows(rows_x, x64), _along_rows(rows_w, w64), x_norm, w_norm, result, done.view(torch.int8), m, n,
             ones=False)
@@ -171,5 +172,5 @@ def _pending_list(done: torch.Tensor) -> tuple:
     kernels._count_pending[(blocks,)](done, counts, outputs, BLOCK=LIST_BLOCK, num_warps=4)
     ends = torch.cumsum(counts, 0)
     listed = torch.empty(outputs, dtype=torch.int64, device=done.device)
-    kernels._list_pending[(blocks,)](done, ends, listed, outputs, BLOCK=LIST_BLOCK, num_warps=4)
+    kernels._list_pending[(blocks,)](done, counts, ends, listed, outputs, BLOCK=LIST_BLOCK, num_warps=4)
     return listed, ends[-1:]

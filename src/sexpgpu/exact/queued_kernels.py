@@ -112,12 +112,15 @@ def _count_pending(done_ptr, counts_ptr, TOTAL, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["TOTAL"])
-def _list_pending(done_ptr, ends_ptr, listed_ptr, TOTAL, BLOCK: tl.constexpr):
-    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int64)
-    place = tl.associative_scan(pending, 0, _ADD)  # 1 + how many pending outputs precede, in the block
-    start = tl.load(ends_ptr + tl.program_id(0)) - tl.reduce(pending, 0, _ADD)
-    tl.store(listed_ptr + start + place - 1, at, mask=pending == 1)
+def _list_pending(done_ptr, counts_ptr, ends_ptr, listed_ptr, TOTAL, BLOCK: tl.constexpr):
+    # a block with nothing pending (most, where the bound settles most outputs) reads nothing more
+    count = tl.load(counts_ptr + tl.program_id(0))
+    if count > 0:
+        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int64)
+        place = tl.associative_scan(pending, 0, _ADD)  # 1 + how many pending outputs precede, in the block
+        start = tl.load(ends_ptr + tl.program_id(0)) - count
+        tl.store(listed_ptr + start + place - 1, at, mask=pending == 1)
 
 
 # --- refining the listed outputs ---------------------------------------------------------------
