@@ -182,5 +182,5 @@ def upper_norms(rows64: torch.Tensor) -> torch.Tensor:
     """An upper bound of each row's Euclidean norm (rows along the last axis): squares are
     exact, their float64 sum is raised by gamma(K) to cover its rounding, and SLACK covers
     the square root's."""
-    squares = rows64.square().sum(-1)
+    squares = torch.linalg.vecdot(rows64, rows64)  # no squared copy; any order, fused or not, is within gamma(K)
     return squares.mul_(1 + gamma(max(rows64.shape[-1], 1))).sqrt_().mul_(SLACK)

@@ -19,9 +19,9 @@ bound is about (n u)**2 of the terms' magnitude: near-zero outputs settle too, u
 sum cancels to within that of zero or lies on a rounding boundary; those go on to the
 exact accumulator.
 
-How the terms are grouped does not matter to (2): on the CPU the products are summed by a
-pairwise tree of TwoSums; on CUDA a Triton kernel (pair_kernel.py) sums each of BLOCK_K
-lanes along K first and the lanes are then combined by the same tree.
+How the terms are grouped does not matter to (2): on both the CPU and CUDA (a Triton kernel,
+pair_kernel.py) each of a few lanes sums its columns along K by TwoSum first, and the lanes
+are then combined by a pairwise tree of TwoSums.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from . import backends
 from .float64_stage import SLACK, UNIT, gamma
 
 PAIRS_PER_BATCH = 1 << 22  # products (pairs times K) the CPU path holds at once
+LANES = 32  # the CPU path's lanes along K, as pair_kernel's
 
 
 def pair_sums(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
@@ -63,13 +64,32 @@ def _products_summed(x, w, rows, cols):
     for start in range(0, rows.numel(), step):
         r, c = rows[start : start + step], cols[start : start + step]
         products = x[r].to(torch.float64) * w[c].to(torch.float64)
-        hi, lo, terms = combined(products, torch.zeros_like(products))
+        hi, lo, terms = combined(*_lane_sums(products))
         his.append(hi)
         los.append(lo)
     if not his:
         empty = torch.zeros(0, dtype=torch.float64, device=x.device)
         return empty, empty, terms
     return torch.cat(his), torch.cat(los), terms
+
+
+def _lane_sums(products: torch.Tensor):
+    """(sums, errors, earlier_terms) as pair_kernel.lane_sums gives them, from (P, K) exact
+    products: lane j adds columns j, j + LANES, ... by TwoSum. Columns LANES apart keep each
+    step's operands in the caches, where a tree over all K would pass over them log2(K) times
+    (1426 pairs of 1024: 3.6 ms against 20)."""
+    pairs, k = products.shape
+    steps = max(-(-k // LANES), 1)
+    laid = torch.nn.functional.pad(products, (0, steps * LANES - k)).view(pairs, steps, LANES)
+    total = torch.zeros((pairs, LANES), dtype=torch.float64, device=products.device)
+    errors = torch.zeros_like(total)
+    for step in range(steps):
+        product = laid[:, step]
+        new_total = total + product
+        product_part = new_total - total
+        errors += (total - (new_total - product_part)) + (product - product_part)
+        total = new_total
+    return total, errors, LANES * steps + steps
 
 
 def combined(sums: torch.Tensor, errors: torch.Tensor, earlier_terms: int = 0):
