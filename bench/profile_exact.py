@@ -2,8 +2,8 @@
 
     PYTHONPATH=src python bench/profile_exact.py [--size 8192] [--dtype float32|bfloat16]
 
-randn operands of size n^3. The stages are those of rounded.py: the float64 conversion and
-product (chunked addmm), the norms, the settling pass, the pending list, the pair sums and
+randn operands of size n^3. The stages are those of rounded.py: the widening of both operands
+(float64 copies and norm bounds in one pass), the float64 product (chunked addmm), the settling pass, the pending list, the pair sums and
 their settling, the exact fallback for what is left. Beside them: cuBLAS float64 and float32
 (TF32 off) products of the same size, the floor and the peer. Each figure is the median of
 five calls after a warm-up.
@@ -17,7 +17,7 @@ import torch
 from bench_numerics import gpu_seconds
 
 from sexpgpu.exact import det_gemm, rounded
-from sexpgpu.exact.float64_stage import CHUNK, float64_product, upper_norms
+from sexpgpu.exact.float64_stage import CHUNK, float64_product, float64_total, widened
 from sexpgpu.exact.pair_sums import pair_sums
 
 
@@ -44,9 +44,8 @@ def main() -> None:
     figures = {
         "cuBLAS float64 x @ w.T, one call": milliseconds(lambda: x64 @ w64.T),
         "cuBLAS float32 x @ w.T (TF32 off)": milliseconds(lambda: x.float() @ w.float().T),
-        "float64 conversion of x and w": milliseconds(lambda: (x.double(), w.double())),
-        f"float64 product in chunks of {CHUNK} (addmm)": milliseconds(lambda: float64_product(x, w)),
-        "norms of x and w": milliseconds(lambda: (upper_norms(x64), upper_norms(w64))),
+        "widening of x and w (float64 copies, norm bounds)": milliseconds(lambda: (widened(x), widened(w))),
+        f"float64 product in chunks of {CHUNK} (addmm)": milliseconds(lambda: float64_total(x64, w64)),
         "settling the float64 product": milliseconds(lambda: rounded._settled_product(first, torch.float32)),
         "the pending list (nonzero)": milliseconds(lambda: (~done).nonzero(as_tuple=True)),
         f"pair sums of the {rows.numel()} pending outputs": milliseconds(
