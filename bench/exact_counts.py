@@ -1,6 +1,6 @@
 """Host synchronisations and launches of one exact training step, by phase: what explains its time.
 
-    PYTHONPATH=src python bench/exact_counts.py [--model gpt-tiny|char-lm|gpt-small] [--degree K] [--sites N]
+    PYTHONPATH=src python bench/exact_counts.py [--model gpt-tiny|char-lm|gpt-small|gpt-50m] [--degree K] [--sites N]
 
 Runs `:arithmetic exact` steps of a small GPT-style model through the run loop on the CUDA
 backend (on the CPU under Triton's interpreter when there is no GPU: TRITON_INTERPRET=1 is set
@@ -25,8 +25,10 @@ paths do (how many outputs a bound settles); never the bits.
 `gpt-tiny` is bench/gpt-small.sexp cut to seconds a step under the interpreter (2 layers,
 width 16, 2 heads, context 8, batch 4, 2 microbatches, a vocabulary of 64); `char-lm` is
 examples/char-lm.sexp as tests/cuda/test_exact_mode_interpret.py cuts it; `gpt-small` is the
-file as written (for a GPU). tests/cuda/test_exact_counts_interpret.py holds the counts of
-gpt-tiny to bounds, so that a change that adds a sync or a per-parameter launch fails there.
+file as written and `gpt-50m` is bench/gpt-50m.sexp (both for a GPU).
+tests/cuda/test_exact_counts_interpret.py holds the counts of gpt-tiny to bounds, so that a
+change that adds a sync or a per-parameter launch fails there. bench/exact_calls.py times the
+same step call by call.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ MODELS = {
         ":width 64 :heads 4 :ff 256": ":width 8 :heads 2 :ff 8", "(text pydoc :context 64)": "(text pydoc :context 4)",
         ":batch 16": ":batch 2 :microbatches 2 :arithmetic exact"}),
     "gpt-small": ("bench/gpt-small.sexp", {":batch 16": ":batch 16 :arithmetic exact"}),
+    "gpt-50m": ("bench/gpt-50m.sexp", {":batch 32": ":batch 32 :arithmetic exact"}),
 }
 
 
@@ -226,26 +229,37 @@ def _patched_host_reads(counts: Counting):
 @contextlib.contextmanager
 def _patched_triton(counts: Counting):
     """Triton launches counted by kernel name; what the interpreter does inside one is not counted."""
+    def counted(name, launch):
+        counts.kernel(name)
+        counts.inside_kernel += 1
+        try:
+            return launch()
+        finally:
+            counts.inside_kernel -= 1
+
+    with around_triton(counted):
+        yield
+
+
+@contextlib.contextmanager
+def around_triton(around):
+    """Every Triton launch, compiled or interpreted, made as around(kernel name, launch)."""
     import triton.runtime.interpreter as interpreter
     from triton.runtime.jit import JITFunction
 
     originals = {cls: cls.run for cls in (interpreter.InterpretedFunction, JITFunction)}
 
-    def counted(original):
+    def wrapped(original):
         def run(self, *args, **kwargs):
             if kwargs.get("warmup"):
                 return original(self, *args, **kwargs)
-            counts.kernel(getattr(self, "__name__", None) or self.fn.__name__)
-            counts.inside_kernel += 1
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                counts.inside_kernel -= 1
+            name = getattr(self, "__name__", None) or self.fn.__name__
+            return around(name, lambda: original(self, *args, **kwargs))
 
         return run
 
     for cls, original in originals.items():
-        cls.run = counted(original)
+        cls.run = wrapped(original)
     try:
         yield
     finally:
@@ -255,7 +269,20 @@ def _patched_triton(counts: Counting):
 
 @contextlib.contextmanager
 def _patched_entry_points(counts: Counting):
-    """Each entry point wrapped in every loaded sexpgpu module that holds it by name."""
+    def counting_call(name, original):
+        def call(*args, **kwargs):
+            counts.call(name)
+            return original(*args, **kwargs)
+
+        return call
+
+    with wrapped_entry_points(counting_call):
+        yield
+
+
+@contextlib.contextmanager
+def wrapped_entry_points(wrap):
+    """Each of ENTRY_POINTS replaced by wrap(name, original) in every loaded sexpgpu module that holds it by name."""
     import importlib
 
     replaced = []
@@ -263,7 +290,7 @@ def _patched_entry_points(counts: Counting):
         module = importlib.import_module(module_name)
         for name in names:
             original = getattr(module, name)
-            wrapper = _counting_call(counts, name, original)
+            wrapper = wrap(name, original)
             for holder in [m for key, m in list(sys.modules.items()) if key.startswith("sexpgpu") and m is not None]:
                 if getattr(holder, name, None) is original:
                     setattr(holder, name, wrapper)
@@ -273,14 +300,6 @@ def _patched_entry_points(counts: Counting):
     finally:
         for holder, name, original in replaced:
             setattr(holder, name, original)
-
-
-def _counting_call(counts: Counting, name: str, original):
-    def call(*args, **kwargs):
-        counts.call(name)
-        return original(*args, **kwargs)
-
-    return call
 
 
 # --- a step, phase by phase -----------------------------------------------------------------------
