@@ -194,9 +194,14 @@ def maxima(x: torch.Tensor, axes, keep: bool = False) -> torch.Tensor:
     if not axes:
         return x.clone()
     result = torch.amax(x, dim=axes, keepdim=keep)
-    positive_zero = ((x == 0) & ~torch.signbit(x)).to(torch.uint8).amax(dim=axes, keepdim=keep).bool()
+    # +0 is the one value whose bits are all zero: two passes over x, where a mask of zeros,
+    # their signs and their conjunction took five
+    positive_zero = (x.view(SAME_WIDTH_INTEGER[x.element_size()]) == 0).any(dim=axes, keepdim=keep)
     zeros = torch.where(positive_zero, 0.0, -0.0).to(x.dtype)
     return torch.where(result == 0, zeros, result)
+
+
+SAME_WIDTH_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size in bytes
 
 
 def window_maxima(x: torch.Tensor, kernel, stride, counts) -> torch.Tensor:
