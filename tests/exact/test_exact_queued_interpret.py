@@ -66,6 +66,29 @@ def test_products_sums_and_batches_have_the_exact_rounding(kind, dtype):
     assert same_bits(found, torch.stack([oracle(xs[b], ws[b]) for b in range(2)]))
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_host_path_on_the_device_paths_accounts_for_every_output(kind):
+    """det_gemm (blocking) on the paths a GPU takes: the oracle's bits, and its statistics
+    account for every output (float64 product, pair sums, tiers, exact accumulator)."""
+    from sexpgpu.exact import rounded
+
+    generator = torch.Generator().manual_seed(3 + len(kind))
+    x, w = KINDS[kind](9, 7, 300, torch.float32, generator)
+    assert same_bits(det_gemm(x, w), oracle(x, w))
+    stats = rounded.last_statistics
+    settled = stats.float64_settled + stats.pairs_settled + sum(stats.settled_after)
+    assert settled + stats.fallback == stats.outputs == 63
+
+
+def test_the_host_path_takes_the_tiers_when_the_count_is_large():
+    from sexpgpu.exact import rounded
+
+    x, w = KINDS["whole range in a row"](72, 72, 40, torch.float32, torch.Generator().manual_seed(5))
+    assert same_bits(det_gemm(x, w), oracle(x, w))
+    stats = rounded.last_statistics
+    assert stats.tiers > 0 and stats.pairs == 0 and stats.float64_settled < 72 * 72 - rounded.PAIR_MINIMUM
+
+
 def test_nan_and_infinities_take_the_special_rule():
     generator = torch.Generator().manual_seed(4)
     x, w = torch.randn((4, 9), generator=generator), torch.randn((6, 9), generator=generator)
@@ -92,8 +115,7 @@ def every_output_exactly(x, w, flush: int) -> torch.Tensor:
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
     result = torch.full((m * n,), 7.0)
     listed, count = torch.arange(m * n), torch.tensor([m * n])
-    done = torch.zeros(m * n, dtype=torch.int8)
-    kernels()._exact_refine[(3,)](x, w, listed, count, result, done, m, n, k, x.stride(0), x.stride(1),
+    kernels()._exact_refine[(3,)](x, w, listed, count, result, m, n, k, x.stride(0), x.stride(1),
                                   w.stride(0), w.stride(1), ONES=False, BLOCK_P=8, FLUSH=flush)
     return result.view(m, n)
 
@@ -123,22 +145,24 @@ def test_the_exact_stage_alone_gives_every_output_with_registers_flushed(kind):
 
 def test_the_pair_stage_alone_settles_only_correct_outputs():
     """With nothing settled by the float64 product, the pair sums settle randn's outputs, each
-    to its exact rounding, and leave the rest pending."""
+    to its exact rounding, and put the rest on the second list, each once."""
     generator = torch.Generator().manual_seed(9)
     for kind in sorted(KINDS):
         x, w = KINDS[kind](4, 5, 40, torch.float32, generator)
         m, n, k = x.shape[0], w.shape[0], x.shape[1]
         result, done = torch.zeros(m * n), torch.zeros(m * n, dtype=torch.int8)
         x_norm, w_norm = widened(x)[1], widened(w)[1]
-        terms = (queued.LANES + 1) * -(-k // queued.LANES) + queued.LANES + 8
+        terms = queued.pair_terms(k)
         listed, count = queued._pending_list(done)
         assert int(count) == m * n
-        kernels()._pair_refine[(2,)](x, w, x_norm, w_norm, listed, count, result, done, m, n, k, x.stride(0),
-                                     x.stride(1), w.stride(0), w.stride(1), upward_float32(UNIT * SLACK),
+        left, left_count = torch.full((m * n,), -1), torch.zeros(1, dtype=torch.int64)
+        kernels()._pair_refine[(2,)](x, w, x_norm, w_norm, listed, count, result, done, left, left_count, m, n, k,
+                                     x.stride(0), x.stride(1), w.stride(0), w.stride(1), upward_float32(UNIT * SLACK),
                                      upward_float32(gamma(terms) * terms * UNIT * SLACK), ONES=False, BLOCK_P=8,
                                      BLOCK_K=queued.LANES)
         settled = done.bool()
         assert same_bits(result[settled], oracle(x, w).reshape(-1)[settled]), kind
+        assert sorted(left[:int(left_count)].tolist()) == (~settled).nonzero()[:, 0].tolist(), kind
         if kind == "randn":
             assert bool(settled.all())
 

@@ -37,21 +37,21 @@ import torch
 from . import backends
 from .float64_stage import SLACK, UNIT, chunk_for, float64_total, gamma, product_factor, tile_width, upward_float32, widened
 from .layout import MAX_K_PER_CALL
+from .paths import forced_path
 
-REFINE_PROGRAMS = 1024  # a refine kernel's fixed grid: its programs walk the list in turn
-REFINE_BLOCK = 64  # listed outputs a program takes at once
-LANES = 16  # _pair_refine's lanes along K
+REFINE_PROGRAMS = 4096  # a refine kernel's fixed grid: its programs walk the list in turn
+REFINE_BLOCK = 16  # listed outputs a program takes at once (105 registers at 32 lanes: four programs an SM)
+LANES = 32  # _pair_refine's lanes along K
 LIST_BLOCK = 1024  # outputs a listing program reads
-SEGMENT = 1 << 16  # columns of a row one _row_sums program sums; longer rows are cut into segments
+SEGMENT = 1 << 16  # columns of a row one _row_sums program sums at most; longer rows are cut into segments
+SUM_PROGRAMS = 512  # ... and rows are cut until about this many programs run
 TILE = 2048  # elements of a _row_sums program's tile
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a rounding on `device` into `dtype` takes this path: float32 results on the
     device paths (backends.on_device), unless an implementation or a tier path is forced."""
-    from .rounded import _forced_path  # rounded imports this module's callers: imported late
-
-    return backends.on_device(device) and dtype == torch.float32 and not backends.forcing() and _forced_path() is None
+    return backends.on_device(device) and dtype == torch.float32 and not backends.forcing() and forced_path() is None
 
 
 def queued_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -97,21 +97,22 @@ def queued_sum(rows: torch.Tensor) -> torch.Tensor:
     if p == 0:
         return result
     block_r, block_k = _sum_tile(rows)
-    segments = max(-(-k // SEGMENT), 1)
-    # each term passes through its lane's additions, the lanes' tree and the segments' sum
-    additions = -(-min(k, SEGMENT) // block_k) + block_k + segments
+    segment = _sum_segment(p, k, block_r, block_k)
+    segments = max(-(-k // segment), 1)
+    # each term passes through its lane's additions, the lanes' pairwise tree and the segments' sum
+    additions = -(-min(k, segment) // block_k) + (block_k.bit_length() - 1) + segments
     bound_factor = upward_float32(gamma(additions) / (1 - gamma(additions)) * SLACK)
     magnitude_factor = upward_float32(SLACK / (1 - gamma(additions)))
     grid = (-(-p // block_r), segments)
     if segments == 1:
         kernels._row_sums[grid](rows, result, result, result, done, magnitude, p, k, rows.stride(0), rows.stride(1),
-                                SEGMENT, bound_factor, magnitude_factor, SETTLE=True, BLOCK_R=block_r,
+                                segment, bound_factor, magnitude_factor, SETTLE=True, BLOCK_R=block_r,
                                 BLOCK_K=block_k, num_warps=4, enable_fp_fusion=False)
     else:
         sums = torch.empty((p, segments), dtype=torch.float64, device=rows.device)
         magnitudes = torch.empty_like(sums)
         kernels._row_sums[grid](rows, sums, magnitudes, result, done, magnitude, p, k, rows.stride(0),
-                                rows.stride(1), SEGMENT, bound_factor, magnitude_factor, SETTLE=False,
+                                rows.stride(1), segment, bound_factor, magnitude_factor, SETTLE=False,
                                 BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4, enable_fp_fusion=False)
         kernels._segment_sums[(-(-p // 256),)](sums, magnitudes, result, done, magnitude, p, segments,
                                                bound_factor, magnitude_factor, BLOCK_R=256, num_warps=4,
@@ -124,6 +125,16 @@ def queued_sum(rows: torch.Tensor) -> torch.Tensor:
 def _float(t: torch.Tensor) -> torch.Tensor:
     """bfloat16 widened to float32, which is exact (the kernels read float32)."""
     return t.float() if t.dtype == torch.bfloat16 else t
+
+
+def _sum_segment(p: int, k: int, block_r: int, block_k: int) -> int:
+    """The columns one _row_sums program sums: at most SEGMENT, and few enough that about
+    SUM_PROGRAMS programs run (a few long rows, a sum over the tokens, would leave most of the
+    GPU idle); a whole number of tiles."""
+    blocks = max(-(-p // block_r), 1)
+    steps = max(-(-k // block_k), 1)
+    segments = max(-(-k // SEGMENT), min(max(SUM_PROGRAMS // blocks, 1), steps))
+    return -(-steps // segments) * block_k
 
 
 def _sum_tile(rows: torch.Tensor) -> tuple:
@@ -147,18 +158,28 @@ def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> N
         return
     flat_result, flat_done = result.view(-1), done.view(-1)
     k = x.shape[1]
-    steps = -(-k // LANES)
-    terms = (LANES + 1) * steps + LANES + 8  # pair_sums' n: the lanes' error terms, the tree's
+    terms = pair_terms(k)
     unit_factor = upward_float32(UNIT * SLACK)
     terms_factor = upward_float32(gamma(terms) * terms * UNIT * SLACK)
     grid = (min(-(-outputs // REFINE_BLOCK), REFINE_PROGRAMS),)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
     listed, count = _pending_list(flat_done)
-    kernels._pair_refine[grid](x, w, x_norm, w_norm, listed, count, flat_result, flat_done, m, n, k, *strides,
-                               unit_factor, terms_factor, ONES=ones, BLOCK_P=REFINE_BLOCK, BLOCK_K=LANES,
+    left = torch.empty_like(listed)
+    left_count = torch.zeros(1, dtype=torch.int64, device=listed.device)
+    kernels._pair_refine[grid](x, w, x_norm, w_norm, listed, count, flat_result, flat_done, left, left_count, m, n, k,
+                               *strides, unit_factor, terms_factor, ONES=ones, BLOCK_P=REFINE_BLOCK, BLOCK_K=LANES,
                                num_warps=4, enable_fp_fusion=False)
-    kernels._exact_refine[grid](x, w, listed, count, flat_result, flat_done, m, n, k, *strides, ONES=ones,
+    del listed
+    kernels._exact_refine[grid](x, w, left, left_count, flat_result, m, n, k, *strides, ONES=ones,
                                 BLOCK_P=REFINE_BLOCK, FLUSH=MAX_K_PER_CALL, num_warps=4)
+
+
+def pair_terms(k: int) -> int:
+    """pair_sums' n for _pair_refine over K columns: the lanes' error terms and additions, then
+    the join's LANES - 1 errors and, in a tree of any shape, up to 2 (LANES - 1) additions on an
+    error's path."""
+    steps = -(-k // LANES)
+    return (LANES + 1) * steps + LANES + 2 * (LANES - 1)
 
 
 def _pending_list(done: torch.Tensor) -> tuple:

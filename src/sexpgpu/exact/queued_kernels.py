@@ -7,10 +7,10 @@
   block's count, their running sum, then each block's outputs at its offset), with the count
   left in device memory;
 - `_pair_refine`: for each listed output, its products summed by TwoSum in BLOCK_K lanes, the
-  lanes joined by a TwoSum tree (pair_sums.py's inequality (2)), settled; an output with a NaN
+  lanes joined by a reduction whose combiner is TwoSum (pair_sums.py's inequality (2)), settled; an output with a NaN
   or infinite product takes the special rule instead (docs/exact.md, "Special values");
-- `_exact_refine`: for each listed output the pair sums left, the Kulisch digits of its products (the
-  peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel;
+- `_exact_refine`: for each output the pair sums left (their second list), the Kulisch digits of
+  its products (the peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel;
 - `_normalise_planes`, `_round_planes`: an accumulator's planes carried in place, and rounded
   once to float32, one launch each (accumulator.normalise_ and rounding.round_planes on CUDA);
 - `_scatter_sums`: the sums of rows picked by ids (scatter.py), each from the Kulisch digits of
@@ -51,6 +51,42 @@ def _settle_sums(total, magnitude, bound_factor, magnitude_factor, at, inside, r
     tl.store(magnitude_ptr + at, magnitude * magnitude_factor, mask=inside)
 
 
+@triton.jit
+def _halved(t, R: tl.constexpr, W: tl.constexpr):
+    """Columns 2j and 2j+1 of t (R, W) added: (R, W // 2)."""
+    a, b = tl.split(tl.reshape(t, [R, W // 2, 2]))
+    return a + b
+
+
+@triton.jit
+def _pairwise(t, R: tl.constexpr, W: tl.constexpr):
+    """Each row of t (R, W), W a power of two up to 1024, summed by a pairwise tree: log2(W)
+    additions on each term's path (a reduction of Triton's own order would have to be
+    counted as W)."""
+    tl.static_assert(W <= 1024)
+    if W >= 1024:
+        t = _halved(t, R, 1024)
+    if W >= 512:
+        t = _halved(t, R, 512)
+    if W >= 256:
+        t = _halved(t, R, 256)
+    if W >= 128:
+        t = _halved(t, R, 128)
+    if W >= 64:
+        t = _halved(t, R, 64)
+    if W >= 32:
+        t = _halved(t, R, 32)
+    if W >= 16:
+        t = _halved(t, R, 16)
+    if W >= 8:
+        t = _halved(t, R, 8)
+    if W >= 4:
+        t = _halved(t, R, 4)
+    if W >= 2:
+        t = _halved(t, R, 2)
+    return tl.reshape(t, [R])
+
+
 @triton.jit(do_not_specialize=["R", "K", "SEGMENT"])
 def _row_sums(x_ptr, sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_ptr, R, K, stride_r, stride_k,
               SEGMENT, bound_factor, magnitude_factor,
@@ -72,8 +108,8 @@ def _row_sums(x_ptr, sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_p
         total += value
         magnitude += tl.abs(value)
         k0 += BLOCK_K
-    row_total = tl.reduce(total, 1, _ADD)
-    row_magnitude = tl.reduce(magnitude, 1, _ADD)
+    row_total = _pairwise(total, BLOCK_R, BLOCK_K)
+    row_magnitude = _pairwise(magnitude, BLOCK_R, BLOCK_K)
     if SETTLE:
         _settle_sums(row_total, row_magnitude, bound_factor, magnitude_factor, rows, inside_rows,
                      result_ptr, done_ptr, magnitude_ptr)
@@ -107,8 +143,8 @@ def _segment_sums(sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_ptr,
 @triton.jit(do_not_specialize=["TOTAL"])
 def _count_pending(done_ptr, counts_ptr, TOTAL, BLOCK: tl.constexpr):
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int64)
-    tl.store(counts_ptr + tl.program_id(0), tl.reduce(pending, 0, _ADD))
+    pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int32)  # a block's count fits
+    tl.store(counts_ptr + tl.program_id(0), tl.reduce(pending, 0, _ADD).to(tl.int64))
 
 
 @triton.jit(do_not_specialize=["TOTAL"])
@@ -117,7 +153,7 @@ def _list_pending(done_ptr, counts_ptr, ends_ptr, listed_ptr, TOTAL, BLOCK: tl.c
     count = tl.load(counts_ptr + tl.program_id(0))
     if count > 0:
         at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int64)
+        pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int32)
         place = tl.associative_scan(pending, 0, _ADD)  # 1 + how many pending outputs precede, in the block
         start = tl.load(ends_ptr + tl.program_id(0)) - count
         tl.store(listed_ptr + start + place - 1, at, mask=pending == 1)
@@ -144,84 +180,130 @@ def _listed_rows(listed_ptr, slots, listed, M, N, ONES: tl.constexpr):
 
 
 @triton.jit
-def _join_lanes(total, errors, inexact, P: tl.constexpr, LANES: tl.constexpr):
-    """Lanes 2j and 2j+1 joined by TwoSum: (P, LANES) -> (P, LANES // 2); errors collected,
-    and how many additions were inexact."""
-    a, b = tl.split(tl.reshape(total, [P, LANES // 2, 2]))
-    error_a, error_b = tl.split(tl.reshape(errors, [P, LANES // 2, 2]))
-    inexact_a, inexact_b = tl.split(tl.reshape(inexact, [P, LANES // 2, 2]))
+def _two_sum_combine(a, error_a, rounded_a, b, error_b, rounded_b):
+    """Two lanes (sum, errors, sum of |errors|) joined by TwoSum, a reduction's combiner: the
+    sums' error collected, and its magnitude (zero exactly when no addition rounded)."""
     joined = a + b
     b_part = joined - a
     error = (a - (joined - b_part)) + (b - b_part)
-    return joined, (error_a + error_b) + error, inexact_a + inexact_b + (error != 0).to(tl.int32)
+    return joined, (error_a + error_b) + error, (rounded_a + rounded_b) + tl.abs(error)
+
+
+@triton.jit
+def _two_sum_step(total, errors, rounded, product):
+    """One TwoSum of each lane's product into its sum: its error into errors, |error| into rounded."""
+    new_total = total + product
+    product_part = new_total - total
+    error = (total - (new_total - product_part)) + (product - product_part)
+    return new_total, errors + error, rounded + tl.abs(error)
+
+
+@triton.jit
+def _lane_product(x_ptr, w_ptr, x_row, w_row, k, inside, stride_xr, stride_xk, stride_wr, stride_wk,
+                  ONES: tl.constexpr):
+    """Each lane's product at columns k, in float64: exact, or NaN, or an infinity of the factors' sign."""
+    a = tl.load(x_ptr + x_row[:, None] * stride_xr + k[None, :].to(tl.int64) * stride_xk,
+                mask=inside, other=0.0).to(tl.float64)
+    if ONES:
+        return a
+    b = tl.load(w_ptr + w_row[:, None] * stride_wr + k[None, :].to(tl.int64) * stride_wk,
+                mask=inside, other=0.0).to(tl.float64)
+    return a * b
+
+
+@triton.jit
+def _finite_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr, stride_wk,
+                  ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(sums, errors, rounded) of each lane, for outputs whose products are all finite."""
+    lanes = tl.arange(0, BLOCK_K)
+    total = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    errors = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    rounded = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    k0 = 0
+    while k0 < K:
+        k = k0 + lanes
+        product = _lane_product(x_ptr, w_ptr, x_row, w_row, k, listed[:, None] & (k < K)[None, :],
+                                stride_xr, stride_xk, stride_wr, stride_wk, ONES)
+        total, errors, rounded = _two_sum_step(total, errors, rounded, product)
+        k0 += BLOCK_K
+    return total, errors, rounded
+
+
+@triton.jit
+def _special_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr, stride_wk,
+                   ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_finite_lanes for outputs that may have NaN or infinite products: those are counted (NaN,
+    +inf, -inf per output) and summed as 0."""
+    lanes = tl.arange(0, BLOCK_K)
+    total = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    errors = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    rounded = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    nan = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)  # counts: at most K of each
+    up = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
+    down = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
+    k0 = 0
+    while k0 < K:
+        k = k0 + lanes
+        product = _lane_product(x_ptr, w_ptr, x_row, w_row, k, listed[:, None] & (k < K)[None, :],
+                                stride_xr, stride_xk, stride_wr, stride_wk, ONES)
+        nan += (product != product).to(tl.int32)
+        up += (product == float("inf")).to(tl.int32)
+        down += (product == float("-inf")).to(tl.int32)
+        product = tl.where((product - product) == 0, product, 0.0)
+        total, errors, rounded = _two_sum_step(total, errors, rounded, product)
+        k0 += BLOCK_K
+    return total, errors, rounded, tl.reduce(nan, 1, _ADD), tl.reduce(up, 1, _ADD), tl.reduce(down, 1, _ADD)
 
 
 @triton.jit(do_not_specialize=["M", "N", "K"])
-def _pair_refine(x_ptr, w_ptr, x_norm_ptr, w_norm_ptr, listed_ptr, count_ptr, result_ptr, done_ptr,
-                 M, N, K, stride_xr, stride_xk, stride_wr, stride_wk, unit_factor, terms_factor,
+def _pair_refine(x_ptr, w_ptr, x_norm_ptr, w_norm_ptr, listed_ptr, count_ptr, result_ptr, done_ptr, left_ptr,
+                 left_count_ptr, M, N, K, stride_xr, stride_xk, stride_wr, stride_wk, unit_factor, terms_factor,
                  ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
-    tl.static_assert(BLOCK_K == 16)  # the lanes' tree below has four levels
     count = tl.load(count_ptr)
-    lanes = tl.arange(0, BLOCK_K)
     first = tl.program_id(0).to(tl.int64) * BLOCK_P
     while first < count:
         slots = first + tl.arange(0, BLOCK_P)
         listed = slots < count
         out, x_row, w_row = _listed_rows(listed_ptr, slots, listed, M, N, ONES)
-        total = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
-        errors = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
-        inexact = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)  # additions that rounded (TwoSum error not 0)
-        nan = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
-        up = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
-        down = tl.full([BLOCK_P, BLOCK_K], 0, tl.int32)
-        k0 = 0
-        while k0 < K:
-            k = k0 + lanes
-            inside = listed[:, None] & (k < K)[None, :]
-            a = tl.load(x_ptr + x_row[:, None] * stride_xr + k[None, :].to(tl.int64) * stride_xk,
-                        mask=inside, other=0.0).to(tl.float64)
-            if ONES:
-                product = a
-            else:
-                b = tl.load(w_ptr + w_row[:, None] * stride_wr + k[None, :].to(tl.int64) * stride_wk,
-                            mask=inside, other=0.0).to(tl.float64)
-                product = a * b  # exact, or NaN, or an infinity of the factors' sign
-            nan += (product != product).to(tl.int32)  # counts: at most K of each
-            up += (product == float("inf")).to(tl.int32)
-            down += (product == float("-inf")).to(tl.int32)
-            product = tl.where((product - product) == 0, product, 0.0)
-            new_total = total + product
-            product_part = new_total - total
-            error = (total - (new_total - product_part)) + (product - product_part)
-            errors += error
-            inexact += (error != 0).to(tl.int32)
-            total = new_total
-            k0 += BLOCK_K
-        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 16)
-        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 8)
-        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 4)
-        total, errors, inexact = _join_lanes(total, errors, inexact, BLOCK_P, 2)
-        hi = tl.reshape(total, [BLOCK_P])
-        lo = tl.reshape(errors, [BLOCK_P])
-        refined = hi + lo
         magnitude = tl.load(x_norm_ptr + x_row, mask=listed, other=0.0) * tl.load(w_norm_ptr + w_row, mask=listed,
                                                                                   other=0.0)
+        # a row holding a non-finite element has an infinite or NaN norm: only then are
+        # products classified, which costs a third of the loop's time
+        if tl.reduce(((magnitude - magnitude) != 0).to(tl.int32), 0, _ADD) == 0:
+            total, errors, rounded = _finite_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk,
+                                                   stride_wr, stride_wk, ONES, BLOCK_P, BLOCK_K)
+            nan = tl.full([BLOCK_P], 0, tl.int32)
+            up = tl.full([BLOCK_P], 0, tl.int32)
+            down = tl.full([BLOCK_P], 0, tl.int32)
+        else:
+            total, errors, rounded, nan, up, down = _special_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr,
+                                                                   stride_xk, stride_wr, stride_wk, ONES, BLOCK_P,
+                                                                   BLOCK_K)
+        # the lanes joined by TwoSums in a tree of Triton's choosing: bound (2) holds for any
+        # grouping, counting up to BLOCK_K - 1 joins on an error's path (queued._refine's terms)
+        hi, lo, rounded = tl.reduce((total, errors, rounded), 1, _two_sum_combine)
+        refined = hi + lo
         bound = tl.abs(refined) * unit_factor + magnitude * terms_factor
         # no addition rounded: every error is 0, so hi is the exact sum and the bound is 0
         # (settled_float32 then takes the one rounding of hi, ties to even included)
-        bound = tl.where(tl.reshape(inexact, [BLOCK_P]) == 0, 0.0, bound)
+        bound = tl.where(rounded == 0, 0.0, bound)
         done, value = settled_float32(refined, bound)
-        any_nan = tl.reduce(nan, 1, _ADD) > 0
-        any_up = tl.reduce(up, 1, _ADD) > 0
-        any_down = tl.reduce(down, 1, _ADD) > 0
-        nan_out = any_nan | (any_up & any_down)
-        special = any_nan | any_up | any_down
-        value = tl.where(any_down, float("-inf"), value)
-        value = tl.where(any_up, float("inf"), value)
+        nan_out = (nan > 0) | ((up > 0) & (down > 0))
+        special = (nan > 0) | (up > 0) | (down > 0)
+        value = tl.where(down > 0, float("-inf"), value)
+        value = tl.where(up > 0, float("inf"), value)
         value = tl.where(nan_out, float("nan"), value)
         finished = listed & (done | special)
         tl.store(result_ptr + out, value, mask=finished)
         tl.store(done_ptr + out, tl.full([BLOCK_P], 1, tl.int8), mask=finished)
+        # what is left goes on a second list, for the exact stage alone to walk; its order is
+        # the atomics', which no bit depends on (each output is its own exact sum)
+        left = (listed & ~finished).to(tl.int32)
+        count_left = tl.reduce(left, 0, _ADD)
+        if count_left > 0:
+            start = tl.atomic_add(left_count_ptr, count_left.to(tl.int64))
+            place = tl.associative_scan(left, 0, _ADD) - 1
+            tl.store(left_ptr + start + place, out, mask=left == 1)
         first += tl.num_programs(0) * BLOCK_P
 
 
@@ -391,21 +473,19 @@ def _flushed(total, part, digit: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "N", "K"])
-def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, done_ptr, M, N, K, stride_xr, stride_xk,
+def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stride_xr, stride_xk,
                   stride_wr, stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, FLUSH: tl.constexpr):
-    # each listed output the pair sums left (done still 0) walks its K, FLUSH products at a time
-    # into float64 digit registers (exact: at most 2**19 parts below 2**32 units), which are then
-    # added into int64 digits; the pair sums' list is walked again rather than listed anew
+    # each listed output (those the pair sums left) walks its K, FLUSH products at a time into
+    # float64 digit registers (exact: at most 2**19 parts below 2**32 units), which are then
+    # added into int64 digits
     count = tl.load(count_ptr)
     first = tl.program_id(0).to(tl.int64) * BLOCK_P
     while first < count:
         slots = first + tl.arange(0, BLOCK_P)
         listed = slots < count
         out, x_row, w_row = _listed_rows(listed_ptr, slots, listed, M, N, ONES)
-        listed = listed & (tl.load(done_ptr + out, mask=listed, other=1) == 0)
-        if tl.reduce(listed.to(tl.int32), 0, _ADD) > 0:
-            _exact_outputs(x_ptr, w_ptr, result_ptr, out, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr,
-                           stride_wk, ONES, BLOCK_P, FLUSH)
+        _exact_outputs(x_ptr, w_ptr, result_ptr, out, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr,
+                       stride_wk, ONES, BLOCK_P, FLUSH)
         first += tl.num_programs(0) * BLOCK_P
 
 

@@ -57,7 +57,6 @@ the same bits as the exact path for every input.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -75,6 +74,7 @@ from .block_slices import (
 from .bins_kernel import split_floats
 from .float64_stage import SLACK, UNIT, Float64Product, float64_product
 from .pair_sums import pair_sums
+from .paths import FLOAT64_ONLY, TIER_NAMES, forced, forced_path as _forced_path  # noqa: F401  (forced: the tests' entry)
 from .rounding import FORMATS, apply_special_counts, power_of_two, round_planes
 
 # int8 sums over 2**17 columns stay below 2**17 * 127**2 < 2**31; fp64 integer sums of 20-bit
@@ -105,28 +105,7 @@ TIERS_BY_NAME = {
     "int8": lambda device: TIER_INT8 if device.type == "cuda" else TIER_INT8_ON_CPU,
     "fp64": lambda device: TIER_FP64,
 }
-FLOAT64_ONLY = "float64"  # the float64 stages alone: every output they leave goes to pair_sums
-_forced: list[str] = []
-
-
-def _forced_path() -> str | None:
-    """The innermost `forced` name in effect, or None."""
-    return _forced[-1] if _forced else None
-
-
-@contextlib.contextmanager
-def forced(name: str):
-    """Force a path, for tests and benchmarks: the tiers alone with the named tier products
-    ("int8": tensor cores, or their exact CPU stand-in; "fp64"), or "float64": the float64
-    product and pair_sums for every output it leaves, never the tiers."""
-    if name not in (*TIERS_BY_NAME, FLOAT64_ONLY):
-        known = ", ".join((*TIERS_BY_NAME, FLOAT64_ONLY))
-        raise ValueError(f"sexpgpu.exact: no tier products named {name!r}; they are {known}")
-    _forced.append(name)
-    try:
-        yield
-    finally:
-        _forced.pop()
+assert tuple(TIERS_BY_NAME) == TIER_NAMES
 
 
 @dataclass
