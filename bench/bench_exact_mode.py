@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gpt-50m": ROOT / "bench" / "gpt-50m.sexp", "gpt-small": ROOT / "bench" / "gpt-small.sexp"}
 ARITHMETICS = ("float", "exact")
-WARMUP = {"float": 2, "exact": 1}  # float32 captures its CUDA graphs at the second step
+WARMUP = {"float": 2, "exact": 2}  # both capture their CUDA graphs at the second step
 GOAL = 2.0  # exact / float32, at most
 
 
@@ -45,6 +45,7 @@ class Timed:
     loss: float  # the first step's
     phases: dict  # {phase of a step: seconds}, of one more step
     profile: dict  # {kind of step: seconds} of one microbatch
+    captured: dict  # {"microbatch", "update": whether its calls replay a CUDA graph}
 
 
 def training(path: Path, arithmetic: str):
@@ -81,8 +82,10 @@ def time_steps(path: Path, arithmetic: str, steps: int, seconds: float) -> Timed
         timed += 1
     torch.cuda.synchronize()
     per_step = (time.perf_counter() - started) / timed
+    graphs = trainer.stacking.training
+    captured = {"microbatch": built.backend.is_captured(graphs.micro), "update": built.backend.is_captured(graphs.update)}
     profile = built.backend.profile(built.program.training.micro, trainer.first_inputs(state))
-    return Timed(per_step, timed, first, loss, phases(trainer, state), profile)
+    return Timed(per_step, timed, first, loss, phases(trainer, state), profile, captured)
 
 
 def phases(trainer, state) -> dict:
@@ -130,8 +133,9 @@ def shares(seconds: dict) -> str:
 
 def report(timed: dict) -> None:
     for arithmetic, found in timed.items():
+        replayed = ", ".join(f"{graph} {'captured' if yes else 'eager'}" for graph, yes in found.captured.items())
         print(f"  {arithmetic:<6} {found.seconds * 1e3:>10.1f} ms a step ({found.steps} timed after "
-              f"{WARMUP[arithmetic]} warm-up steps of {found.first:.1f} s); first loss {found.loss:.6f}")
+              f"{WARMUP[arithmetic]} warm-up steps of {found.first:.1f} s; {replayed}); first loss {found.loss:.6f}")
     ratio = timed["exact"].seconds / timed["float"].seconds
     print(f"  exact / float32: {ratio:.2f} (goal <= {GOAL}) {'met' if ratio <= GOAL else 'NOT met'}")
     for arithmetic, found in timed.items():

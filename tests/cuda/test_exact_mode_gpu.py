@@ -13,6 +13,7 @@ Run on a GPU machine with:  PYTHONPATH=src python3 -m pytest tests/cuda/test_exa
   are added as digits;
 - a GPU checkpoint resumed on the CPU, and a CPU one resumed on the GPU, repeat the
   uninterrupted run's remaining steps and final checkpoint;
+- from the second step an exact run's graphs replay CUDA graphs, with the interpreter's bits;
 - `--device auto` takes the GPU for an exact run, which states the exact level;
 - the exact gradient sums compose on the device (the CPU's per-microbatch accumulators
   combined and rounded on the GPU are the CPU's gradients, also through NCCL at world size 1).
@@ -113,6 +114,27 @@ def test_a_checkpoint_resumes_on_the_other_device_with_the_same_bytes(whole_runs
     resumed = run(path, resumed_on, tmp_path / resumed_on, "--resume", str(runs[written_on] / "step-2"))
     assert metrics(resumed) == [line for line in metrics(runs[written_on]) if '"step": 3' in line or '"step": 4' in line]
     assert final_tensors(resumed) == final_tensors(runs[written_on])
+
+
+def test_an_exact_runs_graphs_are_captured_and_replay_the_interpreters_bits(tmp_path):
+    """From the second step the microbatch and update graphs replay CUDA graphs (the id checks
+    before each replay, the gradient region's pending sums after it), with the CPU's bits."""
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.loop import Trainer
+    from sexpgpu.run.setup import build_run
+
+    experiment = load_experiment(exact_file("char-lm.sexp", tmp_path))
+    records, captured = {}, None
+    for device in ("cpu", "cuda"):
+        built = build_run(experiment, device)
+        trainer = Trainer(experiment.run, built.program, built.backend, built.feeder)
+        state = built.initial_state()
+        records[device] = [trainer.step(state) for _ in range(4)]
+        if device == "cuda":
+            training = trainer.stacking.training
+            captured = built.backend.is_captured(training.micro), built.backend.is_captured(training.update)
+    assert captured == (True, True)
+    assert records["cpu"] == records["cuda"]
 
 
 def test_auto_takes_the_gpu_for_an_exact_run():

@@ -17,9 +17,14 @@ from sexpgpu.backends.cuda.runtime import _lendable  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class _Buffer:
+    kind = "arena"
+
+
 class _Lowered:
     def __init__(self, inputs: dict, outputs: dict):
         self.inputs, self.outputs = inputs, outputs
+        self.buffers = {key: _Buffer() for key in (*inputs.values(), *outputs.values())}
 
 
 def test_outputs_sharing_memory_with_an_input_buffer_are_not_lendable():

@@ -211,10 +211,16 @@ class CudaBackend:
         entry = self._runners.get(id(graph))
         if entry is None or entry[0] is not graph:
             executable = Executable(self.lowered(graph), self.device)
-            capture = self.policy.fuses and executable.lowered.capturable and self.device.type == "cuda"
+            # runtime.host_split says whether the steps allow it; a read back refuses it at capture
+            capture = self.policy.fuses and self.device.type == "cuda"
             entry = (graph, executable, Captured(executable) if capture else executable)
             self._runners[id(graph)] = entry
         return entry
+
+    def is_captured(self, graph) -> bool:
+        """Whether `graph`'s calls now replay a CUDA graph (runtime.Captured)."""
+        entry = self._runners.get(id(graph))
+        return entry is not None and isinstance(entry[2], Captured) and entry[2].graph is not None
 
     def _accept(self, name: str, node, value):
         """The input as a device tensor of the node's storage dtype, checked like the

@@ -56,7 +56,6 @@ class Lowered:
     outputs: dict  # graph output name -> buffer key
     offsets: dict  # arena buffer key -> byte offset
     arena_bytes: int
-    capturable: bool
     patterns: tuple = ()  # plan/patterns.py's PatternUse of each match met
     covered: frozenset = frozenset()  # the nodes cuDNN's pattern graphs compute
 
@@ -78,9 +77,7 @@ class Lowerer:
         self.accumulators: dict = {}  # node -> buffer key of its digits (exact graphs' gradient region)
         self.steps: list = []
         self.buffers: dict = {}
-        # exact sums read counts back from the device, so an exact graph is never captured
         self.exact = ExactLowering(graph) if arithmetic == "exact" else None
-        self.capturable = self.exact is None
         self._output_of: dict = {}  # node -> buffer key for its first output name
         self.shared: dict = {}  # buffers steps hand one another beside the nodes' values (attention's statistics)
         # pattern graphs round as cuDNN does: an exact run sums every product itself
@@ -356,7 +353,7 @@ class Lowerer:
         plan = plan_arena(lifetimes)
         used = {key for step in steps for key in step.reads + step.writes}
         buffers = {key: buffer for key, buffer in self.buffers.items() if key in used or buffer.kind != "arena"}
-        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes, self.capturable,
+        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes,
                        tuple(self.patterns.uses), frozenset(self.patterns.covered))
 
 

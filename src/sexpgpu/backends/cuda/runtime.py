@@ -11,6 +11,13 @@ flat results, then slices of its flat inputs) come in with one copy of that whol
 step and the learning rate are inputs like any other, read by the kernels from device
 memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the
 same configurations on the same addresses, so it gives the eager run's bits.
+
+An exact graph is captured too: its sums on the device read nothing back (exact/queued.py).
+What must run on the host each call is split out (`host_split`): the id checks, which read
+the call's inputs, run before the replay; the gradient region, whose steps make pending sums
+over the buffers the replay fills, after it. Steps that still wait for the device (a bf16
+result's sums, an exact accumulator's special-value count) are found in the warm-up before
+the capture, and such a graph runs eagerly.
 """
 
 from __future__ import annotations
@@ -79,11 +86,11 @@ class Executable:
         env.update(self.output_buffers(skip=placed))
         for name, key in self.lowered.inputs.items():
             env[key] = env[key].copy_(inputs[name]) if key in env else inputs[name].clone()
+        env[DEVICE] = self.device
         return env
 
     def execute(self, env: dict) -> None:
-        for step in self.lowered.steps:
-            step(env)
+        _run_steps(self.lowered.steps, env)
 
     def __call__(self, inputs: dict, lent: bool = False) -> dict:
         """The outputs, in buffers of their own: each call allocates them (`lent` changes nothing)."""
@@ -95,9 +102,50 @@ class Executable:
         return {name: env[key] for name, key in self.lowered.outputs.items()}
 
 
+BEFORE_REPLAY = frozenset({"check"})  # host steps over the call's inputs (an id check reads them back)
+AFTER_REPLAY = frozenset({"exact-region", "hold"})  # host steps over what the replay wrote (pending sums)
+
+
+@dataclass(frozen=True)
+class HostSplit:
+    """An executable's steps for capture: `before` run on the host ahead of each replay,
+    `device` captured, `after` run on the host once the replay is queued."""
+
+    before: tuple
+    device: tuple
+    after: tuple
+
+    @property
+    def host_values(self) -> frozenset:
+        """The keys the host steps after the replay write: each call's own values. Kept in the
+        static environment, a call's pending sums would stay alive, and the backend would form
+        their digits before every later call."""
+        return frozenset(key for step in self.after for key in step.writes)
+
+
+def host_split(lowered) -> HostSplit | None:
+    """The split of `lowered`'s steps, or None when it cannot be captured: a check that reads
+    anything but the call's inputs (it would see the last replay's values), or a captured step
+    that reads what a host step after the replay writes. An exact graph's gradient region is
+    such a host step: each call makes its pending sums anew over the buffers the replay filled,
+    which its "hold" step keeps to the end."""
+    before = tuple(step for step in lowered.steps if step.kind in BEFORE_REPLAY)
+    after = tuple(step for step in lowered.steps if step.kind in AFTER_REPLAY)
+    device = tuple(step for step in lowered.steps if step.kind not in BEFORE_REPLAY | AFTER_REPLAY)
+    inputs = set(lowered.inputs.values())
+    split = HostSplit(before, device, after)
+    if any(key not in inputs for step in before for key in step.reads):
+        return None
+    if any(key in split.host_values for step in device for key in step.reads):
+        return None
+    return split
+
+
 class Captured:
     """The executable as one CUDA graph, captured at the second call (the first compiles
-    every kernel and warms cuBLAS up)."""
+    every kernel and warms cuBLAS up). Host steps (HostSplit) run around each replay. A
+    graph whose steps wait for the device (a count read back), found in the warm-up before
+    the capture, or whose capture fails, runs eagerly from then on."""
 
     def __init__(self, executable: Executable):
         self.executable = executable
@@ -106,6 +154,8 @@ class Captured:
         self.env = None
         self.lendable = frozenset()  # outputs whose buffers may be handed out, not copied
         self.returned: tuple[Returned, ...] = ()
+        self.split = host_split(executable.lowered)
+        self.eager = self.split is None
 
     def __call__(self, inputs: dict, lent: bool = False) -> dict:
         """The outputs. `lent`: the caller takes the lendable outputs as the graph's own
@@ -113,34 +163,58 @@ class Captured:
         them back only as inputs (the optimizer's parameters and state, step after step),
         so a step does not copy them out."""
         self.calls += 1
-        if self.calls == 1:
+        if self.calls == 1 or self.eager:
             return self.executable(inputs)
-        if self.graph is None:
-            self._capture(inputs)
+        if self.graph is None and not self._capture(inputs):
+            self.eager = True
+            return self.executable(inputs)
         lowered = self.executable.lowered
         whole = self._copy_returned(inputs)
         _copy_all([self.env[key] for name, key in lowered.inputs.items() if name not in whole],
                   [inputs[name] for name in lowered.inputs if name not in whole])
-        self.graph.replay()
+        _run_steps(self.split.before, self.env)
+        self.replay()
+        _run_steps(self.split.after, self.env)
         lend = self.lendable if lent else frozenset()
-        return {name: self.env[key] if name in lend else self.env[key].clone()
-                for name, key in lowered.outputs.items()}
+        outputs = {name: self.env[key] if name in lend or not _is_buffer(lowered, key) else self.env[key].clone()
+                   for name, key in lowered.outputs.items()}
+        for key in self.split.host_values:  # the call's pending sums belong to its caller alone
+            self.env.pop(key, None)
+        return outputs
 
-    def _capture(self, inputs: dict) -> None:
-        import torch
+    def replay(self) -> None:
+        self.graph.replay()
 
+    def _capture(self, inputs: dict) -> bool:
+        """Capture the device steps; False (nothing kept) where they wait for the device."""
         env = self.executable.static_environment(inputs)
-        stream = torch.cuda.Stream(self.executable.device)
-        stream.wait_stream(torch.cuda.current_stream(self.executable.device))
-        with torch.cuda.stream(stream):
-            self.executable.execute(env)  # warm-up on the capture stream, as PyTorch asks
-        torch.cuda.current_stream(self.executable.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            self.executable.execute(env)
+        graph = self._recorded(env)
+        if graph is None:
+            return False
         self.graph, self.env = graph, env
         self.lendable = _lendable(self.executable.lowered, env)
         self.returned = _returned(self.executable.lowered, placements(self.executable.lowered))
+        return True
+
+    def _recorded(self, env: dict):
+        """The device steps over `env` as a CUDA graph, or None if one waits for the device."""
+        import torch
+
+        stream = torch.cuda.Stream(self.executable.device)
+        stream.wait_stream(torch.cuda.current_stream(self.executable.device))
+        try:
+            with torch.cuda.stream(stream):  # warm-up on the capture stream, as PyTorch asks
+                _run_steps(self.split.before, env)
+                with _waits_refused(torch):
+                    _run_steps(self.split.device, env)
+            torch.cuda.current_stream(self.executable.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                _run_steps(self.split.device, env)
+        except RuntimeError:  # a read back: PyTorch refuses it in the warm-up or in the capture
+            torch.cuda.synchronize(self.executable.device)
+            return None
+        return graph
 
     def _copy_returned(self, inputs: dict) -> frozenset:
         """The names of the inputs that came back as the very buffers the last replay lent
@@ -153,6 +227,30 @@ class Captured:
                 whole.update(returned.names)
         return frozenset(whole)
 
+
+def _run_steps(steps, env: dict) -> None:
+    for step in steps:
+        step(env)
+
+
+def _is_buffer(lowered, key: str) -> bool:
+    """Whether an output is a tensor buffer (an exact graph's accumulators are host objects)."""
+    return lowered.buffers[key].kind != "accumulator"
+
+
+class _waits_refused:
+    """PyTorch's synchronisation debug mode set to raise while device steps warm up."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def __enter__(self):
+        self.was = self.torch.cuda.get_sync_debug_mode()
+        self.torch.cuda.set_sync_debug_mode("error")
+
+    def __exit__(self, *exc):
+        self.torch.cuda.set_sync_debug_mode(self.was)
+        return False
 
 @dataclass(frozen=True)
 class Returned:
@@ -184,8 +282,8 @@ def _lendable(lowered, env: dict) -> frozenset:
     """The outputs whose memory no input's buffer shares. Lent, an output may come back as
     any input of the next call; the copies in must not write over memory they read from."""
     slots = [_span(env[key]) for key in lowered.inputs.values()]
-    return frozenset(name for name, key in lowered.outputs.items()
-                     if not any(_overlap(_span(env[key]), slot) for slot in slots))
+    return frozenset(name for name, key in lowered.outputs.items() if _is_buffer(lowered, key)
+                     and not any(_overlap(_span(env[key]), slot) for slot in slots))
 
 
 def _span(tensor) -> tuple[int, int]:
