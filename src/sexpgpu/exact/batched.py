@@ -30,7 +30,8 @@ from .checks import check_operand, check_output_dtype
 from .float64_stage import float64_product
 from .gemm import accumulate_planes, rounded_product
 from .pair_sums import pair_sums
-from .rounded import MAX_FAST_K, TIERS_BY_NAME, _exact_outputs, _forced_path, settle
+from .paths import TIER_NAMES, forced_path
+from .rounded import MAX_FAST_K, _exact_outputs, settle
 
 
 def det_gemm_batched(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -65,7 +66,7 @@ def det_gemm_batched(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torc
 
 
 def _one_by_one(x: torch.Tensor, w: torch.Tensor) -> bool:
-    forced = backends.forcing() or _forced_path() in TIERS_BY_NAME
+    forced = backends.forcing() or forced_path() in TIER_NAMES
     if forced or x.numel() == 0 or w.numel() == 0 or x.shape[2] > MAX_FAST_K:
         return True
     return not bool(torch.isfinite(x).all() & torch.isfinite(w).all())  # one synchronisation

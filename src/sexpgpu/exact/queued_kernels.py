@@ -64,26 +64,9 @@ def _pairwise(t, R: tl.constexpr, W: tl.constexpr):
     additions on each term's path (a reduction of Triton's own order would have to be
     counted as W)."""
     tl.static_assert(W <= 1024)
-    if W >= 1024:
-        t = _halved(t, R, 1024)
-    if W >= 512:
-        t = _halved(t, R, 512)
-    if W >= 256:
-        t = _halved(t, R, 256)
-    if W >= 128:
-        t = _halved(t, R, 128)
-    if W >= 64:
-        t = _halved(t, R, 64)
-    if W >= 32:
-        t = _halved(t, R, 32)
-    if W >= 16:
-        t = _halved(t, R, 16)
-    if W >= 8:
-        t = _halved(t, R, 8)
-    if W >= 4:
-        t = _halved(t, R, 4)
-    if W >= 2:
-        t = _halved(t, R, 2)
+    for level in tl.static_range(10):  # unrolled: each level halves the columns
+        if (W >> level) >= 2:
+            t = _halved(t, R, W >> level)
     return tl.reshape(t, [R])
 
 
@@ -212,28 +195,11 @@ def _lane_product(x_ptr, w_ptr, x_row, w_row, k, inside, stride_xr, stride_xk, s
 
 
 @triton.jit
-def _finite_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr, stride_wk,
-                  ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(sums, errors, rounded) of each lane, for outputs whose products are all finite."""
-    lanes = tl.arange(0, BLOCK_K)
-    total = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
-    errors = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
-    rounded = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
-    k0 = 0
-    while k0 < K:
-        k = k0 + lanes
-        product = _lane_product(x_ptr, w_ptr, x_row, w_row, k, listed[:, None] & (k < K)[None, :],
-                                stride_xr, stride_xk, stride_wr, stride_wk, ONES)
-        total, errors, rounded = _two_sum_step(total, errors, rounded, product)
-        k0 += BLOCK_K
-    return total, errors, rounded
-
-
-@triton.jit
-def _special_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr, stride_wk,
-                   ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
-    """_finite_lanes for outputs that may have NaN or infinite products: those are counted (NaN,
-    +inf, -inf per output) and summed as 0."""
+def _lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr, stride_wk,
+           ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, SPECIAL: tl.constexpr):
+    """(sums, errors, rounded) of each lane, and per output how many products are NaN, +inf and
+    -inf. SPECIAL: products may be NaN or infinite, and are then counted and summed as 0;
+    else every product is finite and the counts are 0."""
     lanes = tl.arange(0, BLOCK_K)
     total = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
     errors = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
@@ -246,13 +212,17 @@ def _special_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk, 
         k = k0 + lanes
         product = _lane_product(x_ptr, w_ptr, x_row, w_row, k, listed[:, None] & (k < K)[None, :],
                                 stride_xr, stride_xk, stride_wr, stride_wk, ONES)
-        nan += (product != product).to(tl.int32)
-        up += (product == float("inf")).to(tl.int32)
-        down += (product == float("-inf")).to(tl.int32)
-        product = tl.where((product - product) == 0, product, 0.0)
+        if SPECIAL:
+            nan += (product != product).to(tl.int32)
+            up += (product == float("inf")).to(tl.int32)
+            down += (product == float("-inf")).to(tl.int32)
+            product = tl.where((product - product) == 0, product, 0.0)
         total, errors, rounded = _two_sum_step(total, errors, rounded, product)
         k0 += BLOCK_K
-    return total, errors, rounded, tl.reduce(nan, 1, _ADD), tl.reduce(up, 1, _ADD), tl.reduce(down, 1, _ADD)
+    if SPECIAL:
+        return total, errors, rounded, tl.reduce(nan, 1, _ADD), tl.reduce(up, 1, _ADD), tl.reduce(down, 1, _ADD)
+    none = tl.full([BLOCK_P], 0, tl.int32)
+    return total, errors, rounded, none, none, none
 
 
 @triton.jit(do_not_specialize=["M", "N", "K"])
@@ -270,15 +240,13 @@ def _pair_refine(x_ptr, w_ptr, x_norm_ptr, w_norm_ptr, listed_ptr, count_ptr, re
         # a row holding a non-finite element has an infinite or NaN norm: only then are
         # products classified, which costs a third of the loop's time
         if tl.reduce(((magnitude - magnitude) != 0).to(tl.int32), 0, _ADD) == 0:
-            total, errors, rounded = _finite_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr, stride_xk,
-                                                   stride_wr, stride_wk, ONES, BLOCK_P, BLOCK_K)
-            nan = tl.full([BLOCK_P], 0, tl.int32)
-            up = tl.full([BLOCK_P], 0, tl.int32)
-            down = tl.full([BLOCK_P], 0, tl.int32)
+            total, errors, rounded, nan, up, down = _lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr,
+                                                           stride_xk, stride_wr, stride_wk, ONES, BLOCK_P, BLOCK_K,
+                                                           False)
         else:
-            total, errors, rounded, nan, up, down = _special_lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr,
-                                                                   stride_xk, stride_wr, stride_wk, ONES, BLOCK_P,
-                                                                   BLOCK_K)
+            total, errors, rounded, nan, up, down = _lanes(x_ptr, w_ptr, x_row, w_row, listed, K, stride_xr,
+                                                           stride_xk, stride_wr, stride_wk, ONES, BLOCK_P, BLOCK_K,
+                                                           True)
         # the lanes joined by TwoSums in a tree of Triton's choosing: bound (2) holds for any
         # grouping, counting up to BLOCK_K - 1 joins on an error's path (queued._refine's terms)
         hi, lo, rounded = tl.reduce((total, errors, rounded), 1, _two_sum_combine)

@@ -74,7 +74,7 @@ from .block_slices import (
 from .bins_kernel import split_floats
 from .float64_stage import SLACK, UNIT, Float64Product, float64_product
 from .pair_sums import pair_sums
-from .paths import FLOAT64_ONLY, TIER_NAMES, forced, forced_path as _forced_path  # noqa: F401  (forced: the tests' entry)
+from .paths import FLOAT64_ONLY, TIER_NAMES, forced, forced_path as _forced_path  # noqa: F401  (rounded.forced: the tests' entry)
 from .rounding import FORMATS, apply_special_counts, power_of_two, round_planes
 
 # int8 sums over 2**17 columns stay below 2**17 * 127**2 < 2**31; fp64 integer sums of 20-bit

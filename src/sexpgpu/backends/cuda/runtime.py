@@ -22,6 +22,7 @@ the capture, and such a graph runs eagerly.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from math import prod
 
@@ -238,19 +239,16 @@ def _is_buffer(lowered, key: str) -> bool:
     return lowered.buffers[key].kind != "accumulator"
 
 
-class _waits_refused:
+@contextlib.contextmanager
+def _waits_refused(torch):
     """PyTorch's synchronisation debug mode set to raise while device steps warm up."""
+    was = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(was)
 
-    def __init__(self, torch):
-        self.torch = torch
-
-    def __enter__(self):
-        self.was = self.torch.cuda.get_sync_debug_mode()
-        self.torch.cuda.set_sync_debug_mode("error")
-
-    def __exit__(self, *exc):
-        self.torch.cuda.set_sync_debug_mode(self.was)
-        return False
 
 @dataclass(frozen=True)
 class Returned:
