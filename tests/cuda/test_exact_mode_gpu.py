@@ -187,3 +187,15 @@ def test_the_exact_gradient_sums_compose_on_the_gpu(tmp_path):
             assert torch.equal(rounded.view(torch.int32), value.view(torch.int32)), name
     finally:
         dist.destroy_process_group()
+
+
+def test_exact_calls_times_a_compiled_step_call_by_call(capsys):
+    """bench/exact_calls.py on the GPU: its step runs eagerly (no entry point is called inside a
+    replay, and CUDA events cannot be timed inside a capture), every call timed by events."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import exact_calls
+
+    exact_calls.main(["--model", "gpt-tiny", "--rows", "3"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("gpt-tiny, one exact step") and torch.cuda.get_device_name() in printed[0]
+    assert len(printed) == 5 and all("strides" in line and float(line.split()[0]) > 0 for line in printed[2:])

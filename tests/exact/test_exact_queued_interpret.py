@@ -110,13 +110,14 @@ def test_ties_and_cancellation_reach_the_exact_digits():
     assert same_bits(det_sum(x, 1), sums_oracle(x))
 
 
-def every_output_exactly(x, w, flush: int) -> torch.Tensor:
-    """_exact_refine alone, on a list of every output, its digit registers flushed every `flush` products."""
+def every_output_exactly(x, w, flush: int, lanes: int = 4) -> torch.Tensor:
+    """_exact_refine alone, on a list of every output, in `lanes` lanes along K, its digit
+    registers flushed every `flush` columns."""
     m, n, k = x.shape[0], w.shape[0], x.shape[1]
     result = torch.full((m * n,), 7.0)
     listed, count = torch.arange(m * n), torch.tensor([m * n])
     kernels()._exact_refine[(3,)](x, w, listed, count, result, m, n, k, x.stride(0), x.stride(1),
-                                  w.stride(0), w.stride(1), ONES=False, BLOCK_P=8, FLUSH=flush)
+                                  w.stride(0), w.stride(1), ONES=False, BLOCK_P=8, BLOCK_K=lanes, FLUSH=flush)
     return result.view(m, n)
 
 
@@ -141,6 +142,18 @@ def test_the_exact_stage_alone_gives_every_output_with_registers_flushed(kind):
     generator = torch.Generator().manual_seed(7)
     x, w = KINDS[kind](4, 5, 23, torch.float32, generator)
     assert same_bits(every_output_exactly(x, w, flush=5), oracle(x, w))
+    assert same_bits(every_output_exactly(x, w, flush=64, lanes=16), oracle(x, w))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_long_k_takes_the_long_refine_shape_with_the_same_rounding(kind, monkeypatch):
+    """From LONG_K on, the pair refine takes few outputs in many lanes: here from K = 16."""
+    monkeypatch.setattr(queued, "LONG_K", 16)
+    assert queued.refine_shape(40) == queued.LONG_SHAPE
+    generator = torch.Generator().manual_seed(11)
+    x, w = KINDS[kind](5, 6, 40, torch.float32, generator)
+    assert same_bits(det_gemm(x, w, non_blocking=True), oracle(x, w))
+    assert same_bits(det_sum(x, 1), sums_oracle(x))
 
 
 def test_the_pair_stage_alone_settles_only_correct_outputs():
@@ -182,6 +195,29 @@ def test_strided_operands_and_sums_over_the_first_axis():
     assert same_bits(det_sum(x, 0), sums_oracle(x.T))
     wide = torch.randn((3, 40, 8), generator=generator)[:, ::3, :]  # rows of a batch sum, strided
     assert same_bits(det_sum(wide.reshape(3, -1), 1), sums_oracle(wide.reshape(3, -1)))
+
+
+def test_batches_of_transposed_and_broadcast_matrices_are_read_as_they_lie(monkeypatch):
+    """An attention's P.T @ dO: x a batch of transposed matrices, w one matrix broadcast over the
+    batch (stride 0). The widening reads both strides as they are (no copy is made first) and
+    every matrix has the exact rounding."""
+    generator = torch.Generator().manual_seed(8)
+    p = torch.rand((3, 9, 20), generator=generator)
+    x = p.transpose(1, 2)  # (3, 20, 9): rows a column of p apart, matrices p's apart
+    w = torch.randn((5, 9), generator=generator).expand(3, 5, 9)
+    copies, contiguous = [], torch.Tensor.contiguous
+
+    def copied(t, *args, **kwargs):
+        if not t.is_contiguous():
+            copies.append(tuple(t.shape))
+        return contiguous(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", copied)
+    found = det_gemm_batched(x, w)
+    assert not copies
+    assert same_bits(found, torch.stack([oracle(x[b], w[b]) for b in range(3)]))
+    wide, norm = widened(x)
+    assert torch.equal(wide, x.reshape(60, 9).double()) and norm.shape == (60,)
 
 
 def test_empty_shapes():

@@ -78,7 +78,7 @@ def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str) -> torc
         left, right = a.reshape(1, -1, a.shape[-1]), b.T[None]
     else:
         left, right = _matrices(a, b, shape)
-    return det_gemm_batched(left.contiguous(), right.contiguous(), TORCH_DTYPES[dtype]).reshape(shape)
+    return det_gemm_batched(left, right, TORCH_DTYPES[dtype]).reshape(shape)  # strided: read as they lie
 
 
 def scattered(ids: torch.Tensor, values: torch.Tensor, rows: int, shape) -> Accumulator:

@@ -83,7 +83,7 @@ def float64_product(x: torch.Tensor, w: torch.Tensor, chunk: int | None = None) 
 
 def _widened_matrices(t: torch.Tensor) -> tuple:
     """widened on the rows of t (..., K), reshaped back: (float64 t, norms (...))."""
-    wide, norm = widened(t.reshape(math.prod(t.shape[:-1]), t.shape[-1]))
+    wide, norm = widened(t[None] if t.dim() == 1 else t if t.dim() <= 3 else t.reshape(-1, *t.shape[-2:]))
     return wide.view(t.shape), norm.view(t.shape[:-1])
 
 
@@ -93,19 +93,22 @@ WIDEN_PROGRAMS = 512  # rows are cut into segments of K until about this many pr
 
 
 def widened(rows: torch.Tensor) -> tuple:
-    """(rows (R, K) of any strides in float64, contiguous; an upper bound of each row's
-    Euclidean norm, infinite or NaN for a row holding a non-finite element, which stays).
-    On the device paths one pass (widen_kernel.py), else a conversion and upper_norms."""
+    """(the rows of rows (R, K) or of each matrix of rows (B, R, K), of any strides, in float64,
+    contiguous (B * R, K); an upper bound of each row's Euclidean norm (B * R,), infinite or NaN
+    for a row holding a non-finite element, which stays). On the device paths one pass
+    (widen_kernel.py) that reads the strides as they are (a batch of transposed matrices,
+    an attention's P.T, is not copied first), else a conversion and upper_norms."""
+    k = rows.shape[-1]
     if not backends.on_device(rows.device):
-        wide = rows.to(torch.float64, memory_format=torch.contiguous_format)
+        wide = rows.to(torch.float64, memory_format=torch.contiguous_format).reshape(math.prod(rows.shape[:-1]), k)
         return wide, upper_norms(wide)
     from .widen_kernel import widen  # Triton is imported only where it runs
 
     rows = rows.float() if rows.dtype == torch.bfloat16 else rows  # exact; the kernel reads float32
-    r, k = rows.shape
+    r = math.prod(rows.shape[:-1])
     # a transposed operand (a weight read as w.T, an activation's gradient in a weight's
     # product) takes a square tile, which Triton loads along one axis and stores along the other
-    block_k = min(ROW_COLUMNS if rows.stride(1) == 1 else 32, tile_width(k))
+    block_k = min(ROW_COLUMNS if rows.stride(-1) == 1 else 32, tile_width(k))
     block_r = TILE // block_k
     steps = max(-(-k // block_k), 1)
     segments = min(max(WIDEN_PROGRAMS // max(-(-r // block_r), 1), 1), steps)

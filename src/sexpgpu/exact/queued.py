@@ -42,10 +42,16 @@ from .paths import forced_path
 REFINE_PROGRAMS = 4096  # a refine kernel's fixed grid: its programs walk the list in turn
 REFINE_BLOCK = 16  # listed outputs a program takes at once (105 registers at 32 lanes: four programs an SM)
 LANES = 32  # _pair_refine's lanes along K
+LONG_K = 4096  # from this K on, a pair refine program takes LONG_SHAPE: few outputs of a long K
+# (a weight's gradient over the tokens) would otherwise keep a few programs walking K in turn
+LONG_SHAPE = (4, 128)  # (outputs, lanes) of a program
+EXACT_SHAPE = (2, 64)  # (outputs, lanes) of an _exact_refine program: one output of K = 24576
+# walked in one lane took 7.6 ms on an H200
 LIST_BLOCK = 1024  # outputs a listing program reads
 SEGMENT = 1 << 16  # columns of a row one _row_sums program sums at most; longer rows are cut into segments
 SUM_PROGRAMS = 512  # ... and rows are cut until about this many programs run
 TILE = 2048  # elements of a _row_sums program's tile
+ROW_LANES = 128  # ... its lanes along contiguous rows, each adding its columns in turn (the join counts them all)
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
@@ -64,25 +70,27 @@ def queued_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     x3, w3 = _float(x3), _float(w3)
     batch, m, k = x3.shape
     n = w3.shape[1]
-    rows_x, rows_w = x3.reshape(batch * m, k), w3.reshape(batch * n, k)
-    x64, x_norm = widened(rows_x)
-    w64, w_norm = widened(rows_w)
+    x64, x_norm = widened(x3)  # a batch of transposed matrices is read as it lies, not copied first
+    w64, w_norm = widened(w3)
     chunk = chunk_for(m * n, k, batched)
     total = float64_total(x64.view(batch, m, k), w64.view(batch, n, k), chunk) if batched else \
         float64_total(x64, w64, chunk)
     done, result = settle_float32(total, x_norm.view(batch, m) if batched else x_norm,
                                   w_norm.view(batch, n) if batched else w_norm, product_factor(k, chunk))
     del total
-    _refine(_along_rows(rows_x, x64), _along_rows(rows_w, w64), x_norm, w_norm, result, done.view(torch.int8), m, n,
+    _refine(_along_rows(x3, x64), _along_rows(w3, w64), x_norm, w_norm, result, done.view(torch.int8), m, n,
             ones=False)
     return result
 
 
-def _along_rows(rows: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
-    """What the refine kernels read of an operand: its rows as given where they are contiguous
-    (half the bytes), else its float64 copy, whose rows are (a transposed operand's elements
-    along K lie a row apart, and a kernel walking K would read a sector for each)."""
-    return rows if rows.stride(1) == 1 else wide
+def _along_rows(matrices: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+    """What the refine kernels read of an operand (B, R, K), as rows (B * R, K): its rows as
+    given where they are contiguous and the matrices' rows one run of equal strides (half the
+    bytes), else its float64 copy, whose rows are (a transposed operand's elements along K lie
+    a row apart, and a kernel walking K would read a sector for each)."""
+    b, r, _ = matrices.shape
+    one_run = b == 1 or matrices.stride(0) == r * matrices.stride(1)
+    return matrices.view(b * r, matrices.shape[2]) if matrices.stride(2) == 1 and one_run else wide
 
 
 def queued_sum(rows: torch.Tensor) -> torch.Tensor:
@@ -99,8 +107,8 @@ def queued_sum(rows: torch.Tensor) -> torch.Tensor:
     block_r, block_k = _sum_tile(rows)
     segment = _sum_segment(p, k, block_r, block_k)
     segments = max(-(-k // segment), 1)
-    # each term passes through its lane's additions, the lanes' pairwise tree and the segments' sum
-    additions = -(-min(k, segment) // block_k) + (block_k.bit_length() - 1) + segments
+    # each term passes through its lane's additions, the lanes' join (any order) and the segments' sum
+    additions = -(-min(k, segment) // block_k) + (block_k - 1) + segments
     bound_factor = upward_float32(gamma(additions) / (1 - gamma(additions)) * SLACK)
     magnitude_factor = upward_float32(SLACK / (1 - gamma(additions)))
     grid = (-(-p // block_r), segments)
@@ -143,7 +151,7 @@ def _sum_tile(rows: torch.Tensor) -> tuple:
     k = rows.shape[1]
     if rows.stride(1) != 1 and rows.stride(0) == 1:
         return 64, 32
-    block_k = min(1024, tile_width(k))
+    block_k = min(ROW_LANES, tile_width(k))
     return TILE // block_k, block_k
 
 
@@ -158,28 +166,36 @@ def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> N
         return
     flat_result, flat_done = result.view(-1), done.view(-1)
     k = x.shape[1]
-    terms = pair_terms(k)
+    block_p, lanes = refine_shape(k)
+    terms = pair_terms(k, lanes)
     unit_factor = upward_float32(UNIT * SLACK)
     terms_factor = upward_float32(gamma(terms) * terms * UNIT * SLACK)
-    grid = (min(-(-outputs // REFINE_BLOCK), REFINE_PROGRAMS),)
+    grid = (min(-(-outputs // block_p), REFINE_PROGRAMS),)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
     listed, count = _pending_list(flat_done)
     left = torch.empty_like(listed)
     left_count = torch.zeros(1, dtype=torch.int64, device=listed.device)
     kernels._pair_refine[grid](x, w, x_norm, w_norm, listed, count, flat_result, flat_done, left, left_count, m, n, k,
-                               *strides, unit_factor, terms_factor, ONES=ones, BLOCK_P=REFINE_BLOCK, BLOCK_K=LANES,
+                               *strides, unit_factor, terms_factor, ONES=ones, BLOCK_P=block_p, BLOCK_K=lanes,
                                num_warps=4, enable_fp_fusion=False)
     del listed
-    kernels._exact_refine[grid](x, w, left, left_count, flat_result, m, n, k, *strides, ONES=ones,
-                                BLOCK_P=REFINE_BLOCK, FLUSH=MAX_K_PER_CALL, num_warps=4)
+    exact_p, exact_lanes = EXACT_SHAPE
+    exact_grid = (min(-(-outputs // exact_p), REFINE_PROGRAMS),)
+    kernels._exact_refine[exact_grid](x, w, left, left_count, flat_result, m, n, k, *strides, ONES=ones,
+                                      BLOCK_P=exact_p, BLOCK_K=exact_lanes, FLUSH=MAX_K_PER_CALL, num_warps=4)
 
 
-def pair_terms(k: int) -> int:
-    """pair_sums' n for _pair_refine over K columns: the lanes' error terms and additions, then
-    the join's LANES - 1 errors and, in a tree of any shape, up to 2 (LANES - 1) additions on an
-    error's path."""
-    steps = -(-k // LANES)
-    return (LANES + 1) * steps + LANES + 2 * (LANES - 1)
+def refine_shape(k: int) -> tuple:
+    """(outputs, lanes along K) of a _pair_refine program for K columns."""
+    return LONG_SHAPE if k >= LONG_K else (REFINE_BLOCK, LANES)
+
+
+def pair_terms(k: int, lanes: int = LANES) -> int:
+    """pair_sums' n for _pair_refine over K columns in `lanes` lanes: the lanes' error terms and
+    additions, then the join's lanes - 1 errors and, in a tree of any shape, up to
+    2 (lanes - 1) additions on an error's path."""
+    steps = -(-k // lanes)
+    return (lanes + 1) * steps + lanes + 2 * (lanes - 1)
 
 
 def _pending_list(done: torch.Tensor) -> tuple:

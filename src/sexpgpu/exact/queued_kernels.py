@@ -1,8 +1,8 @@
 """The Triton kernels of the queued path (queued.py): every decision on the device, no host wait.
 
 - `_row_sums`, `_segment_sums`: det_sum's first stage: each row's float64 sum and the float64
-  sum of its magnitudes, in lanes of BLOCK_K columns, then the lanes, then (long rows) the
-  segments; settled by the magnitude bound;
+  sum of its magnitudes, in BLOCK_K lanes that each add their columns in turn, then the lanes
+  (in any order), then (long rows) the segments in order; settled by the magnitude bound;
 - `_count_pending`, `_list_pending`: the outputs still pending, listed on the device (each
   block's count, their running sum, then each block's outputs at its offset), with the count
   left in device memory;
@@ -10,7 +10,8 @@
   lanes joined by a reduction whose combiner is TwoSum (pair_sums.py's inequality (2)), settled; an output with a NaN
   or infinite product takes the special rule instead (docs/exact.md, "Special values");
 - `_exact_refine`: for each output the pair sums left (their second list), the Kulisch digits of
-  its products (the peeling of triton_kernel.py), carried, and rounded once to float32 in the kernel;
+  its products (the peeling of triton_kernel.py) in lanes along K, added over the lanes as
+  integers, carried, and rounded once to float32 in the kernel;
 - `_normalise_planes`, `_round_planes`: an accumulator's planes carried in place, and rounded
   once to float32, one launch each (accumulator.normalise_ and rounding.round_planes on CUDA);
 - `_scatter_sums`: the sums of rows picked by ids (scatter.py), each from the Kulisch digits of
@@ -51,25 +52,6 @@ def _settle_sums(total, magnitude, bound_factor, magnitude_factor, at, inside, r
     tl.store(magnitude_ptr + at, magnitude * magnitude_factor, mask=inside)
 
 
-@triton.jit
-def _halved(t, R: tl.constexpr, W: tl.constexpr):
-    """Columns 2j and 2j+1 of t (R, W) added: (R, W // 2)."""
-    a, b = tl.split(tl.reshape(t, [R, W // 2, 2]))
-    return a + b
-
-
-@triton.jit
-def _pairwise(t, R: tl.constexpr, W: tl.constexpr):
-    """Each row of t (R, W), W a power of two up to 1024, summed by a pairwise tree: log2(W)
-    additions on each term's path (a reduction of Triton's own order would have to be
-    counted as W)."""
-    tl.static_assert(W <= 1024)
-    for level in tl.static_range(10):  # unrolled: each level halves the columns
-        if (W >> level) >= 2:
-            t = _halved(t, R, W >> level)
-    return tl.reshape(t, [R])
-
-
 @triton.jit(do_not_specialize=["R", "K", "SEGMENT"])
 def _row_sums(x_ptr, sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_ptr, R, K, stride_r, stride_k,
               SEGMENT, bound_factor, magnitude_factor,
@@ -91,8 +73,11 @@ def _row_sums(x_ptr, sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_p
         total += value
         magnitude += tl.abs(value)
         k0 += BLOCK_K
-    row_total = _pairwise(total, BLOCK_R, BLOCK_K)
-    row_magnitude = _pairwise(magnitude, BLOCK_R, BLOCK_K)
+    # the lanes joined in Triton's order, counted as BLOCK_K - 1 additions. An explicit pairwise
+    # tree (log2 BLOCK_K) compiled to layout conversions that repeated the trees across threads:
+    # 1056 float64 additions a thread for 4 rows of 512, against 74 here
+    row_total = tl.reduce(total, 1, _ADD)
+    row_magnitude = tl.reduce(magnitude, 1, _ADD)
     if SETTLE:
         _settle_sums(row_total, row_magnitude, bound_factor, magnitude_factor, rows, inside_rows,
                      result_ptr, done_ptr, magnitude_ptr)
@@ -442,10 +427,11 @@ def _flushed(total, part, digit: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M", "N", "K"])
 def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stride_xr, stride_xk,
-                  stride_wr, stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, FLUSH: tl.constexpr):
-    # each listed output (those the pair sums left) walks its K, FLUSH products at a time into
-    # float64 digit registers (exact: at most 2**19 parts below 2**32 units), which are then
-    # added into int64 digits
+                  stride_wr, stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                  FLUSH: tl.constexpr):
+    # each listed output (those the pair sums left) walks its K in BLOCK_K lanes, FLUSH columns
+    # at a time into float64 digit registers of each lane (exact: at most 2**19 parts below
+    # 2**32 units), which are then added over the lanes into int64 digits
     count = tl.load(count_ptr)
     first = tl.program_id(0).to(tl.int64) * BLOCK_P
     while first < count:
@@ -453,33 +439,58 @@ def _exact_refine(x_ptr, w_ptr, listed_ptr, count_ptr, result_ptr, M, N, K, stri
         listed = slots < count
         out, x_row, w_row = _listed_rows(listed_ptr, slots, listed, M, N, ONES)
         _exact_outputs(x_ptr, w_ptr, result_ptr, out, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr,
-                       stride_wk, ONES, BLOCK_P, FLUSH)
+                       stride_wk, ONES, BLOCK_P, BLOCK_K, FLUSH)
         first += tl.num_programs(0) * BLOCK_P
 
 
 @triton.jit
+def _lane_digits(a, digit: tl.constexpr):
+    """A digit's float64 registers (BLOCK_P, BLOCK_K), exact multiples of its weight, as int64
+    units of that weight summed over the lanes (integers: any order is exact)."""
+    scale = _fp64_from_bits((1023 - 32 * (digit - 10)) << 52)  # 2**-(32 * (digit - 10))
+    return tl.reduce((a * scale).to(tl.int64), 1, _ADD)
+
+
+@triton.jit
+def _flush_lanes(i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
+                 a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17):
+    """Each int64 digit plus its lanes' float64 registers."""
+    return (i0 + _lane_digits(a0, 0), i1 + _lane_digits(a1, 1), i2 + _lane_digits(a2, 2),
+            i3 + _lane_digits(a3, 3), i4 + _lane_digits(a4, 4), i5 + _lane_digits(a5, 5),
+            i6 + _lane_digits(a6, 6), i7 + _lane_digits(a7, 7), i8 + _lane_digits(a8, 8),
+            i9 + _lane_digits(a9, 9), i10 + _lane_digits(a10, 10), i11 + _lane_digits(a11, 11),
+            i12 + _lane_digits(a12, 12), i13 + _lane_digits(a13, 13), i14 + _lane_digits(a14, 14),
+            i15 + _lane_digits(a15, 15), i16 + _lane_digits(a16, 16), i17 + _lane_digits(a17, 17))
+
+
+@triton.jit
+def _lane_zeros(BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """18 float64 digit registers of BLOCK_P outputs in BLOCK_K lanes, zero."""
+    z = tl.full([BLOCK_P, BLOCK_K], 0.0, tl.float64)
+    return z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z
+
+
+@triton.jit
 def _exact_outputs(x_ptr, w_ptr, result_ptr, out, x_row, w_row, listed, K, stride_xr, stride_xk, stride_wr,
-                   stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, FLUSH: tl.constexpr):
+                   stride_wk, ONES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+                   FLUSH: tl.constexpr):
     """The listed outputs' exact sums, rounded once to float32 and stored."""
+    lanes = tl.arange(0, BLOCK_K)
     i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _zeros(BLOCK_P, tl.int64)
     k0 = 0
     while k0 < K:
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _zeros(BLOCK_P, tl.float64)
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _lane_zeros(BLOCK_P, BLOCK_K)
         end = tl.minimum(k0 + FLUSH, K)
         k = k0
         while k < end:
-            xv = tl.load(x_ptr + x_row * stride_xr + k.to(tl.int64) * stride_xk, mask=listed,
-                         other=0.0).to(tl.float64)
-            if ONES:
-                product = xv
-            else:
-                product = xv * tl.load(w_ptr + w_row * stride_wr + k.to(tl.int64) * stride_wk, mask=listed,
-                                       other=0.0).to(tl.float64)
+            product = _lane_product(x_ptr, w_ptr, x_row, w_row, k + lanes,
+                                    listed[:, None] & (k + lanes < end)[None, :],
+                                    stride_xr, stride_xk, stride_wr, stride_wk, ONES)
             product = tl.where((product - product) == 0, product, 0.0)  # a special output never comes here
             a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17 = _peel_product(
                 product, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
-            k += 1
-        i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _flush(
+            k += BLOCK_K
+        i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _flush_lanes(
             i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17,
             a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17)
         k0 = end

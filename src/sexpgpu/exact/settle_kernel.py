@@ -22,9 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_M, BLOCK_N) by the outputs' width: long rows take long tiles (8 x 512 settled 8192^2
-# outputs in 0.84 ms on an H200, 32 x 64 in 0.97, 64 x 128 in 1.77); narrow ones the square one.
-WIDE_TILE, NARROW_TILE = (8, 512), (32, 64)
+# (BLOCK_M, BLOCK_N) by the outputs' width: long rows take long tiles, narrow ones the square
+# one. On an H200, 4 warps: 4 x 512 settled 256 x 512 x 512 outputs in 0.244 ms (3.6 TB/s of
+# float64 read and float32 and flags written), 8 x 512 in 0.329, 16 x 256 in 0.327, 32 x 64 in
+# 0.335; 16384 x 24576 in 1.49 ms against 1.93 at 8 x 512.
+WIDE_TILE, NARROW_TILE = (4, 512), (32, 64)
 NUM_WARPS = 4
 
 

@@ -71,6 +71,9 @@ class CudaBackend:
         self.exact_paths = device_paths if self.device.type == "cpu" else contextlib.nullcontext
         # the rounded gradients stay on the device, where the update graph reads them
         self.exact_sums = ExactSums(lambda tensor: tensor, self.exact_paths) if arithmetic == "exact" else None
+        # CUDA graphs from a graph's second call where the policy fuses; False keeps every call
+        # eager, for timing the steps inside one (bench/exact_calls.py)
+        self.capture = True
         self._pending: dict = {}  # id(graph) -> the PendingSums its last run returned (weakly)
         self._runners: dict = {}
         self._lowerings: dict = {}
@@ -212,7 +215,7 @@ class CudaBackend:
         if entry is None or entry[0] is not graph:
             executable = Executable(self.lowered(graph), self.device)
             # runtime.host_split says whether the steps allow it; a read back refuses it at capture
-            capture = self.policy.fuses and self.device.type == "cuda"
+            capture = self.capture and self.policy.fuses and self.device.type == "cuda"
             entry = (graph, executable, Captured(executable) if capture else executable)
             self._runners[id(graph)] = entry
         return entry
