@@ -176,6 +176,8 @@ ENTRY_POINTS = {
     "sexpgpu.exact.reduce": ("det_sum", "det_sum_partial"),
     "sexpgpu.exact.rounded": ("rounded_gemm",),
     "sexpgpu.exact.scatter": ("det_scatter_sum", "det_scatter_sum_partial"),
+    # the CUDA backend's products written straight into their buffers (backends/exact_ops.py)
+    "sexpgpu.exact.queued": ("queued_product",),
 }
 
 

@@ -238,3 +238,62 @@ def test_the_benchmark_refuses_an_unknown_model_and_a_machine_without_a_gpu(tmp_
     text = bench_exact_mode.MODELS["gpt-small"].read_text().replace(":batch 16", ":batch 16 :arithmetic exact")
     (tmp_path / "gpt-small.sexp").write_text(text)
     assert main(["check", str(tmp_path / "gpt-small.sexp")]) == 0
+
+
+def test_a_product_is_written_into_its_buffer_unless_the_buffer_meets_an_operand():
+    """exact_ops.rounded_product with out: the queued path writes the rounded product straight
+    into a contiguous float32 buffer apart from the operands (no copy after), with the bits
+    it returns without out; a buffer overlapping an operand is left alone."""
+    from sexpgpu.backends import exact_ops
+    from sexpgpu.exact import backends
+
+    generator = torch.Generator().manual_seed(4)
+    a, b = torch.randn((2, 5, 7), generator=generator), torch.randn((7, 3), generator=generator)
+    batched = torch.randn((2, 7, 3), generator=generator)
+    with backends.device_paths():
+        for right in (b, batched):
+            expected = exact_ops.rounded_product(a, right, (2, 5, 3), "f32")
+            out = torch.full((2, 5, 3), 7.0)
+            found = exact_ops.rounded_product(a, right, (2, 5, 3), "f32", out=out)
+            assert found.data_ptr() == out.data_ptr() and torch.equal(out, expected)
+        arena = torch.zeros(200)
+        left = arena[:70].view(2, 5, 7)
+        left.copy_(a)
+        overlapping = arena[60:90].view(2, 5, 3)  # meets the left operand's last elements
+        found = exact_ops.rounded_product(left, b, (2, 5, 3), "f32", out=overlapping)
+        assert found.data_ptr() != overlapping.data_ptr() and torch.equal(left, a)
+        assert torch.equal(found, exact_ops.rounded_product(a, b, (2, 5, 3), "f32"))
+        assert exact_ops.rounded_product(a, b, (2, 5, 3), "bf16", out=torch.empty(2, 5, 3)).dtype == torch.bfloat16
+    out = torch.empty(2, 5, 3)  # the CPU's own path (no queued path) leaves it alone
+    assert exact_ops.rounded_product(a, b, (2, 5, 3), "f32", out=out).data_ptr() != out.data_ptr()
+
+
+@pytest.mark.parametrize("axes, keep", [((2,), True), ((-1,), False), ((1, 2), False), ((0,), True), ((0, 2), False)])
+def test_one_pass_maxima_have_the_interpreters_bits(axes, keep):
+    """backends/cuda/exact_maxima.py against cpu/folds.reduce_max, bit for bit: rows of ordinary
+    values, of zeros of both signs, of -0 alone, of negative values and -0, with a NaN, of -inf;
+    trailing axes take the one-pass kernel, others exact_ops.maxima."""
+    from sexpgpu.backends.cpu.folds import reduce_max
+    from sexpgpu.backends.cuda import exact_maxima
+
+    generator = torch.Generator().manual_seed(12)
+    x = torch.randn((3, 6, 150), generator=generator)
+    x[0, 1] = -0.0
+    x[0, 2] = torch.where(torch.arange(150) % 2 == 0, -0.0, 0.0)
+    x[0, 3] = -x[0, 3].abs()
+    x[0, 3, 7] = -0.0
+    x[1, 0, 9] = float("nan")
+    x[1, 1] = float("-inf")
+    x[2, 4, 149] = 1e30
+    found = exact_maxima.maxima(x, axes, keep)
+    expected = torch.from_numpy(np.asarray(reduce_max(x.numpy(), tuple(a % 3 for a in axes), keep)))
+    assert found.shape == expected.shape
+    assert torch.equal(found.view(torch.int32), expected.view(torch.int32))
+
+
+def test_one_pass_maxima_leave_strided_rows_to_the_two_pass_rule():
+    from sexpgpu.backends.cuda import exact_maxima
+
+    x = torch.randn((40, 8)).T  # rows a column apart: not viewable as contiguous rows
+    assert exact_maxima._rows(x, 40) is None
+    assert torch.equal(exact_maxima.maxima(x, (1,)), x.amax(1))

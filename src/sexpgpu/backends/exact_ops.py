@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from sexpgpu.exact import queued
 from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial,
                            det_scatter_sum, det_scatter_sum_partial, det_sum, det_sum_partial)
 from sexpgpu.exact.layout import WIDTH
@@ -68,17 +69,43 @@ def product(a: torch.Tensor, b: torch.Tensor, shape) -> Accumulator:
     return shaped(Accumulator(torch.stack(parts, 1)), shape)
 
 
-def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str) -> torch.Tensor:
+def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """product(a, b, shape) rounded once, by the fast paths, which round from bounds or the top
     slices to the same bits: det_gemm for a float32 product by one matrix (on CUDA with no
-    wait for the device), det_gemm_batched (all the matrices at once) for any other."""
-    if dtype == "f32" and b.dim() == 2:
-        return det_gemm(a.reshape(-1, a.shape[-1]), b.T, non_blocking=True).reshape(shape)
+    wait for the device), det_gemm_batched (all the matrices at once) for any other. out: a
+    buffer the result may be written into, which it is (and returned) where the queued path
+    takes the product and out is contiguous float32 apart from the operands' memory."""
     if b.dim() == 2:
         left, right = a.reshape(1, -1, a.shape[-1]), b.T[None]
     else:
         left, right = _matrices(a, b, shape)
+    if out is not None and dtype == "f32" and _writable(out, left, right):
+        return queued.queued_product(left if b.dim() > 2 else left[0], right if b.dim() > 2 else right[0], out)
+    if dtype == "f32" and b.dim() == 2:
+        return det_gemm(left[0], right[0], non_blocking=True).reshape(shape)
     return det_gemm_batched(left, right, TORCH_DTYPES[dtype]).reshape(shape)  # strided: read as they lie
+
+
+def _writable(out: torch.Tensor, *operands: torch.Tensor) -> bool:
+    """Whether the queued path may write a float32 product straight into `out`: it takes the
+    product, and out is contiguous float32 whose memory no operand reaches (the refine stages
+    read the operands after the first values are written)."""
+    if not queued.applies(out.device, torch.float32) or out.dtype != torch.float32 or not out.is_contiguous():
+        return False
+    if any(t.device != out.device or t.dtype not in (torch.float32, torch.bfloat16) for t in operands):
+        return False
+    return not any(_extents_meet(out, t) for t in operands)
+
+
+def _extents_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges two tensors' elements span meet."""
+    def extent(t):
+        start = t.data_ptr()
+        span = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else -1
+        return start, start + (span + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = extent(a), extent(b)
+    return a0 < b1 and b0 < a1
 
 
 def scattered(ids: torch.Tensor, values: torch.Tensor, rows: int, shape) -> Accumulator:
@@ -196,9 +223,15 @@ def maxima(x: torch.Tensor, axes, keep: bool = False) -> torch.Tensor:
     result = torch.amax(x, dim=axes, keepdim=keep)
     # +0 is the one value whose bits are all zero: two passes over x, where a mask of zeros,
     # their signs and their conjunction took five
-    positive_zero = (x.view(SAME_WIDTH_INTEGER[x.element_size()]) == 0).any(dim=axes, keepdim=keep)
+    bits = x.view(SAME_WIDTH_INTEGER[x.element_size()])
+    positive_zero = (bits == 0).any(dim=axes, keepdim=keep)
     zeros = torch.where(positive_zero, 0.0, -0.0).to(x.dtype)
-    return torch.where(result == 0, zeros, result)
+    result = torch.where(result == 0, zeros, result)
+    # a NaN's bits are the largest among the NaNs it saw, as the interpreter's (numpy's) NaN is
+    # the one it met, where torch's amax makes its own (all bits set on CPU)
+    none = torch.iinfo(bits.dtype).min
+    nan_bits = torch.where(torch.isnan(x), bits, none).amax(dim=axes, keepdim=keep)
+    return torch.where(nan_bits != none, nan_bits.view(x.dtype), result)
 
 
 SAME_WIDTH_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size in bytes

@@ -13,15 +13,15 @@ returns, whatever its data:
    in chunks of K (float64_stage.float64_total), settled in one pass (settle_kernel); a sum
    instead bounds each row's float64 sum by its own magnitudes (`_row_sums`), tighter than
    the Cauchy-Schwarz bound of a product with ones;
-2. the outputs left, listed on the device (`_count_pending`, `_list_pending`) in a list as long
-   as the outputs, since nothing on the host knows how many there are: a bound cannot be too
-   small, so no data can overflow it;
+2. the outputs left, listed on the device (`_list_pending`, at places an atomic count hands
+   out) in a list as long as the outputs, since nothing on the host knows how many there
+   are: a bound cannot be too small, so no data can overflow it;
 3. each listed output's compensated dot product (`_pair_refine`, pair_sums.py's bound) by a
    fixed grid of programs that walk the list up to the count in device memory; NaN and
    infinite products are classified there (a row holding one has an infinite or NaN norm, so
    its outputs always reach this stage) and take the special rule;
-4. the outputs still left (the same list walked again, skipping those stage 3 settled)
-   computed exactly (`_exact_refine`): Kulisch digits, carried and rounded in the kernel.
+4. the outputs still left (a second list, which stage 3 fills by atomics) computed exactly
+   (`_exact_refine`): Kulisch digits in lanes along K, carried and rounded in the kernel.
 
 Each output is its exact sum's rounding on every path, so the bits are the host path's; only
 the time depends on the data. Unlike the host path there are no tiers on a block (choosing
@@ -60,9 +60,11 @@ def applies(device: torch.device, dtype: torch.dtype) -> bool:
     return backends.on_device(device) and dtype == torch.float32 and not backends.forcing() and forced_path() is None
 
 
-def queued_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def queued_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T for x (M, K) and w (N, K), or of each matrix for x (B, M, K) and w (B, N, K):
-    each output's exact sum rounded once to float32, no count read back."""
+    each output's exact sum rounded once to float32, no count read back. out: a contiguous
+    float32 tensor of as many elements, sharing no memory with x or w, to write the result
+    into (a caller's buffer, which then needs no copy), or None."""
     from .settle_kernel import settle_float32  # Triton is imported only where it runs
 
     batched = x.dim() == 3
@@ -75,8 +77,9 @@ def queued_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     chunk = chunk_for(m * n, k, batched)
     total = float64_total(x64.view(batch, m, k), w64.view(batch, n, k), chunk) if batched else \
         float64_total(x64, w64, chunk)
+    into = None if out is None else out.view(total.shape)
     done, result = settle_float32(total, x_norm.view(batch, m) if batched else x_norm,
-                                  w_norm.view(batch, n) if batched else w_norm, product_factor(k, chunk))
+                                  w_norm.view(batch, n) if batched else w_norm, product_factor(k, chunk), into)
     del total
     _refine(_along_rows(x3, x64), _along_rows(w3, w64), x_norm, w_norm, result, done.view(torch.int8), m, n,
             ones=False)
@@ -172,9 +175,9 @@ def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> N
     terms_factor = upward_float32(gamma(terms) * terms * UNIT * SLACK)
     grid = (min(-(-outputs // block_p), REFINE_PROGRAMS),)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
-    listed, count = _pending_list(flat_done)
-    left = torch.empty_like(listed)
-    left_count = torch.zeros(1, dtype=torch.int64, device=listed.device)
+    counts = torch.zeros(2, dtype=torch.int64, device=flat_done.device)  # the two lists' lengths: one fill
+    listed, count = _pending_list(flat_done, counts)
+    left, left_count = torch.empty_like(listed), counts[1:]
     kernels._pair_refine[grid](x, w, x_norm, w_norm, listed, count, flat_result, flat_done, left, left_count, m, n, k,
                                *strides, unit_factor, terms_factor, ONES=ones, BLOCK_P=block_p, BLOCK_K=lanes,
                                num_warps=4, enable_fp_fusion=False)
@@ -198,16 +201,14 @@ def pair_terms(k: int, lanes: int = LANES) -> int:
     return (lanes + 1) * steps + lanes + 2 * (lanes - 1)
 
 
-def _pending_list(done: torch.Tensor) -> tuple:
-    """(int64 list of the pending outputs' indices in increasing order, its count as a 1-element
-    device tensor). The list has room for every output."""
+def _pending_list(done: torch.Tensor, counts: torch.Tensor | None = None) -> tuple:
+    """(int64 list of the pending outputs' indices, in no particular order, its count as a
+    1-element device tensor). The list has room for every output. counts: zeroed int64 device
+    memory whose first element takes the count, or None."""
     from . import queued_kernels as kernels
 
     outputs = done.numel()
-    blocks = -(-outputs // LIST_BLOCK)
-    counts = torch.empty(blocks, dtype=torch.int64, device=done.device)
-    kernels._count_pending[(blocks,)](done, counts, outputs, BLOCK=LIST_BLOCK, num_warps=4)
-    ends = torch.cumsum(counts, 0)
+    counts = torch.zeros(1, dtype=torch.int64, device=done.device) if counts is None else counts
     listed = torch.empty(outputs, dtype=torch.int64, device=done.device)
-    kernels._list_pending[(blocks,)](done, counts, ends, listed, outputs, BLOCK=LIST_BLOCK, num_warps=4)
-    return listed, ends[-1:]
+    kernels._list_pending[(-(-outputs // LIST_BLOCK),)](done, counts, listed, outputs, BLOCK=LIST_BLOCK, num_warps=4)
+    return listed, counts[:1]

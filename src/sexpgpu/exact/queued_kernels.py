@@ -3,9 +3,8 @@
 - `_row_sums`, `_segment_sums`: det_sum's first stage: each row's float64 sum and the float64
   sum of its magnitudes, in BLOCK_K lanes that each add their columns in turn, then the lanes
   (in any order), then (long rows) the segments in order; settled by the magnitude bound;
-- `_count_pending`, `_list_pending`: the outputs still pending, listed on the device (each
-  block's count, their running sum, then each block's outputs at its offset), with the count
-  left in device memory;
+- `_list_pending`: the outputs still pending, listed on the device (each block's outputs at
+  places taken by an atomic count), with the count left in device memory;
 - `_pair_refine`: for each listed output, its products summed by TwoSum in BLOCK_K lanes, the
   lanes joined by a reduction whose combiner is TwoSum (pair_sums.py's inequality (2)), settled; an output with a NaN
   or infinite product takes the special rule instead (docs/exact.md, "Special values");
@@ -109,21 +108,17 @@ def _segment_sums(sums_ptr, magnitudes_ptr, result_ptr, done_ptr, magnitude_ptr,
 
 
 @triton.jit(do_not_specialize=["TOTAL"])
-def _count_pending(done_ptr, counts_ptr, TOTAL, BLOCK: tl.constexpr):
+def _list_pending(done_ptr, count_ptr, listed_ptr, TOTAL, BLOCK: tl.constexpr):
+    # each block's pending outputs at places taken by an atomic count, in one pass: the list's
+    # order is the atomics', which no bit depends on (each output is its own sum); a count, a
+    # scan of the counts and a second pass took four launches, a tenth of the queued path's
+    # kernels in an exact gpt-50m step
     at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int32)  # a block's count fits
-    tl.store(counts_ptr + tl.program_id(0), tl.reduce(pending, 0, _ADD).to(tl.int64))
-
-
-@triton.jit(do_not_specialize=["TOTAL"])
-def _list_pending(done_ptr, counts_ptr, ends_ptr, listed_ptr, TOTAL, BLOCK: tl.constexpr):
-    # a block with nothing pending (most, where the bound settles most outputs) reads nothing more
-    count = tl.load(counts_ptr + tl.program_id(0))
-    if count > 0:
-        at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        pending = (tl.load(done_ptr + at, mask=at < TOTAL, other=1) == 0).to(tl.int32)
+    count = tl.reduce(pending, 0, _ADD)
+    if count > 0:  # most blocks, where the bound settles most outputs, take no place
+        start = tl.atomic_add(count_ptr, count.to(tl.int64))
         place = tl.associative_scan(pending, 0, _ADD)  # 1 + how many pending outputs precede, in the block
-        start = tl.load(ends_ptr + tl.program_id(0)) - count
         tl.store(listed_ptr + start + place - 1, at, mask=pending == 1)
 
 

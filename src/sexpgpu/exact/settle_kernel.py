@@ -72,12 +72,13 @@ def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N
     tl.store(done_ptr + at, done.to(tl.int8), mask=mask)
 
 
-def settle_float32(total: torch.Tensor, x_norm: torch.Tensor, w_norm: torch.Tensor, factor: float):
+def settle_float32(total: torch.Tensor, x_norm: torch.Tensor, w_norm: torch.Tensor, factor: float, value=None):
     """(settled, value) as rounded.settle gives them for float32, with the bound formed in-kernel
     (factor a float32, Float64Product.factor); value is +0.0 where not settled. total (M, N)
-    with norms (M,) and (N,), or a batch: total (B, M, N) with norms (B, M) and (B, N)."""
+    with norms (M,) and (N,), or a batch: total (B, M, N) with norms (B, M) and (B, N).
+    value: a contiguous float32 tensor of total's shape to write the values into, or None."""
     m, n = total.shape[-2:]
-    value = torch.empty(total.shape, dtype=torch.float32, device=total.device)
+    value = torch.empty(total.shape, dtype=torch.float32, device=total.device) if value is None else value
     done = torch.empty(total.shape, dtype=torch.int8, device=total.device)
     matrices = total.numel() // max(m * n, 1)
     if total.numel():

@@ -17,7 +17,8 @@ where the interpreter holds it in a float32 array:
 - avg_pool2d: round(exact window sum) / (KH * KW); avg_pool2d_grad: the share g / (KH * KW),
   then each element's exact sum over the windows reaching it;
 - max, max_pool2d and the window's first maximum (max_pool2d_grad, max_pool2d_pick): exact in
-  any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima).
+  any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima; over
+  trailing axes in one pass, exact_maxima.py).
 
 The gradient region (graph/exact_region.py) lives in the step's environment beside the arena
 (buffers of kind "accumulator"), and the graph returns its sums for the run loop to combine
@@ -154,7 +155,20 @@ def _check_step(lowerer, node, ids, bound: int, what: str) -> None:
 
 
 def _matmul(lowerer, node) -> None:
-    _node_step(lowerer, node, lambda a, b: ops.rounded_product(a, b, node.shape, node.dtype), "exact-matmul")
+    """The product written straight into the node's buffer where the queued path can (a
+    logits' product is 1.6 GB of float32 in gpt-50m: its copy took 0.76 ms), else copied in."""
+    sources = operands(lowerer, node.inputs)
+    key = lowerer.result_buffer(node)
+
+    def run(env):
+        target = env[key]
+        found = ops.rounded_product(*[source.tensor(env) for source in sources], node.shape, node.dtype,
+                                    out=target)
+        if found.data_ptr() != target.data_ptr():
+            target.copy_(found.reshape(target.shape))
+
+    lowerer.steps.append(TorchStep(run, _reads(sources), (key,), "exact-matmul"))
+    lowerer.values[node] = lowerer.loaded(node, key)
 
 
 def _reduction(exact):
@@ -173,8 +187,15 @@ def _sum(node):
     return lambda x: ops.rounded_sum(x, node.attrs["axes"], node.shape, node.dtype)
 
 
+def _maxima(x, axes, keep: bool):
+    """exact_ops.maxima's value in one pass where it can (exact_maxima.py)."""
+    from sexpgpu.backends.cuda.exact_maxima import maxima  # its kernel is decorated where it runs (Triton's interpreter on CPU tensors)
+
+    return maxima(x, axes, keep)
+
+
 def _max(node):
-    return lambda x: ops.maxima(x, node.attrs["axes"], node.attrs["keep"])
+    return lambda x: _maxima(x, node.attrs["axes"], node.attrs["keep"])
 
 
 def _scatter_add(lowerer, node) -> None:
@@ -213,7 +234,7 @@ class RowParts:
 def _row_parts(lowerer, x, axis: int) -> RowParts:
     kept = tuple(1 if index == axis else size for index, size in enumerate(x.shape))
     source = operands(lowerer, [x])
-    top = _float_buffer(lowerer, kept, source, lambda t: ops.maxima(t, (axis,), keep=True), "exact-max")
+    top = _float_buffer(lowerer, kept, source, lambda t: _maxima(t, (axis,), True), "exact-max")
     shifted = lowerer.value_in(x, x.shape) - _over(top, kept, x.shape)
     exps = _written(lowerer, unary("exp", shifted), x.shape)
     sums = _float_buffer(lowerer, kept, [exps], lambda e: ops.rounded_sum(e, (axis,), kept, "f32"), "exact-sum")
