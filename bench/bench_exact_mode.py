@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gpt-50m": ROOT / "bench" / "gpt-50m.sexp", "gpt-small": ROOT / "bench" / "gpt-small.sexp"}
 ARITHMETICS = ("float", "exact")
-WARMUP = {"float": 2, "exact": 2}  # both capture their CUDA graphs at the second step
+WARMUP = {"float": 2, "exact": 3}  # graphs captured at the second step, exact's gradients' rounding at the third
 GOAL = 2.0  # exact / float32, at most
 
 
@@ -45,7 +45,7 @@ class Timed:
     loss: float  # the first step's
     phases: dict  # {phase of a step: seconds}, of one more step
     profile: dict  # {kind of step: seconds} of one microbatch
-    captured: dict  # {"microbatch", "update": whether its calls replay a CUDA graph}
+    captured: dict  # {"microbatch", "update" (, "gradients' rounding"): whether its calls replay a CUDA graph}
 
 
 def training(path: Path, arithmetic: str):
@@ -84,6 +84,8 @@ def time_steps(path: Path, arithmetic: str, steps: int, seconds: float) -> Timed
     per_step = (time.perf_counter() - started) / timed
     graphs = trainer.stacking.training
     captured = {"microbatch": built.backend.is_captured(graphs.micro), "update": built.backend.is_captured(graphs.update)}
+    if built.backend.exact_sums is not None:
+        captured["gradients' rounding"] = built.backend.exact_sums.is_captured()
     profile = built.backend.profile(built.program.training.micro, trainer.first_inputs(state))
     return Timed(per_step, timed, first, loss, phases(trainer, state), profile, captured)
 

@@ -118,7 +118,8 @@ def test_a_checkpoint_resumes_on_the_other_device_with_the_same_bytes(whole_runs
 
 def test_an_exact_runs_graphs_are_captured_and_replay_the_interpreters_bits(tmp_path):
     """From the second step the microbatch and update graphs replay CUDA graphs (the id checks
-    before each replay, the gradient region's pending sums after it), with the CPU's bits."""
+    before each replay, the gradient region's pending sums after it), from the third the
+    gradients' rounding too (captured_sums.py), with the CPU's bits at every step."""
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.loop import Trainer
     from sexpgpu.run.setup import build_run
@@ -132,8 +133,9 @@ def test_an_exact_runs_graphs_are_captured_and_replay_the_interpreters_bits(tmp_
         records[device] = [trainer.step(state) for _ in range(4)]
         if device == "cuda":
             training = trainer.stacking.training
-            captured = built.backend.is_captured(training.micro), built.backend.is_captured(training.update)
-    assert captured == (True, True)
+            captured = (built.backend.is_captured(training.micro), built.backend.is_captured(training.update),
+                        built.backend.exact_sums.is_captured())
+    assert captured == (True, True, True)  # the gradients' rounding replays from the third step
     assert records["cpu"] == records["cuda"]
 
 

@@ -122,6 +122,29 @@ def test_a_pending_sum_is_formed_before_its_graph_runs_again(cuda):
     assert torch.equal(accumulated(first).digits, CPU.run(graph, values)["grad/b"].digits)
 
 
+def test_a_pending_sum_over_the_graphs_own_buffers_is_fixed_and_signed_by_its_origin(cuda):
+    """A sum pending over its operands as they lie (float32 buffers, no copy) is `fixed`: over a
+    captured graph's buffers it reads the same memory every call, so the backend gives it an
+    origin, and the gradients' rounding is captured (captured_sums.py) only for a set of sums
+    that all have one and no formed digits."""
+    from sexpgpu.backends.cuda.captured_sums import signature
+
+    graph, values = region_graph()
+    pending = cuda.run(graph, values)["grad/b"]
+    assert isinstance(pending, PendingSum) and pending.fixed and pending.origin is None  # an eager call
+    assert signature({"grad/b": pending}) is None
+    pending.origin = ("graph", "grad/b")
+    first = signature({"grad/b": pending})
+    assert first == (("grad/b", ("graph", "grad/b")),)
+    assert signature({"grad/b": pending, "grad/w": Accumulator(torch.zeros((21, 4, 3), dtype=torch.int64))}) is None
+    moved = pending.moved(lambda acc: acc, lambda tensor: tensor.T)
+    assert moved.fixed and moved.origin is None
+    again = cuda.run(graph, values)["grad/b"]  # the next run forms the sums the last one left held
+    again.origin = ("graph", "grad/b")
+    assert signature({"grad/b": again}) == first
+    assert signature({"grad/b": pending}) is None  # digits formed: the rounding reads them, not the operands
+
+
 def test_an_id_out_of_range_is_the_interpreters_error(cuda):
     graph, values = case_graph(("scatter_add", [("i32", (6,), "labels:4"), ("f32", (6, 3), "normal")], {"rows": 4}),
                                differentiate=False)
@@ -297,3 +320,47 @@ def test_one_pass_maxima_leave_strided_rows_to_the_two_pass_rule():
     x = torch.randn((40, 8)).T  # rows a column apart: not viewable as contiguous rows
     assert exact_maxima._rows(x, 40) is None
     assert torch.equal(exact_maxima.maxima(x, (1,)), x.amax(1))
+
+
+def test_the_gradients_rounding_is_captured_at_the_second_call_of_one_signature(monkeypatch):
+    """captured_sums.CapturedSums's bookkeeping (the capture itself needs a GPU, so a stand-in
+    records it here): the first rounding of a signature is eager, the second captures and
+    replays, later ones replay, each giving copies; sums with no origin are always eager, and
+    a rounding refused at capture stays eager."""
+    import contextlib
+
+    from sexpgpu.backends.cuda import captured_sums
+
+    replays, captures = [], []
+
+    class Recorded:
+        def replay(self):
+            replays.append(1)
+
+    def captured(self, total):
+        captures.append(sorted(total))
+        return Recorded(), {name: value.rounded() for name, value in total.items()}
+
+    monkeypatch.setattr(captured_sums.CapturedSums, "_captured", captured)
+    sums = captured_sums.CapturedSums(lambda tensor: tensor, contextlib.nullcontext, "cpu")
+
+    def total(origin="graph"):
+        value = PendingSum(lambda: None, lambda: torch.arange(3.0), fixed=True)
+        value.origin = origin
+        return {"grad/b": value}
+
+    assert torch.equal(sums.rounded(total())["grad/b"], torch.arange(3.0)) and not captures
+    second = sums.rounded(total())
+    assert captures == [["grad/b"]] and len(replays) == 1 and sums.is_captured()
+    third = sums.rounded(total())
+    assert len(replays) == 2 and torch.equal(third["grad/b"], second["grad/b"])
+    assert third["grad/b"].data_ptr() != second["grad/b"].data_ptr()  # copies of the graph's results
+    sums.rounded(total(origin=None))
+    sums.rounded(total(origin=None))
+    assert len(captures) == 1 and len(replays) == 2
+    monkeypatch.setattr(captured_sums.CapturedSums, "_captured", lambda self, total: captured_sums.EAGER)
+    sums.release()
+    assert not sums.is_captured()
+    for _ in range(3):
+        assert torch.equal(sums.rounded(total())["grad/b"], torch.arange(3.0))
+    assert len(replays) == 2 and not sums.is_captured()

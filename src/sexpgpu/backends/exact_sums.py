@@ -35,9 +35,18 @@ class PendingSum:
     into float32 by a fast path. The backend that made it forms it (`accumulator`) before it
     runs the graph again, which would write over the operands the two read."""
 
-    def __init__(self, digits: Callable[[], Accumulator], rounded: Callable[[], torch.Tensor]):
+    def __init__(self, digits: Callable[[], Accumulator], rounded: Callable[[], torch.Tensor], fixed: bool = False):
         self._digits, self._rounded = digits, rounded
         self._formed: Accumulator | None = None
+        # fixed: its operands are the graph's own buffers as they lie, no copy, so a graph
+        # whose buffers stay (a captured one) gives a sum over the same memory every call;
+        # origin: where the backend says it came from, the same for such sums of every call
+        self.fixed = fixed
+        self.origin = None
+
+    @property
+    def formed(self) -> bool:
+        return self._formed is not None
 
     def accumulator(self) -> Accumulator:
         if self._formed is None:
@@ -50,7 +59,7 @@ class PendingSum:
 
     def moved(self, move_digits: Callable, move_values: Callable) -> "PendingSum":
         """The same sums reshaped or transposed: a move is exact on digits and on rounded values alike."""
-        return PendingSum(lambda: move_digits(self.accumulator()), lambda: move_values(self.rounded()))
+        return PendingSum(lambda: move_digits(self.accumulator()), lambda: move_values(self.rounded()), self.fixed)
 
 
 def accumulated(value) -> Accumulator:

@@ -37,6 +37,7 @@ from sexpgpu import settings
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
 from sexpgpu.backends.exact_sums import ExactSums, PendingSum
 from sexpgpu.backends.cuda import device as device_settings
+from sexpgpu.backends.cuda.captured_sums import CapturedSums
 from sexpgpu.backends.cuda.cudnn_patterns import support
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import Lowerer
@@ -70,7 +71,7 @@ class CudaBackend:
         # on CPU tensors (Triton's interpreter) the exact library takes the paths a GPU takes
         self.exact_paths = device_paths if self.device.type == "cpu" else contextlib.nullcontext
         # the rounded gradients stay on the device, where the update graph reads them
-        self.exact_sums = ExactSums(lambda tensor: tensor, self.exact_paths) if arithmetic == "exact" else None
+        self.exact_sums = self._exact_sums() if arithmetic == "exact" else None
         # CUDA graphs from a graph's second call where the policy fuses; False keeps every call
         # eager, for timing the steps inside one (bench/exact_calls.py)
         self.capture = True
@@ -87,6 +88,8 @@ class CudaBackend:
         self.policy = replace(self.policy, budget=budget, products=dict(choices.products or {}),
                               convolutions=dict(choices.convolutions or {}))
         self._runners.clear()
+        if isinstance(self.exact_sums, CapturedSums):
+            self.exact_sums.release()
         self._lowerings.clear()
 
     def run(self, graph, inputs: dict, lent: bool = False) -> dict:
@@ -102,10 +105,14 @@ class CudaBackend:
     def _run(self, graph, inputs: dict, lent: bool) -> dict:
         try:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
-            outputs = self._entry(graph)[2](accepted, lent)
+            runner = self._entry(graph)[2]
+            outputs = runner(accepted, lent)
             if self.exact_sums is not None:
-                self._pending[id(graph)] = weakref.WeakSet(value for value in outputs.values()
-                                                           if isinstance(value, PendingSum))
+                pending = {name: value for name, value in outputs.items() if isinstance(value, PendingSum)}
+                self._pending[id(graph)] = weakref.WeakSet(pending.values())
+                if isinstance(runner, Captured) and runner.graph is not None:
+                    for name, value in pending.items():  # over the replay's buffers, which stay
+                        value.origin = (runner, name) if value.fixed else None
             return outputs
         except self.torch.cuda.OutOfMemoryError as error:
             self.release(graph)
@@ -121,10 +128,20 @@ class CudaBackend:
         for pending in self._pending.pop(id(graph), ()):
             pending.accumulator()
 
+    def _exact_sums(self) -> ExactSums:
+        """The run loop's exact sums; on a GPU their rounding of a captured graph's pending
+        sums is captured too (captured_sums.py)."""
+        keep = lambda tensor: tensor  # noqa: E731
+        if self.device.type == "cuda":
+            return CapturedSums(keep, self.exact_paths, self.device)
+        return ExactSums(keep, self.exact_paths)
+
     def release(self, graph) -> None:
-        """Let go of the device memory held for `graph` (its arena and captured buffers);
-        a later run of it allocates them again."""
+        """Let go of the device memory held for `graph` (its arena and captured buffers, and
+        every captured rounding); a later run of it allocates them again."""
         self._runners.pop(id(graph), None)
+        if isinstance(self.exact_sums, CapturedSums):
+            self.exact_sums.release()
         if self.device.type == "cuda":
             self.torch.cuda.empty_cache()
 

@@ -407,7 +407,9 @@ def _reducing(digits, rounded):
 
         def pending(env):
             tensors = [source.tensor(env) for source in sources]
-            return PendingSum(lambda: digits(node, *tensors), lambda: rounded(node, *tensors))
+            as_they_lie = all(tensor.data_ptr() == strided(env, source.key, source.view).data_ptr()
+                              for tensor, source in zip(tensors, sources))  # no float32 copy made
+            return PendingSum(lambda: digits(node, *tensors), lambda: rounded(node, *tensors), as_they_lie)
 
         _region_step(lowerer, node, _reads(sources), pending)
 

@@ -206,7 +206,7 @@ class Captured:
         try:
             with torch.cuda.stream(stream):  # warm-up on the capture stream, as PyTorch asks
                 _run_steps(self.split.before, env)
-                with _waits_refused(torch):
+                with waits_refused(torch):
                     _run_steps(self.split.device, env)
             torch.cuda.current_stream(self.executable.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
@@ -240,7 +240,7 @@ def _is_buffer(lowered, key: str) -> bool:
 
 
 @contextlib.contextmanager
-def _waits_refused(torch):
+def waits_refused(torch):
     """PyTorch's synchronisation debug mode set to raise while device steps warm up."""
     was = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
