@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from sexpgpu.backends.spans import byte_span, spans_meet
 from sexpgpu.exact import queued
 from sexpgpu.exact import (Accumulator, det_combine, det_finalize, det_gemm, det_gemm_batched, det_gemm_partial,
                            det_scatter_sum, det_scatter_sum_partial, det_sum, det_sum_partial)
@@ -75,15 +76,13 @@ def rounded_product(a: torch.Tensor, b: torch.Tensor, shape, dtype: str, out: to
     wait for the device), det_gemm_batched (all the matrices at once) for any other. out: a
     buffer the result may be written into, which it is (and returned) where the queued path
     takes the product and out is contiguous float32 apart from the operands' memory."""
-    if b.dim() == 2:
-        left, right = a.reshape(1, -1, a.shape[-1]), b.T[None]
-    else:
-        left, right = _matrices(a, b, shape)
-    if out is not None and dtype == "f32" and _writable(out, left, right):
-        return queued.queued_product(left if b.dim() > 2 else left[0], right if b.dim() > 2 else right[0], out)
-    if dtype == "f32" and b.dim() == 2:
-        return det_gemm(left[0], right[0], non_blocking=True).reshape(shape)
-    return det_gemm_batched(left, right, TORCH_DTYPES[dtype]).reshape(shape)  # strided: read as they lie
+    x, w = (a.reshape(-1, a.shape[-1]), b.T) if b.dim() == 2 else _matrices(a, b, shape)
+    if out is not None and dtype == "f32" and _writable(out, x, w):
+        return queued.queued_product(x, w, out)
+    if dtype == "f32" and x.dim() == 2:
+        return det_gemm(x, w, non_blocking=True).reshape(shape)
+    x, w = (x[None], w[None]) if x.dim() == 2 else (x, w)
+    return det_gemm_batched(x, w, TORCH_DTYPES[dtype]).reshape(shape)  # strided: read as they lie
 
 
 def _writable(out: torch.Tensor, *operands: torch.Tensor) -> bool:
@@ -94,18 +93,7 @@ def _writable(out: torch.Tensor, *operands: torch.Tensor) -> bool:
         return False
     if any(t.device != out.device or t.dtype not in (torch.float32, torch.bfloat16) for t in operands):
         return False
-    return not any(_extents_meet(out, t) for t in operands)
-
-
-def _extents_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the byte ranges two tensors' elements span meet."""
-    def extent(t):
-        start = t.data_ptr()
-        span = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) if t.numel() else -1
-        return start, start + (span + 1) * t.element_size()
-
-    (a0, a1), (b0, b1) = extent(a), extent(b)
-    return a0 < b1 and b0 < a1
+    return not any(spans_meet(byte_span(out), byte_span(t)) for t in operands)
 
 
 def scattered(ids: torch.Tensor, values: torch.Tensor, rows: int, shape) -> Accumulator:

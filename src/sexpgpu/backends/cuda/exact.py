@@ -47,7 +47,7 @@ from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
 from sexpgpu.backends.cuda.elementwise import constant
 from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.special import gather
-from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, strided
+from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, same_memory, strided
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.exact_region import gradient_region
 
@@ -95,21 +95,25 @@ def _reads(sources) -> tuple:
     return tuple(dict.fromkeys(source.key for source in sources))
 
 
-def _write(lowerer, key: str, sources, compute, kind: str = "exact") -> None:
+def _write(lowerer, key: str, sources, compute, kind: str = "exact", into: bool = False) -> None:
     """A step writing compute(*the sources' tensors) into buffer `key`; the result already has
-    the buffer's dtype (rounded once), so the copy rounds nothing."""
+    the buffer's dtype (rounded once), so the copy rounds nothing. into: compute also takes
+    out=, the buffer, and may write the result there itself, which then needs no copy."""
     def run(env):
         target = env[key]
-        target.copy_(compute(*[source.tensor(env) for source in sources]).reshape(target.shape))
+        tensors = [source.tensor(env) for source in sources]
+        result = (compute(*tensors, out=target) if into else compute(*tensors)).reshape(target.shape)
+        if not same_memory(result, target):
+            target.copy_(result)
 
     lowerer.steps.append(TorchStep(run, _reads(sources), (key,), kind))
 
 
-def _node_step(lowerer, node, compute, kind: str = "exact") -> None:
+def _node_step(lowerer, node, compute, kind: str = "exact", into: bool = False) -> None:
     """The node's value is compute(*its inputs' tensors), written into its own buffer."""
     sources = operands(lowerer, node.inputs)
     key = lowerer.result_buffer(node)
-    _write(lowerer, key, sources, compute, kind)
+    _write(lowerer, key, sources, compute, kind, into)
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
@@ -155,20 +159,10 @@ def _check_step(lowerer, node, ids, bound: int, what: str) -> None:
 
 
 def _matmul(lowerer, node) -> None:
-    """The product written straight into the node's buffer where the queued path can (a
-    logits' product is 1.6 GB of float32 in gpt-50m: its copy took 0.76 ms), else copied in."""
-    sources = operands(lowerer, node.inputs)
-    key = lowerer.result_buffer(node)
-
-    def run(env):
-        target = env[key]
-        found = ops.rounded_product(*[source.tensor(env) for source in sources], node.shape, node.dtype,
-                                    out=target)
-        if found.data_ptr() != target.data_ptr():
-            target.copy_(found.reshape(target.shape))
-
-    lowerer.steps.append(TorchStep(run, _reads(sources), (key,), "exact-matmul"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    # written straight into the node's buffer where the queued path takes it: a logits'
+    # product is 1.6 GB of float32 in gpt-50m, whose copy took 0.76 ms on an H200
+    _node_step(lowerer, node, lambda a, b, out: ops.rounded_product(a, b, node.shape, node.dtype, out=out),
+               "exact-matmul", into=True)
 
 
 def _reduction(exact):

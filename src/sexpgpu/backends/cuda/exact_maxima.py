@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from sexpgpu.backends import exact_ops as ops
+from sexpgpu.exact.float64_stage import tile_width
 
 TILE = 2048  # elements of a program's tile
 LANES = 128  # its columns along a row
@@ -78,7 +79,7 @@ def maxima(x: torch.Tensor, axes, keep: bool = False) -> torch.Tensor:
     r = rows.shape[0]
     out = torch.empty(r, dtype=torch.float32, device=x.device)
     if r:
-        block_k = min(LANES, max(16, 1 << (k - 1).bit_length()))
+        block_k = min(LANES, tile_width(k))
         block_r = TILE // block_k
         _row_maxima[(triton.cdiv(r, block_r),)](rows, out, r, k, rows.stride(0), BLOCK_R=block_r, BLOCK_K=block_k,
                                                  num_warps=4)

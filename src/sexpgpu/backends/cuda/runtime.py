@@ -28,6 +28,7 @@ from math import prod
 
 from sexpgpu.backends.cuda.placement import placements
 from sexpgpu.backends.cuda.steps import DEVICE, strided, torch_dtype
+from sexpgpu.backends.spans import byte_span, spans_meet
 from sexpgpu.errors import SexpgpuError
 
 
@@ -279,19 +280,9 @@ def _returned(lowered, placed: dict) -> tuple[Returned, ...]:
 def _lendable(lowered, env: dict) -> frozenset:
     """The outputs whose memory no input's buffer shares. Lent, an output may come back as
     any input of the next call; the copies in must not write over memory they read from."""
-    slots = [_span(env[key]) for key in lowered.inputs.values()]
+    slots = [byte_span(env[key]) for key in lowered.inputs.values()]
     return frozenset(name for name, key in lowered.outputs.items() if _is_buffer(lowered, key)
-                     and not any(_overlap(_span(env[key]), slot) for slot in slots))
-
-
-def _span(tensor) -> tuple[int, int]:
-    """The bytes a contiguous buffer covers."""
-    start = tensor.data_ptr()
-    return start, start + tensor.numel() * tensor.element_size()
-
-
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
+                     and not any(spans_meet(byte_span(env[key]), slot) for slot in slots))
 
 
 def _constants(lowered, device) -> dict:
