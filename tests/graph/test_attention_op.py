@@ -103,6 +103,28 @@ def test_the_composed_graph_gives_the_interpreters_bits_for_every_attention_op(c
         assert want[name].view(np.uint32).tolist() == got[name].view(np.uint32).tolist(), name
 
 
+def test_the_composition_makes_each_part_once_for_the_output_and_both_cotangents():
+    """P is the forward's, for both cotangents, and dS is shared by dq and dk: one softmax,
+    one product by v^T, six products in all (q k^T, P v, g v^T, dS k, dS^T q, P^T g)."""
+    from collections import Counter
+
+    from sexpgpu.graph.attention_parts import composed_attention
+
+    e = Emitter()
+    q, k, v, g = (e.input(name, "f32", (2, 3, 6, 4)) for name in "qkvg")
+    attrs = {"scale": 0.5, "causal": True}
+    out = e("attention_core", q, k, v, **attrs)
+    graph = e.graph({"q": q, "k": k, "v": v, "g": g},
+                    {"out": out, "dq": e("attention_grad_q", q, k, v, out, g, **attrs),
+                     "dkv": e("attention_grad_kv", q, k, v, out, g, **attrs)})
+    ops = Counter(node.op for node in composed_attention(graph).nodes)
+    assert (ops["softmax"], ops["matmul"], ops["causal_mask"]) == (1, 6, 1)
+    # another scale is another attention: nothing is shared with it
+    other = e("attention_core", q, k, v, scale=0.25, causal=True)
+    graph = e.graph({"q": q, "k": k, "v": v}, {"a": out, "b": other})
+    assert Counter(node.op for node in composed_attention(graph).nodes)["softmax"] == 2
+
+
 def test_a_graph_without_float32_attention_is_kept_as_it_is():
     from sexpgpu.graph.attention_parts import composed_attention
 
