@@ -84,7 +84,10 @@ class _Parts:
 
     def score_cotangent(self, attrs, q, k, v, o, g) -> Node:
         """dS = P * (g @ v^T - D)."""
-        return self._once("dS", attrs, (q, k, v, o, g), lambda: _score_cotangent(self.e, self.probabilities(attrs, q, k), v, o, g))
+        def make():
+            return _score_cotangent(self.e, self.probabilities(attrs, q, k), v, o, g)
+
+        return self._once("dS", attrs, (q, k, v, o, g), make)
 
 
 def _probabilities(e: Emitter, attrs, q: Node, k: Node) -> Node:
