@@ -12,7 +12,8 @@ Rows, at each size n^3:
   outlier per row     randn rows with one element 2**60 larger: the rest lie far below it
   whole range         every exponent from 2**-149 to 2**126 in each row: the worst case
 Each exact row also says what det_gemm's fast path did on its last call (rounded.py): the
-share of outputs the float64 product settled, the outputs refined by pair sums, the tiers it
+first stage (the residue product on int8 tensor cores, or the float64 product) and the share
+of outputs it settled, the outputs refined by pair sums, the tiers it
 computed and the fraction of outputs it sent to the exact accumulator. Then
 DetLinear 4096x4096, batch 4096, forward + backward against nn.Linear float32, and the
 previous default (the Triton fp64 kernel) at 1024^3 for reference. Runs in about two
@@ -43,8 +44,10 @@ class Row:
     cublas_bf16: float | None
     tiers: int = 0  # tiers of slice products the fast path ran (f32 call)
     fallback: float = 0.0  # fraction of outputs that the exact accumulator computed (f32 call)
-    float64: float = 0.0  # fraction of outputs that the float64 product settled (f32 call)
+    first_stage: str = ""  # which first stage the f32 call took: "residues" or "float64"
+    first: float = 0.0  # fraction of outputs that it settled
     pairs: int = 0  # outputs refined by pair sums (f32 call)
+    float64_f32: float | None = None  # exact f32 TFLOP/s with the float64 product as the first stage (the previous default)
 
 
 def seconds_per_call(fn, repeats: int) -> float:
@@ -62,16 +65,20 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+FIRST_STAGES = {"residues": "residue product", "float64": "float64 product"}
+
+
 def fast_path_figures() -> dict:
     stats = rounded.last_statistics
     outputs = max(stats.outputs, 1)
-    return {"tiers": stats.tiers, "fallback": stats.fallback / outputs,
-            "float64": stats.float64_settled / outputs, "pairs": stats.pairs}
+    return {"tiers": stats.tiers, "fallback": stats.fallback / outputs, "first_stage": stats.first_stage,
+            "first": stats.first_settled / outputs, "pairs": stats.pairs}
 
 
 def path_text(figures: dict) -> str:
     """What the fast path did, from fast_path_figures' keys."""
-    return (f"float64 product settled {figures['float64']:.3%}, {figures['pairs']} pair sums, "
+    stage = FIRST_STAGES.get(figures["first_stage"], "no first stage")
+    return (f"{stage} settled {figures['first']:.3%}, {figures['pairs']} pair sums, "
             f"{figures['tiers']} tiers, {figures['fallback']:.3%} to the exact accumulator")
 
 
@@ -116,7 +123,9 @@ def randn_row(n: int) -> Row:
     cublas_repeats = min(1000, max(3, int(2e12 // (2 * n**3))))
     exact_f32 = tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats))
     figures = fast_path_figures()
-    return Row(n, "randn", exact_f32=exact_f32,
+    with rounded.forced("float64"):
+        float64_f32 = tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats))
+    return Row(n, "randn", exact_f32=exact_f32, float64_f32=float64_f32,
                exact_bf16=tflops(n, seconds_per_call(lambda: det_gemm(xb, wb), repeats)),
                cublas_f32=tflops(n, seconds_per_call(lambda: x @ w.T, cublas_repeats)),
                cublas_bf16=tflops(n, seconds_per_call(lambda: xb @ wb.T, cublas_repeats)), **figures)
@@ -207,7 +216,8 @@ def report(rows: list[Row], linear: dict, triton_tflops: float) -> None:
         if r.data == "randn":
             print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f} {r.exact_f32 / r.cublas_f32:10.3f}x "
                   f"{r.exact_bf16:10.2f} {r.exact_bf16 / r.cublas_bf16:11.3f}x   "
-                  f"(cuBLAS f32 {r.cublas_f32:.1f}, bf16 {r.cublas_bf16:.1f}; {path_text(asdict(r))})")
+                  f"(cuBLAS f32 {r.cublas_f32:.1f}, bf16 {r.cublas_bf16:.1f}; with the float64 product first "
+                  f"{r.float64_f32:.2f}, {r.float64_f32 / r.cublas_f32:.3f}x; {path_text(asdict(r))})")
         else:
             slowdown = randn_by_size[r.size].exact_f32 / r.exact_f32
             print(f"{r.size:>6} {r.data:<16} {r.exact_f32:10.2f}   ({slowdown:.1f}x slower than randn f32; "

@@ -11,3 +11,11 @@ def implementation(request):
     """Run the test once with each CPU implementation of the kernel boundary."""
     with backends.forced(request.param):
         yield request.param
+
+
+@pytest.fixture
+def interpreted_device_paths(monkeypatch):
+    """Triton's interpreter, and CPU tensors on the paths CUDA tensors take (backends.device_paths)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with backends.device_paths():
+        yield

@@ -1,10 +1,13 @@
-"""CUDA: det_gemm's fast path (int8 tensor-core tiers, and fp64 tiers on cuBLAS) gives the same
-bits as the exact accumulator (int8 planes) and the Triton Kulisch kernel, on millions of
-outputs of random and adversarial data, bf16 and f32, some with inf and NaN. Prints the counts.
+"""CUDA: det_gemm's fast path (its default, whose first stage is the residue product on int8
+tensor cores; the float64 product forced; int8 tensor-core tiers and fp64 tiers on cuBLAS)
+gives the same bits as the exact accumulator (int8 planes) and the Triton Kulisch kernel, on
+millions of outputs of random and adversarial data, bf16 and f32, some with inf and NaN.
+Prints the counts.
 
     EXACT_ROUNDED_OUTPUTS=4000000 PYTHONPATH=src python -m pytest tests/exact/test_exact_rounded_gpu.py -s
 """
 
+import contextlib
 import os
 from collections import Counter
 
@@ -20,6 +23,7 @@ from test_exact_crosscheck_gpu import cases
 pytestmark = pytest.mark.gpu
 
 OUTPUTS = int(os.environ.get("EXACT_ROUNDED_OUTPUTS", "4000000"))
+PATHS = ("default", "float64", "int8", "fp64")  # det_gemm unforced, and each forced path
 
 
 def exact_with(name, x, w):
@@ -37,8 +41,8 @@ def test_fast_path_equals_the_accumulators_on_millions_of_outputs():
         planes = exact_with("int8", x, w)
         kulisch = exact_with("triton", x, w)
         assert same_bits(planes, kulisch)
-        for products in ("int8", "fp64"):
-            with rounded.forced(products):
+        for products in PATHS:
+            with rounded.forced(products) if products != "default" else contextlib.nullcontext():
                 fast = det_gemm(x, w)
             stats = rounded.last_statistics
             mismatched[products] += int((~same_elementwise(fast, planes)).sum())
@@ -50,7 +54,7 @@ def test_fast_path_equals_the_accumulators_on_millions_of_outputs():
     print(f"\nfast path: {calls} GEMMs, {total} outputs, each compared with the int8 planes and the Triton kernel")
     for label, count in sorted(compared.items()):
         print(f"  {label:<40} {count:>10} outputs")
-    for products in ("int8", "fp64"):
+    for products in PATHS:
         print(f"  {products} tiers: {tiers[products] / calls:.1f} tiers a call, {fallback[products]} outputs "
               f"({fallback[products] / total:.3%}) to the exact accumulator, {mismatched[products]} mismatched")
     assert sum(mismatched.values()) == 0

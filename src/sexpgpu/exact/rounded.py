@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import backends
+from . import backends, residue_stage
 from .accumulator import normalise_
 from .layout import MAX_K_PER_CALL
 from .block_slices import (
@@ -75,6 +75,7 @@ from .bins_kernel import split_floats
 from .float64_stage import SLACK, UNIT, Float64Product, float64_product
 from .pair_sums import pair_sums
 from .paths import FLOAT64_ONLY, TIER_NAMES, forced, forced_path as _forced_path  # noqa: F401  (rounded.forced: the tests' entry)
+from .residue_stage import Settled
 from .rounding import FORMATS, apply_special_counts, power_of_two, round_planes
 
 # int8 sums over 2**17 columns stay below 2**17 * 127**2 < 2**31; fp64 integer sums of 20-bit
@@ -112,7 +113,8 @@ assert tuple(TIERS_BY_NAME) == TIER_NAMES
 class Statistics:
     """What the last call did: for benchmarks and tests."""
 
-    float64_settled: int = 0  # outputs settled by the float64 product
+    first_stage: str = ""  # "residues" (the residue product, residue_stage.py) or "float64" (the float64 product)
+    first_settled: int = 0  # outputs settled by the first stage
     pairs: int = 0  # outputs sent to pair_sums
     pairs_settled: int = 0  # ... and settled there
     tiers: int = 0  # tiers computed
@@ -154,12 +156,11 @@ def _float64_stages(x, w, dtype, stats: Statistics):
     columns of those still pending)."""
     # Each count below is the size of a list the next step needs anyway: the only waits for
     # the GPU are the pending list and the list of outputs the pair sums leave.
-    first = float64_product(x, w)
-    done, result = _settled_product(first, dtype)
-    pending = ~done
-    del first.total, done
+    first = _first_stage(x, w, dtype, stats)
+    result, pending = first.result, ~first.done
+    del first.done
     rows, cols = pending.nonzero(as_tuple=True)
-    stats.float64_settled = pending.numel() - rows.numel()
+    stats.first_settled = pending.numel() - rows.numel()
     share = max(PAIR_MINIMUM, int(PAIR_SHARE * pending.numel()))
     if rows.numel() > share and _forced_path() != FLOAT64_ONLY:
         return _tiers_on_block(x, w, dtype, result, pending, stats)
@@ -170,6 +171,18 @@ def _float64_stages(x, w, dtype, stats: Statistics):
     left = (~done).nonzero()[:, 0]
     stats.pairs_settled = stats.pairs - left.numel()
     return result, rows[left], cols[left]
+
+
+def _first_stage(x, w, dtype, stats: Statistics) -> Settled:
+    """Stage 1: the residue product on int8 tensor cores where it applies (residue_stage.py),
+    else the float64 product; rounded.forced("float64") takes the float64 product."""
+    if residue_stage.applies(x, w, dtype) and _forced_path() != FLOAT64_ONLY:
+        stats.first_stage = "residues"
+        return residue_stage.residue_product(x, w)
+    stats.first_stage = "float64"
+    product = float64_product(x, w)
+    done, result = _settled_product(product, dtype)
+    return Settled(done, result, product.x_norm, product.w_norm)
 
 
 def _settled_product(first: Float64Product, dtype: torch.dtype):

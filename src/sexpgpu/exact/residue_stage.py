@@ -1,0 +1,179 @@
+"""det_gemm's first stage on int8 tensor cores: x @ w.T of row-scaled operands, exactly, by residues.
+
+Each row of x (and of w) is scaled by a power of two 2**s, chosen from a bound of its norm so
+that the scaled row's norm stays below 2**(c - 1), and rounded to integers: xi = rint(x 2**s),
+|x 2**s - xi| <= 1/2 elementwise. Then ||xi|| <= 2**c, and for one output
+
+    A = sum_k xi[m, k] wi[n, k],      |A| <= ||xi[m]|| ||wi[n]|| <= 2**(2c) <= P / 4,
+
+where P is the product of pairwise coprime moduli of at most 256. A is computed exactly from
+its residues: xi modulo each modulus is a signed int8 (one plane a modulus), each plane pair
+is multiplied on the int8 tensor cores (cuBLASLt through torch._int_mm: int32 sums of K
+products of magnitude at most 2**14, exact for K < 2**17), and the Chinese remainder theorem
+rebuilds A: with y_i the product modulo m_i and c_i = (P / m_i) ((P / m_i)**-1 mod m_i),
+
+    A = sum_i y_i c_i - q P,      q = the nearest integer to sum_i y_i c_i / P,
+
+exact in float64 words of 32 bits (every word's terms are integers below 2**53), q unambiguous
+because |A| <= P / 4. The words are added from the top by TwoSum, whose errors are exact: their
+magnitudes bound the sum's own error, zero whenever A's bits fit one float64.
+
+What the rounding to integers cut off is bounded, not computed: with rx = x - xi 2**-s, a
+vector whose norm the first pass bounds (in x's units),
+
+    |x.w - A 2**-(s+t)| <= ||rx|| ||w|| + (||x|| + ||rx||) ||rw||,
+
+zero where both rows are exact on the grid: randn f32 rows of 8192 with 12 moduli lose bits
+only in elements below about 2**-15 (2**-45 of 2**7), a fifth of the rows. The output is settled by
+settle_kernel's test on A 2**-(s+t) and that bound; as after the float64 product, the rest
+go on to the pair sums (rounded.py). Each output is its exact sum's rounding either way: the
+moduli decide only the time.
+
+The time is COUNT int8 products. f32 operands take 12 (P of 95 bits, c = 46: a row's grid, 2**-s,
+lies 2**-45 below its norm's power of two); 11 left 582,000 of 8192**2 randn outputs to the
+pair sums and took 25.4 ms on an H200, 12 left 5,100 (20.8 ms), 13 left 24 (21.8 ms). bf16
+operands take 10 (c = 38): their products have 16 bits, so most sums are exact, but at 9 the
+grid cut the smallest elements of some rows and left 298,000 outputs (18.7 ms against 17.3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from . import backends
+from .float64_stage import SLACK, gamma, upward_float32
+
+MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211)  # pairwise coprime
+COUNT = {torch.float32: 12, torch.bfloat16: 10}  # moduli by the operands' dtype (measured: residue_stage in docs/exact.md)
+MAX_K = (1 << 17) - 16  # K * 128**2 < 2**31: the int32 sums cannot overflow
+PLANE_BYTES = 1 << 32  # the int32 products of at most this many bytes live at once (rows in panels)
+BLOCK_ROWS, BLOCK_COLUMNS = 8, 128  # a residue program's tile
+OUTPUT_TILE = (16, 64)  # a reconstruction program's tile
+COLUMNS = 7  # a modulus's row in the table: m, 1/m, c/P, c's four words
+
+
+@dataclass(frozen=True)
+class Moduli:
+    """The first `count` moduli and the constants of their reconstruction."""
+
+    count: int
+    product: int  # P
+    top: int  # c: scaled rows' norms stay at most 2**c, so |A| <= 2**(2c) <= P / 4
+    words: int  # words of 32 bits that hold P
+
+    @classmethod
+    def first(cls, count: int) -> "Moduli":
+        product = math.prod(MODULI[:count])
+        return cls(count, product, (product.bit_length() - 3) // 2, -(-product.bit_length() // 32))
+
+    def table(self, device: torch.device) -> tuple:
+        """(float64 (count, COLUMNS): m, 1/m, c/P and c's words; float64 (4,): P's words)."""
+        return _tables(self, device)
+
+
+@cache
+def _tables(moduli: Moduli, device: torch.device) -> tuple:
+    rows = []
+    for m in MODULI[: moduli.count]:
+        cofactor = moduli.product // m
+        c = cofactor * pow(cofactor, -1, m) % moduli.product
+        rows.append([float(m), 1.0 / m, c / moduli.product, *_words(c)])
+    table = torch.tensor(rows, dtype=torch.float64, device=device)
+    return table, torch.tensor(_words(moduli.product), dtype=torch.float64, device=device)
+
+
+def _words(value: int) -> list[float]:
+    return [float((value >> (32 * j)) & 0xFFFFFFFF) for j in range(4)]
+
+
+def applies(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether det_gemm's first stage is this one: float32 results of operands of K <= MAX_K
+    on the device paths of a device with int8 tensor cores."""
+    return (dtype == torch.float32 and 0 < x.shape[1] <= MAX_K and backends.on_device(x.device)
+            and backends.int8_tensor_cores(x.device))
+
+
+@dataclass
+class Settled:
+    """A first stage's outcome: which outputs it settled, their values, and the rows' norms the
+    pair sums bound by."""
+
+    done: torch.Tensor  # bool (M, N)
+    result: torch.Tensor  # float32 (M, N): settled values, +0.0 elsewhere
+    x_norm: torch.Tensor  # float64 (M,): at least ||x[m]||_2
+    w_norm: torch.Tensor  # float64 (N,)
+
+
+@dataclass
+class Residues:
+    """One operand's residue planes and its rows' scales and bounds."""
+
+    planes: torch.Tensor  # int8 (count, rows padded, K padded)
+    norm: torch.Tensor  # float64 (rows,): at least ||row||
+    residual: torch.Tensor  # float64 (rows,): at least ||row - rint(row 2**s) 2**-s||
+    unscale: torch.Tensor  # float64 (rows,): 2**-s
+
+
+def residue_product(x: torch.Tensor, w: torch.Tensor) -> Settled:
+    """The stage for finite bf16 or f32 x (M, K) and w (N, K), K <= MAX_K: the outputs it settles."""
+    moduli = Moduli.first(COUNT[x.dtype])
+    (m, k), n = x.shape, w.shape[0]
+    padded_k = _round_up(k, 16)
+    xs, ws = residues(x, moduli, padded_k), residues(w, moduli, padded_k)
+    done = torch.empty((m, n), dtype=torch.int8, device=x.device)
+    result = torch.empty((m, n), dtype=torch.float32, device=x.device)
+    padded_n = ws.planes.shape[1]
+    panel = max(16, PLANE_BYTES // (moduli.count * padded_n * 4) // 16 * 16)
+    for r0 in range(0, m, panel):
+        rows = min(panel, m - r0)
+        planes_rows = max(_round_up(rows, 16), 32)
+        products = torch.empty((moduli.count, planes_rows, padded_n), dtype=torch.int32, device=x.device)
+        for i in range(moduli.count):
+            a = xs.planes[i, r0 : r0 + planes_rows]
+            if a.shape[0] < planes_rows:  # the last panel of a short operand: its padding rows are zeros
+                a = torch.nn.functional.pad(a, (0, 0, 0, planes_rows - a.shape[0]))
+            torch._int_mm(a, ws.planes[i].T, out=products[i])
+        _reconstruct(products, xs, ws, r0, rows, n, moduli, result[r0 : r0 + rows], done[r0 : r0 + rows])
+    return Settled(done.view(torch.bool), result, xs.norm, ws.norm)
+
+
+def residues(rows: torch.Tensor, moduli: Moduli, padded_k: int) -> Residues:
+    """The residue planes of rows (R, K), padded to at least 32 rows in multiples of 16 and to
+    padded_k columns (torch._int_mm's shapes), with the rows' bounds."""
+    from .residue_kernel import _residues  # Triton is imported only where it runs
+
+    rows = rows.float() if rows.dtype == torch.bfloat16 else rows  # exact; the kernel reads float32
+    r, k = rows.shape
+    padded_r = max(_round_up(r, 16), 32)
+    planes = torch.empty((moduli.count, padded_r, padded_k), dtype=torch.int8, device=rows.device)
+    norm, residual, unscale = (torch.empty(r, dtype=torch.float64, device=rows.device) for _ in range(3))
+    table, _ = moduli.table(rows.device)
+    # a square's sum over the lanes and their join: at most K + BLOCK_COLUMNS additions, and
+    # each residual's square rounds once; the factor also covers the square root's rounding
+    raise_factor = upward_float32(max(1 + 2 * gamma(k + BLOCK_COLUMNS + 2), SLACK))
+    grid = (-(-padded_r // BLOCK_ROWS),)
+    _residues[grid](rows, planes, norm, residual, unscale, table, r, padded_r, k, padded_k, rows.stride(0),
+                    rows.stride(1), moduli.top, raise_factor, COUNT=moduli.count, COLUMNS=COLUMNS,
+                    BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_COLUMNS, num_warps=4, enable_fp_fusion=False)
+    return Residues(planes, norm, residual, unscale)
+
+
+def _reconstruct(products, xs: Residues, ws: Residues, r0: int, rows: int, n: int, moduli: Moduli, value, done):
+    from .residue_kernel import _reconstruct as reconstruct
+
+    table, words = moduli.table(products.device)
+    block_m, block_n = OUTPUT_TILE
+    grid = (-(-rows // block_m), -(-n // block_n))
+    part = slice(r0, r0 + rows)
+    reconstruct[grid](products, xs.unscale[part], xs.norm[part], xs.residual[part], ws.unscale, ws.norm,
+                      ws.residual, table, words, value, done, rows, n, products.shape[1], products.shape[2],
+                      upward_float32(SLACK), COUNT=moduli.count, COLUMNS=COLUMNS, WORDS=moduli.words,
+                      BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, enable_fp_fusion=False)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
