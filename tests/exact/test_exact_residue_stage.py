@@ -1,8 +1,9 @@
 """The residue stage (residue_stage.py, residue_kernel.py): det_gemm's first stage on int8
-tensor cores, run on CPU tensors by Triton's interpreter and torch._int_mm on the CPU.
+tensor cores, run on CPU tensors by Triton's interpreter.
 
 Each part is held to an oracle of its own: the residue planes to Python integers, the rows'
-bounds to Fractions, the moduli's constants to the Chinese remainder theorem, and every
+bounds to Fractions, the moduli's constants to the Chinese remainder theorem, the products
+modulo each modulus to int64 matrix products, and every
 output the stage settles (and det_gemm's result through it) to the Fraction oracle, on
 random and adversarial data, ties, zeros, subnormals, strided operands and row panels.
 """
@@ -63,7 +64,7 @@ def test_residues_bounds_and_scales_are_what_they_claim(count):
     moduli = Moduli.first(count)
     for name, rows in row_cases(torch.Generator().manual_seed(2)):
         r, k = rows.shape
-        found = residues(rows, moduli, -(-k // 16) * 16)
+        found = residues(rows, moduli, 128)
         for i in range(r):
             values = [Fraction(v) for v in rows[i].double().tolist()]
             norm = sum(v * v for v in values)
@@ -81,6 +82,20 @@ def test_residues_bounds_and_scales_are_what_they_claim(count):
                 assert all((p - q) % m == 0 for p, q in zip(plane, integers)), (name, m)
                 assert all(p == 0 for p in plane[k:]), name  # padding columns
         assert not found.planes[:, r:].any()  # padding rows
+
+
+def test_the_products_are_the_planes_products_modulo_each_modulus():
+    from sexpgpu.exact.residue_stage import PRODUCT_TILE, _products
+
+    moduli = Moduli.first(12)
+    generator = torch.Generator().manual_seed(8)
+    x, w = torch.randn((130, 200), generator=generator), torch.randn((20, 200), generator=generator) * 1e6
+    xs, ws = residues(x, moduli, PRODUCT_TILE[0]), residues(w, moduli, PRODUCT_TILE[1])
+    products = _products(xs, ws, 128, 128, moduli)  # the second row panel
+    for i, m in enumerate(MODULI[:12]):
+        want = xs.planes[i, 128:256].long() @ ws.planes[i].long().T
+        got = products[i].long()
+        assert bool(((got - want) % m == 0).all()) and -128 <= int(got.min()) and int(got.max()) <= 127
 
 
 def stage_cases(generator):
@@ -133,9 +148,9 @@ def test_det_gemm_through_the_residue_stage_has_the_oracles_bits(kind, dtype):
 
 def test_panels_of_rows_and_strided_operands_give_the_same_bits(monkeypatch):
     generator = torch.Generator().manual_seed(5)
-    x, w = torch.randn((70, 50), generator=generator), torch.randn((40, 50), generator=generator)
+    x, w = torch.randn((300, 50), generator=generator), torch.randn((40, 50), generator=generator)
     whole = residue_product(x, w)
-    monkeypatch.setattr(residue_stage, "PLANE_BYTES", 12 * 48 * 4 * 32)  # panels of 32 rows, the last of 6
+    monkeypatch.setattr(residue_stage, "PLANE_BYTES", 12 * 256 * 128)  # panels of 128 rows, the last of 44
     panels = residue_product(x, w)
     assert torch.equal(panels.done, whole.done) and same_bits(panels.result, whole.result)
     strided = residue_product(x.T.contiguous().T, w.T.contiguous().T[:, :])

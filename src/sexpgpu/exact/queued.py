@@ -8,9 +8,11 @@ the float64 product left, how many the pair sums left. On a GPU each read waits 
 kernel queued before it. Here no count leaves the device, so a call queues its kernels and
 returns, whatever its data:
 
-1. the operands widened to float64 (float64_stage.widened: contiguous rows, a row holding a
-   non-finite element with an infinite or NaN norm bound), their float64 product
-   in chunks of K (float64_stage.float64_total), settled in one pass (settle_kernel); a sum
+1. for one matrix on a GPU with int8 tensor cores, the residue stage (residue_stage.py: no
+   output of a row holding a NaN or an infinity settles there); else the operands widened to
+   float64 (float64_stage.widened: contiguous rows, a row holding a non-finite element with an
+   infinite or NaN norm bound), their float64 product in chunks of K
+   (float64_stage.float64_total), settled in one pass (settle_kernel); a sum
    instead bounds each row's float64 sum by its own magnitudes (`_row_sums`), tighter than
    the Cauchy-Schwarz bound of a product with ones;
 2. the outputs left, listed on the device (`_list_pending`, at places an atomic count hands
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backends
+from . import backends, residue_stage
 from .float64_stage import SLACK, UNIT, chunk_for, float64_total, gamma, product_factor, tile_width, upward_float32, widened
 from .layout import MAX_K_PER_CALL
 from .paths import forced_path
@@ -68,6 +70,8 @@ def queued_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = 
     from .settle_kernel import settle_float32  # Triton is imported only where it runs
 
     batched = x.dim() == 3
+    if not batched and residue_stage.applies(x, w, torch.float32):
+        return _by_residues(x, w, out)
     x3, w3 = (x, w) if batched else (x[None], w[None])
     x3, w3 = _float(x3), _float(w3)
     batch, m, k = x3.shape
@@ -84,6 +88,17 @@ def queued_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = 
     _refine(_along_rows(x3, x64), _along_rows(w3, w64), x_norm, w_norm, result, done.view(torch.int8), m, n,
             ones=False)
     return result
+
+
+def _by_residues(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """queued_product with the residue stage first (residue_stage.py): operands whose rows are
+    not contiguous are copied first, since both the residues and the refine kernels walk rows."""
+    x, w = (t if t.stride(1) == 1 else t.contiguous() for t in (x, w))
+    settled = residue_stage.residue_product(x, w, out)  # bf16 operands take fewer moduli
+    x, w = _float(x), _float(w)
+    _refine(x, w, settled.x_norm, settled.w_norm, settled.result, settled.done.view(torch.int8), x.shape[0],
+            w.shape[0], ones=False)
+    return settled.result
 
 
 def _along_rows(matrices: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,13 @@
-"""The residue stage's two passes on the device (residue_stage.py): an operand's residues, and
-the reconstruction of each output with its settling.
+"""The residue stage's three kernels on the device (residue_stage.py): an operand's residues,
+their products, and the reconstruction of each output with its settling.
 
 `_residues` reads each row twice: once for the bound of its norm, which fixes the row's
 scale, then again to write the scaled row's rounded integer modulo each modulus (int8, one
-plane a modulus), and the norm of what the rounding cut off. `_reconstruct` reads an
-output's integer products modulo each modulus, rebuilds the integer by the Chinese remainder
-theorem in words of 32 bits, scales it and settles it (settle_kernel.settled_float32).
+plane a modulus), and the norm of what the rounding cut off. `_residue_products` multiplies
+each modulus's planes on the int8 tensor cores (int32 sums, exact) and writes the product
+modulo that modulus as an int8. `_reconstruct` reads an output's products modulo each
+modulus, rebuilds the integer by the Chinese remainder theorem in words of 32 bits, scales
+it and settles it (settle_kernel.settled_float32).
 
 All arithmetic is float64 on integers that it holds exactly, except the few operations the
 bounds allow for, so the compiled kernels and Triton's interpreter give the same bits.
@@ -78,6 +80,42 @@ def _residues(x_ptr, out_ptr, norm_ptr, residual_ptr, unscale_ptr, table_ptr, R,
     tl.store(norm_ptr + rows, norm, mask=inside_rows)
     tl.store(residual_ptr + rows, residual * unscale, mask=inside_rows)
     tl.store(unscale_ptr + rows, unscale, mask=inside_rows)
+
+
+@triton.jit(do_not_specialize=["ROWS_PLANE"])
+def _residue_products(x_ptr, w_ptr, out_ptr, table_ptr, ROWS_PLANE, X_PLANE, W_PLANE, NP, KP: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                      COLUMNS: tl.constexpr):
+    # program (tile, i): one output tile of modulus i's planes; the planes' extents are
+    # multiples of the blocks (padded with zeros), so no load is masked. Tiles are taken in
+    # groups of GROUP_M row tiles, so that a group's operands stay in L2.
+    i = tl.program_id(1)
+    tiles_m, tiles_n = ROWS_PLANE // BLOCK_M, NP // BLOCK_N
+    in_group = GROUP_M * tiles_n
+    first_m = (tl.program_id(0) // in_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    tile_m = first_m + (tl.program_id(0) % in_group) % group_rows
+    tile_n = (tl.program_id(0) % in_group) // group_rows
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.arange(0, BLOCK_K)
+    x = x_ptr + i.to(tl.int64) * X_PLANE + rows.to(tl.int64)[:, None] * KP + k[None, :]
+    w = w_ptr + i.to(tl.int64) * W_PLANE + cols.to(tl.int64)[None, :] * KP + k[:, None]
+    sums = tl.full([BLOCK_M, BLOCK_N], 0, tl.int32)
+    # a for loop over a constexpr extent: Triton pipelines it (a while loop ran 50 times slower),
+    # and its interpreter takes no run-time bound in a range
+    for _ in range(0, KP, BLOCK_K):
+        sums = tl.dot(tl.load(x), tl.load(w), sums, out_dtype=tl.int32)
+        x += BLOCK_K
+        w += BLOCK_K
+    modulus = tl.load(table_ptr + i * COLUMNS)
+    inverse = tl.load(table_ptr + i * COLUMNS + 1)
+    wide = sums.to(tl.float64)
+    residue = wide - ((wide * inverse + MAGIC) - MAGIC) * modulus  # |residue| <= modulus / 2 + 1
+    residue = tl.where(residue > 127.0, residue - modulus, residue)
+    residue = tl.where(residue < -128.0, residue + modulus, residue)
+    out = out_ptr + i.to(tl.int64) * ROWS_PLANE * NP + rows.to(tl.int64)[:, None] * NP + cols[None, :]
+    tl.store(out, residue.to(tl.int8))
 
 
 @triton.jit
