@@ -42,13 +42,13 @@ def test_each_exact_call_is_a_group_with_its_kernels(on_device_paths, capsys):
                       "det_sum((4, 40)) strides ((40, 1))"]
     product = times.groups["det_gemm((4, 40), (5, 40)) strides ((40, 1), (40, 1))"]
     assert product.calls == 1 and product.seconds > 0
-    assert {"_widen", "_settle_float32", "_list_pending", "_pair_refine",
+    assert {"_residues", "_residue_products", "_reconstruct", "_list_pending", "_pair_refine",
             "_exact_refine"} <= set(product.kernels)
     assert sum(product.kernels.values()) <= product.seconds
     assert "_row_sums" in times.groups["det_sum((4, 40)) strides ((40, 1))"].kernels
     exact_calls.report(times, rows=2)
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 3 and "ms in exact calls" in printed[0] and "_widen" in "".join(printed[1:])
+    assert len(printed) == 3 and "ms in exact calls" in printed[0] and "_residue" in "".join(printed[1:])
 
 
 def test_bad_arguments_exit_with_status_2(capsys):

@@ -64,7 +64,7 @@ def test_residues_bounds_and_scales_are_what_they_claim(count):
     moduli = Moduli.first(count)
     for name, rows in row_cases(torch.Generator().manual_seed(2)):
         r, k = rows.shape
-        found = residues(rows, moduli, 128)
+        found = residues(rows, moduli, 128, 128)
         for i in range(r):
             values = [Fraction(v) for v in rows[i].double().tolist()]
             norm = sum(v * v for v in values)
@@ -85,13 +85,13 @@ def test_residues_bounds_and_scales_are_what_they_claim(count):
 
 
 def test_the_products_are_the_planes_products_modulo_each_modulus():
-    from sexpgpu.exact.residue_stage import PRODUCT_TILE, _products
+    from sexpgpu.exact.residue_stage import LARGE, _products
 
     moduli = Moduli.first(12)
     generator = torch.Generator().manual_seed(8)
     x, w = torch.randn((130, 200), generator=generator), torch.randn((20, 200), generator=generator) * 1e6
-    xs, ws = residues(x, moduli, PRODUCT_TILE[0]), residues(w, moduli, PRODUCT_TILE[1])
-    products = _products(xs, ws, 128, 128, moduli)  # the second row panel
+    xs, ws = residues(x, moduli, LARGE.block_m, LARGE.block_k), residues(w, moduli, LARGE.block_n, LARGE.block_k)
+    products = _products(xs, ws, 128, 128, moduli, LARGE)  # the second row panel, with the GPU's tile
     for i, m in enumerate(MODULI[:12]):
         want = xs.planes[i, 128:256].long() @ ws.planes[i].long().T
         got = products[i].long()
@@ -150,7 +150,7 @@ def test_panels_of_rows_and_strided_operands_give_the_same_bits(monkeypatch):
     generator = torch.Generator().manual_seed(5)
     x, w = torch.randn((300, 50), generator=generator), torch.randn((40, 50), generator=generator)
     whole = residue_product(x, w)
-    monkeypatch.setattr(residue_stage, "PLANE_BYTES", 12 * 256 * 128)  # panels of 128 rows, the last of 44
+    monkeypatch.setattr(residue_stage, "PLANE_BYTES", 12 * 64 * 128)  # panels of 128 rows, the last of 44
     panels = residue_product(x, w)
     assert torch.equal(panels.done, whole.done) and same_bits(panels.result, whole.result)
     strided = residue_product(x.T.contiguous().T, w.T.contiguous().T[:, :])

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 
 import torch
 
@@ -53,11 +54,28 @@ MAX_K = (1 << 17) - 16  # K * 128**2 < 2**31: the int32 sums cannot overflow
 PLANE_BYTES = 1 << 31  # the products (an int8 a modulus and output) of at most this many bytes live at once
 BLOCK_ROWS, BLOCK_COLUMNS = 8, 128  # a residue program's tile
 OUTPUT_TILE = (16, 64)  # a reconstruction program's tile
-# (BLOCK_M, BLOCK_N, BLOCK_K) of a residue product program, its warps and pipeline stages, and
-# the row tiles a group shares. On an H200 at 8192^3 these ran at 1093 TOPS (int32 results),
-# against 899 to 944 for cuBLASLt's (torch._int_mm, an SM80 kernel); 128 x 128 x 128 with 4 warps
-# at 953, with 8 at 891.
-PRODUCT_TILE, PRODUCT_WARPS, PRODUCT_STAGES, GROUP_M = (128, 256, 128), 8, 3, 8
+GROUP_M = 8  # row tiles of the products that share their operands in L2
+
+
+class ProductShape(NamedTuple):
+    """A residue product program's tile, warps and pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+# On an H200 at 8192^3 LARGE ran at 1093 TOPS (int32 results), against 899 to 944 for
+# cuBLASLt's (torch._int_mm, an SM80 kernel); 128 x 128 x 128 with 4 warps at 953, with 8 at 891.
+# Operands narrower than its tile take SMALL, which pads them less (5 times faster under
+# Triton's interpreter at 21 x 18 x 130).
+LARGE, SMALL = ProductShape(128, 256, 128, 8, 3), ProductShape(32, 32, 32, 4, 2)
+
+
+def product_shape(m: int, n: int) -> ProductShape:
+    return LARGE if m >= LARGE.block_m and n >= LARGE.block_n else SMALL
 COLUMNS = 7  # a modulus's row in the table: m, 1/m, c/P, c's four words
 
 
@@ -130,19 +148,20 @@ def residue_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None =
     finite). out: a contiguous float32 tensor of M * N elements to write the result into, or None."""
     moduli = Moduli.first(COUNT[x.dtype])
     (m, k), n = x.shape, w.shape[0]
-    xs, ws = residues(x, moduli, PRODUCT_TILE[0]), residues(w, moduli, PRODUCT_TILE[1])
+    shape = product_shape(m, n)
+    xs, ws = residues(x, moduli, shape.block_m, shape.block_k), residues(w, moduli, shape.block_n, shape.block_k)
     done = torch.empty((m, n), dtype=torch.int8, device=x.device)
     result = torch.empty((m, n), dtype=torch.float32, device=x.device) if out is None else out.view(m, n)
     padded_n = ws.planes.shape[1]
-    panel = max(1, PLANE_BYTES // (moduli.count * padded_n) // PRODUCT_TILE[0]) * PRODUCT_TILE[0]
+    panel = max(1, PLANE_BYTES // (moduli.count * padded_n) // shape.block_m) * shape.block_m
     for r0 in range(0, m, panel):
         rows = min(panel, m - r0)
-        products = _products(xs, ws, r0, _round_up(rows, PRODUCT_TILE[0]), moduli)
+        products = _products(xs, ws, r0, _round_up(rows, shape.block_m), moduli, shape)
         _reconstruct(products, xs, ws, r0, rows, n, moduli, result[r0 : r0 + rows], done[r0 : r0 + rows])
     return Settled(done.view(torch.bool), result, xs.norm, ws.norm)
 
 
-def _products(xs: Residues, ws: Residues, r0: int, rows: int, moduli: Moduli) -> torch.Tensor:
+def _products(xs: Residues, ws: Residues, r0: int, rows: int, moduli: Moduli, shape: ProductShape) -> torch.Tensor:
     """int8 (count, rows, N padded): the products of x's planes' rows r0 .. r0 + rows and w's
     planes, each modulo its modulus."""
     from .residue_kernel import _residue_products  # Triton is imported only where it runs
@@ -150,25 +169,25 @@ def _products(xs: Residues, ws: Residues, r0: int, rows: int, moduli: Moduli) ->
     _, padded_m, padded_k = xs.planes.shape
     padded_n = ws.planes.shape[1]
     products = torch.empty((moduli.count, rows, padded_n), dtype=torch.int8, device=xs.planes.device)
-    block_m, block_n, block_k = PRODUCT_TILE
+    block_m, block_n, block_k = shape.block_m, shape.block_n, shape.block_k
     table, _ = moduli.table(products.device)
     grid = ((rows // block_m) * (padded_n // block_n), moduli.count)
     _residue_products[grid](xs.planes[:, r0:], ws.planes, products, table, rows, padded_m * padded_k,
                             padded_n * padded_k, padded_n, padded_k, BLOCK_M=block_m, BLOCK_N=block_n,
-                            BLOCK_K=block_k, GROUP_M=GROUP_M, COLUMNS=COLUMNS, num_warps=PRODUCT_WARPS,
-                            num_stages=PRODUCT_STAGES, enable_fp_fusion=False)
+                            BLOCK_K=block_k, GROUP_M=GROUP_M, COLUMNS=COLUMNS, num_warps=shape.warps,
+                            num_stages=shape.stages, enable_fp_fusion=False)
     return products
 
 
-def residues(rows: torch.Tensor, moduli: Moduli, row_multiple: int) -> Residues:
-    """The residue planes of rows (R, K), padded with zeros to a multiple of row_multiple rows
-    and of PRODUCT_TILE's block of K columns (so that no load of the products is masked), with
-    the rows' bounds."""
+def residues(rows: torch.Tensor, moduli: Moduli, row_multiple: int, column_multiple: int) -> Residues:
+    """The residue planes of rows (R, K), padded with zeros to multiples of row_multiple rows
+    and column_multiple columns (a product tile's, so that no load of the products is masked),
+    with the rows' bounds."""
     from .residue_kernel import _residues  # Triton is imported only where it runs
 
     rows = rows.float() if rows.dtype == torch.bfloat16 else rows  # exact; the kernel reads float32
     r, k = rows.shape
-    padded_r, padded_k = _round_up(max(r, 1), row_multiple), _round_up(k, PRODUCT_TILE[2])
+    padded_r, padded_k = _round_up(max(r, 1), row_multiple), _round_up(k, column_multiple)
     planes = torch.empty((moduli.count, padded_r, padded_k), dtype=torch.int8, device=rows.device)
     norm, residual, unscale = (torch.empty(r, dtype=torch.float64, device=rows.device) for _ in range(3))
     table, _ = moduli.table(rows.device)
