@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .queued_kernels import _two_sum_step
 from .settle_kernel import settled_float32
 
 _ADD = tl.standard._sum_combine  # inlined by the compiler and the interpreter alike (widen_kernel.py)
@@ -31,6 +32,14 @@ WORD = tl.constexpr(4294967296.0)  # 2**32 (constexpr: a kernel reads no other g
 def _power_of_two(exponent):
     """2**exponent as float64, for int64 exponents inside float64's normal range."""
     return ((exponent + 1023) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _int8_residue(integer, modulus, inverse):
+    """An integer-valued float64 below 2**51 modulo `modulus` (at most 256), in [-128, 127]."""
+    residue = integer - ((integer * inverse + MAGIC) - MAGIC) * modulus  # off by at most one modulus
+    residue = tl.where(residue > 127.0, residue - modulus, residue)
+    return tl.where(residue < -128.0, residue + modulus, residue)
 
 
 @triton.jit(do_not_specialize=["R", "RP"])
@@ -70,10 +79,7 @@ def _residues(x_ptr, out_ptr, norm_ptr, residual_ptr, unscale_ptr, table_ptr, R,
         for i in tl.static_range(COUNT):
             modulus = tl.load(table_ptr + i * COLUMNS)
             inverse = tl.load(table_ptr + i * COLUMNS + 1)
-            residue = integer - ((integer * inverse + MAGIC) - MAGIC) * modulus  # off by at most one modulus
-            residue = tl.where(residue > 127.0, residue - modulus, residue)
-            residue = tl.where(residue < -128.0, residue + modulus, residue)
-            tl.store(out_ptr + i * plane + at, residue.to(tl.int8), mask=inside_plane)
+            tl.store(out_ptr + i * plane + at, _int8_residue(integer, modulus, inverse).to(tl.int8), mask=inside_plane)
         k0 += BLOCK_K
     residual = tl.sqrt(tl.reduce(cut, 1, _ADD) * raise_factor) * raise_factor
     unscale = _power_of_two(-shift)
@@ -110,10 +116,7 @@ def _residue_products(x_ptr, w_ptr, out_ptr, table_ptr, ROWS_PLANE, X_PLANE, W_P
         w += BLOCK_K
     modulus = tl.load(table_ptr + i * COLUMNS)
     inverse = tl.load(table_ptr + i * COLUMNS + 1)
-    wide = sums.to(tl.float64)
-    residue = wide - ((wide * inverse + MAGIC) - MAGIC) * modulus  # |residue| <= modulus / 2 + 1
-    residue = tl.where(residue > 127.0, residue - modulus, residue)
-    residue = tl.where(residue < -128.0, residue + modulus, residue)
+    residue = _int8_residue(sums.to(tl.float64), modulus, inverse)
     out = out_ptr + i.to(tl.int64) * ROWS_PLANE * NP + rows.to(tl.int64)[:, None] * NP + cols[None, :]
     tl.store(out, residue.to(tl.int8))
 
@@ -123,14 +126,6 @@ def _carry(low, high):
     """(low, high) with low moved into [0, 2**32) and its carry added to high: exact."""
     carry = tl.floor(low * (1.0 / WORD))
     return low - carry * WORD, high + carry
-
-
-@triton.jit
-def _two_sum(a, b):
-    """(a + b rounded, its exact error): Knuth's TwoSum."""
-    total = a + b
-    b_part = total - a
-    return total, (a - (total - b_part)) + (b - b_part)
 
 
 @triton.jit(do_not_specialize=["M", "ROWS_PLANE"])
@@ -150,10 +145,7 @@ def _reconstruct(planes_ptr, x_unscale_ptr, x_norm_ptr, x_residual_ptr, w_unscal
     w2 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float64)
     w3 = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float64)
     for i in tl.static_range(COUNT):
-        product = tl.load(planes_ptr + i * plane + at, mask=mask, other=0).to(tl.float64)
-        modulus = tl.load(table_ptr + i * COLUMNS)
-        inverse = tl.load(table_ptr + i * COLUMNS + 1)
-        y = product - ((product * inverse + MAGIC) - MAGIC) * modulus  # |y| <= modulus / 2 + 1
+        y = tl.load(planes_ptr + i * plane + at, mask=mask, other=0).to(tl.float64)  # a residue: |y| <= 128
         estimate += y * tl.load(table_ptr + i * COLUMNS + 2)
         w0 += y * tl.load(table_ptr + i * COLUMNS + 3)
         w1 += y * tl.load(table_ptr + i * COLUMNS + 4)
@@ -178,16 +170,13 @@ def _reconstruct(planes_ptr, x_unscale_ptr, x_norm_ptr, x_residual_ptr, w_unscal
     w0, w1 = _carry(w0 * sign, w1 * sign)
     w1, w2 = _carry(w1, w2 * sign)
     magnitude = w2 * (WORD * WORD)  # exact: a power of two times an integer of at most 53 bits
-    rounding = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float64)
+    errors = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float64)  # the errors' sum: not needed here
+    rounding = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float64)  # the sum of their magnitudes
     if WORDS > 3:
         w2, w3 = _carry(w2, w3 * sign)
-        magnitude = w3 * (WORD * WORD * WORD)
-        magnitude, error = _two_sum(magnitude, w2 * (WORD * WORD))
-        rounding += tl.abs(error)
-    magnitude, error = _two_sum(magnitude, w1 * WORD)
-    rounding += tl.abs(error)
-    magnitude, error = _two_sum(magnitude, w0)
-    rounding += tl.abs(error)
+        magnitude, errors, rounding = _two_sum_step(w3 * (WORD * WORD * WORD), errors, rounding, w2 * (WORD * WORD))
+    magnitude, errors, rounding = _two_sum_step(magnitude, errors, rounding, w1 * WORD)
+    magnitude, errors, rounding = _two_sum_step(magnitude, errors, rounding, w0)
     x_unscale = tl.load(x_unscale_ptr + rows, mask=inside_rows, other=1.0)
     w_unscale = tl.load(w_unscale_ptr + cols, mask=inside_cols, other=1.0)
     x_norm = tl.load(x_norm_ptr + rows, mask=inside_rows, other=0.0)

@@ -1,7 +1,9 @@
 """det_gemm's fast path: round wherever a bound proves the rounding, else add every bit.
 
 Three stages, each rounding the outputs its bound settles and handing on the rest:
-1. one float64 product with a bound that holds for any summation order (float64_stage.py);
+1. on a GPU with int8 tensor cores, the exact product of row-scaled integers by residues with a
+   bound of what the scaling's rounding cut off (residue_stage.py); elsewhere one float64
+   product with a bound that holds for any summation order (float64_stage.py);
 2. compensated dot products of the few outputs left, from their own rows (pair_sums.py);
 3. when more than a PAIR_SHARE of the outputs are left (data that cancel), the tiers below
    on the block of their rows and columns; then the exact accumulator for what remains.
