@@ -77,6 +77,12 @@ def on_device(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and bool(_device_paths) and _device_paths[-1])
 
 
+def launch_kind(device: torch.device) -> str:
+    """"compiled" for CUDA tensors, "interpreted" for CPU ones on the device paths (Triton's
+    interpreter): the kernels' grids and tiles are chosen by it, never their bits."""
+    return "compiled" if device.type == "cuda" else "interpreted"
+
+
 REQUIREMENTS = {"int8 tensor cores": _has_int8_tensor_cores}
 
 

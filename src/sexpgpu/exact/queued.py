@@ -41,7 +41,10 @@ from .float64_stage import SLACK, UNIT, chunk_for, float64_total, gamma, product
 from .layout import MAX_K_PER_CALL
 from .paths import forced_path
 
-REFINE_PROGRAMS = 4096  # a refine kernel's fixed grid: its programs walk the list in turn
+# a refine kernel's fixed grid: its programs walk the list in turn, so the grid decides only
+# the time. Under Triton's interpreter every program runs in Python, even one whose list is
+# empty (most outputs settle before the list): there two programs walk it.
+REFINE_PROGRAMS = {"compiled": 4096, "interpreted": 2}
 REFINE_BLOCK = 16  # listed outputs a program takes at once (105 registers at 32 lanes: four programs an SM)
 LANES = 32  # _pair_refine's lanes along K
 LONG_K = 4096  # from this K on, a pair refine program takes LONG_SHAPE: few outputs of a long K
@@ -188,7 +191,8 @@ def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> N
     terms = pair_terms(k, lanes)
     unit_factor = upward_float32(UNIT * SLACK)
     terms_factor = upward_float32(gamma(terms) * terms * UNIT * SLACK)
-    grid = (min(-(-outputs // block_p), REFINE_PROGRAMS),)
+    programs = REFINE_PROGRAMS[backends.launch_kind(x.device)]
+    grid = (min(-(-outputs // block_p), programs),)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
     counts = torch.zeros(2, dtype=torch.int64, device=flat_done.device)  # the two lists' lengths: one fill
     listed, count = _pending_list(flat_done, counts)
@@ -198,7 +202,7 @@ def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> N
                                num_warps=4, enable_fp_fusion=False)
     del listed
     exact_p, exact_lanes = EXACT_SHAPE
-    exact_grid = (min(-(-outputs // exact_p), REFINE_PROGRAMS),)
+    exact_grid = (min(-(-outputs // exact_p), programs),)
     kernels._exact_refine[exact_grid](x, w, left, left_count, flat_result, m, n, k, *strides, ONES=ones,
                                       BLOCK_P=exact_p, BLOCK_K=exact_lanes, FLUSH=MAX_K_PER_CALL, num_warps=4)
 

@@ -52,9 +52,23 @@ MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211)  # pa
 COUNT = {torch.float32: 12, torch.bfloat16: 10}  # moduli by the operands' dtype (measured: residue_stage in docs/exact.md)
 MAX_K = (1 << 17) - 16  # K * 128**2 < 2**31: the int32 sums cannot overflow
 PLANE_BYTES = 1 << 31  # the products (an int8 a modulus and output) of at most this many bytes live at once
-BLOCK_ROWS, BLOCK_COLUMNS = 8, 128  # a residue program's tile
-OUTPUT_TILE = (16, 64)  # a reconstruction program's tile
+BLOCK_COLUMNS = 128  # a residue program's columns: its lanes for the norm's sum (its bits: one tile for all)
 GROUP_M = 8  # row tiles of the products that share their operands in L2
+
+
+class Tiles(NamedTuple):
+    """The residue and reconstruction programs' tiles: functions of the device's kind alone.
+    Each row's residues and each output's reconstruction are computed alone, so the tiles
+    decide only the time."""
+
+    residue_rows: int
+    output_rows: int
+    output_columns: int
+
+
+# Triton's interpreter runs each program's operations one by one in Python: there fewer,
+# larger programs take a fraction of the time (the tests' shapes are small)
+TILES = {"compiled": Tiles(8, 16, 64), "interpreted": Tiles(64, 64, 64)}
 
 
 class ProductShape(NamedTuple):
@@ -69,13 +83,18 @@ class ProductShape(NamedTuple):
 
 # On an H200 at 8192^3 LARGE ran at 1093 TOPS (int32 results), against 899 to 944 for
 # cuBLASLt's (torch._int_mm, an SM80 kernel); 128 x 128 x 128 with 4 warps at 953, with 8 at 891.
-# Operands narrower than its tile take SMALL, which pads them less (5 times faster under
-# Triton's interpreter at 21 x 18 x 130).
+# Operands narrower than its tile take SMALL, which pads them less. Under Triton's interpreter
+# a program's cost is mostly its operations' count, so there the tile is larger than SMALL.
 LARGE, SMALL = ProductShape(128, 256, 128, 8, 3), ProductShape(32, 32, 32, 4, 2)
+INTERPRETED_PRODUCT = ProductShape(64, 64, 32, 4, 2)
 
 
-def product_shape(m: int, n: int) -> ProductShape:
+def product_shape(m: int, n: int, device: torch.device) -> ProductShape:
+    if backends.launch_kind(device) == "interpreted":
+        return INTERPRETED_PRODUCT
     return LARGE if m >= LARGE.block_m and n >= LARGE.block_n else SMALL
+
+
 COLUMNS = 7  # a modulus's row in the table: m, 1/m, c/P, c's four words
 
 
@@ -148,7 +167,7 @@ def residue_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None =
     finite). out: a contiguous float32 tensor of M * N elements to write the result into, or None."""
     moduli = Moduli.first(COUNT[x.dtype])
     (m, k), n = x.shape, w.shape[0]
-    shape = product_shape(m, n)
+    shape = product_shape(m, n, x.device)
     xs, ws = residues(x, moduli, shape.block_m, shape.block_k), residues(w, moduli, shape.block_n, shape.block_k)
     done = torch.empty((m, n), dtype=torch.int8, device=x.device)
     result = torch.empty((m, n), dtype=torch.float32, device=x.device) if out is None else out.view(m, n)
@@ -194,10 +213,11 @@ def residues(rows: torch.Tensor, moduli: Moduli, row_multiple: int, column_multi
     # a square's sum over the lanes and their join: at most K + BLOCK_COLUMNS additions, and
     # each residual's square rounds once; the factor also covers the square root's rounding
     raise_factor = upward_float32(max(1 + 2 * gamma(k + BLOCK_COLUMNS + 2), SLACK))
-    grid = (-(-padded_r // BLOCK_ROWS),)
+    block_rows = TILES[backends.launch_kind(rows.device)].residue_rows
+    grid = (-(-padded_r // block_rows),)
     _residues[grid](rows, planes, norm, residual, unscale, table, r, padded_r, k, padded_k, rows.stride(0),
                     rows.stride(1), moduli.top, raise_factor, COUNT=moduli.count, COLUMNS=COLUMNS,
-                    BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_COLUMNS, num_warps=4, enable_fp_fusion=False)
+                    BLOCK_R=block_rows, BLOCK_K=BLOCK_COLUMNS, num_warps=4, enable_fp_fusion=False)
     return Residues(planes, norm, residual, unscale)
 
 
@@ -205,7 +225,8 @@ def _reconstruct(products, xs: Residues, ws: Residues, r0: int, rows: int, n: in
     from .residue_kernel import _reconstruct as reconstruct
 
     table, words = moduli.table(products.device)
-    block_m, block_n = OUTPUT_TILE
+    chosen = TILES[backends.launch_kind(products.device)]
+    block_m, block_n = chosen.output_rows, chosen.output_columns
     grid = (-(-rows // block_m), -(-n // block_n))
     part = slice(r0, r0 + rows)
     reconstruct[grid](products, xs.unscale[part], xs.norm[part], xs.residual[part], ws.unscale, ws.norm,
