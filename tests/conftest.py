@@ -15,6 +15,34 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_configure(config):
+    _device_functions_called_without_repatching()
+
+
+def _device_functions_called_without_repatching():
+    """Under Triton's interpreter a launch patches triton.language for its grid and restores it
+    after; each call of a @triton.jit device function inside the grid patches it again (the
+    same values: a nested scope that is never restored), which took most of the time of the
+    kernels that call helpers per element (the Kulisch digits: ~1.6 ms a call). Our kernels'
+    modules import triton.language only as `tl`, which the launch has patched already, so the
+    calls skip the repeat: every value is the same. Skipped where Triton's interpreter differs."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    function = getattr(interpreter, "InterpretedFunction", None)
+    if function is None or not hasattr(interpreter, "_patch_lang") or not hasattr(function, "rewrite"):
+        return
+
+    def call(self, *args, **kwargs):  # InterpretedFunction.__call__ less its _patch_lang
+        try:
+            return self.rewrite()(*args, **kwargs)
+        except Exception as error:
+            raise interpreter.InterpreterError(repr(error)) from error
+
+    function.__call__ = call
+
+
 def pytest_collection_modifyitems(config, items):
     # Long tests first, so that no worker of pytest-xdist starts one when the others are done.
     items.sort(key=lambda item: "slow" not in item.keywords)

@@ -139,7 +139,7 @@ def test_ties_settle_where_the_integer_sum_is_exact():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_det_gemm_through_the_residue_stage_has_the_oracles_bits(kind, dtype):
     generator = torch.Generator().manual_seed(4 + len(kind))
-    x, w = KINDS[kind](21, 18, 130, dtype, generator)
+    x, w = KINDS[kind](21, 6, 130, dtype, generator)  # small: some kinds send every output to the exact accumulator
     assert residue_stage.applies(x, w, torch.float32)
     assert same_bits(det_gemm(x, w), oracle_gemm(x, w, BINARY32))
     stats = rounded.last_statistics
