@@ -16,7 +16,7 @@ import torch
 
 from sexpgpu.backends.cuda.codegen import attention as kernels
 from sexpgpu.backends.cuda.codegen.attention import (run_backward_kv, run_backward_q, run_backward_q_from_ds,
-                                                     run_forward, run_row_delta)
+                                                     run_forward, run_row_delta, run_score_delta)
 
 
 def fused(q, k, v, g, causal: bool, ds_in_memory: bool = True):
@@ -25,7 +25,10 @@ def fused(q, k, v, g, causal: bool, ds_in_memory: bool = True):
     lead = q.shape[:-1]
     out, lse, delta = torch.empty_like(q), q.new_empty(lead, dtype=torch.float32), q.new_empty(lead, dtype=torch.float32)
     run_forward(q, k, v, out, lse, scale, causal)
-    run_row_delta(out, g, delta)
+    if kernels.delta_from_products(q.dtype == torch.bfloat16):
+        run_score_delta(q, k, v, g, lse, delta, scale, causal)
+    else:
+        run_row_delta(out, g, delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if ds_in_memory and kernels.fused(q.shape[-1], v.shape[-1], q.dtype == torch.bfloat16):
         ds = q.new_empty(lead + (k.shape[-2],))

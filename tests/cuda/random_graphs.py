@@ -669,10 +669,9 @@ def _as_close_to_float64(name: str, found, want, sample: RandomGraph, float64: d
     An output computed from float32 attention may instead pass the fused attention's own
     envelope (tests/cuda/attention_checks.py, docs/cuda.md "Attention"), norm-wise: its
     error is not the interpreter's, element by element. The kernels' 3xTF32 products drop
-    about 2^-22 of each term, and the backward's D = rowsum(dO * O) carries the forward
-    output's error times |dO| into every dS of the row, so an element the interpreter gets
-    almost exactly (a gradient of a near one-hot softmax row, where the terms of dS k cancel)
-    takes the error of its row's larger elements. That error is bounded by the interpreter's
+    about 2^-22 of each term, which reach every dS of a row through D, so an element the
+    interpreter gets almost exactly (a gradient of a near one-hot softmax row, where the terms
+    of dS k cancel) takes the error of its row's larger elements. That error is bounded by the interpreter's
     largest, not by its own."""
     from sexpgpu.backends.cpu import Interpreter
 

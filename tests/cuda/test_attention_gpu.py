@@ -21,7 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-from attention_checks import check  # noqa: E402
+from attention_checks import CPU, attention_case, check  # noqa: E402
+from op_cases import case_graph  # noqa: E402
 from gpu_driver import ENVELOPE_STEP, run_on_the_gpu, train  # noqa: E402
 
 CASES = [
@@ -95,6 +96,21 @@ def test_attention_with_ds_over_its_budget_on_the_gpu(monkeypatch, shapes, dtype
     check(CudaBackend(policy=policy_from_environment()), shapes, dtype, causal)
 
 
+@pytest.mark.parametrize("shapes", [[(2, 5, 64), (2, 1, 64), (2, 1, 31)], [(2049, 1, 64), (2049, 1, 64), (2049, 1, 31)]],
+                         ids=["small", "seed 746"])
+def test_one_hot_attention_rows_on_the_gpu_have_no_query_or_key_gradient(backend, shapes):
+    """One key: every probability is 1 and dS = P (dO v^T - D) is 0 in the interpreter. D as
+    the row sum of P times the kernels' own dO v^T (score_delta) leaves at most a rounding of
+    dP; rowsum(dO * O) left about 2e-6 (the random graph of seed 746)."""
+    from op_cases import assert_matches
+
+    graph, values = case_graph(attention_case(shapes, "f32", False))
+    want, got = CPU.run(graph, values), backend.run(graph, values)
+    for name in ("grad0", "grad1"):
+        assert not np.any(want[name]), name
+        assert_matches(name, backend.to_host(got[name]), want[name], "f32")
+
+
 @pytest.mark.parametrize("width", [16, 32, 64])
 def test_the_float32_kernels_run_tensor_core_products_and_spill_no_register(width):
     from sexpgpu.backends.cuda.codegen import attention as kernels
@@ -103,14 +119,15 @@ def test_the_float32_kernels_run_tensor_core_products_and_spill_no_register(widt
     lse, delta = (torch.empty(1, 2, 130, device="cuda") for _ in range(2))
     out, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
     kernels.run_forward(q, k, v, out, lse, 0.125, True)
-    kernels.run_row_delta(out, g, delta)
+    kernels.run_score_delta(q, k, v, g, lse, delta, 0.125, True)
     kernels.run_backward_kv(q, k, v, g, lse, delta, dk, dv, 0.125, True)
     kernels.run_backward_q(q, k, v, g, lse, delta, dq, 0.125, True)
     ds = torch.empty(1, 2, 130, 130, device="cuda")
     kernels.run_backward_kv(q, k, v, g, lse, delta, dk, dv, 0.125, True, ds)  # storing dS too
     kernels.run_backward_q_from_ds(ds, k, dq, 0.125, True)
     torch.cuda.synchronize()
-    for function in (kernels.forward, kernels.backward_kv, kernels.backward_q, kernels.backward_q_from_ds):
+    for function in (kernels.forward, kernels.score_delta, kernels.backward_kv, kernels.backward_q,
+                     kernels.backward_q_from_ds):
         compiled = [kernel for kernel in _compiled(function)
                     if _constants(function, kernel)["BLOCK_E"] == width and not _constants(function, kernel)["BF16"]]
         assert compiled, function.__name__

@@ -84,12 +84,19 @@ def test_the_attention_bench_runs_both_backward_paths_to_the_same_gradients(shap
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_wide_head_with_one_key_has_no_query_or_key_gradient(backend):
-    """One key: every probability is 1, dS = P (dO v^T - D) is exactly 0, and so are the
-    gradients of q and k, as the interpreter gives them. Heads wider than the fused kernels
-    take form D from the very products dS subtracts it from (attention_wide.py); D as
-    rowsum(dO * O), another sum, left them a rounding apart times the head's width."""
-    graph, values = case_graph(attention_case([(2, 5, 200), (2, 1, 200), (2, 1, 200)], "f32", False))
+ONE_HOT = {
+    "wide, one key": ([(2, 5, 200), (2, 1, 200), (2, 1, 200)], None),
+    "fused, one key": ([(2, 5, 64), (2, 1, 64), (2, 1, 31)], None),  # the random graph of seed 746
+}
+
+
+@pytest.mark.parametrize("shapes,scale", ONE_HOT.values(), ids=ONE_HOT.keys())
+def test_one_hot_attention_rows_have_no_query_or_key_gradient(backend, shapes, scale):
+    """One key: every probability is 1, dS = P (dO v^T - D) is exactly 0, and so are the gradients of q and k, as the
+    interpreter gives them. Both kernels' D is the row sum of P times the very products dS
+    subtracts it from (score_delta, attention_wide.py); D as rowsum(dO * O), another sum over
+    the forward's 3xTF32 output, left them about 2^-22 |dO| |O| apart."""
+    graph, values = case_graph(attention_case(shapes, "f32", False, scale=scale))
     got = backend.run(graph, values)
     want = CPU.run(graph, values)
     for name in ("grad0", "grad1"):

@@ -146,17 +146,44 @@ def _row_delta(lowerer, o, g) -> str:
     return key
 
 
+def _score_delta(lowerer, node, lse: str) -> str:
+    """D = rowsum(P * dP) from the products the float32 backward kernels form, once for both
+    cotangent ops of one forward and cotangent. rowsum(dO * O) is the same value in exact
+    arithmetic, but O carries the forward's 3xTF32 error: a one-hot row's dS = P (dP - D),
+    exactly zero in the interpreter, would keep about 2^-22 of |dO| |O| (docs/cuda.md, "Attention")."""
+    from sexpgpu.backends.cuda.codegen.attention import run_score_delta
+
+    key = lowerer.shared.get(("attention score delta", node.inputs[3], node.inputs[4]))
+    if key is not None:
+        return key
+    key = lowerer.new_buffer("f32", node.inputs[3].shape[:-1])
+    operands = _operands(lowerer, node.inputs[:3] + node.inputs[4:])
+    scale, causal = node.attrs["scale"], node.attrs["causal"]
+
+    def run(env):
+        run_score_delta(*_tensors(env, operands), env[lse], env[key], scale, causal)
+
+    lowerer.steps.append(TorchStep(run, _reads(operands, lse), (key,), "attention"))
+    lowerer.shared[("attention score delta", node.inputs[3], node.inputs[4])] = key
+    return key
+
+
 def _cotangent_step(lowerer, node, launch, results: list, scratch: tuple = ()) -> None:
     """A step running `launch(q, k, v, g, lse, delta, *results, scale, causal, *scratch)`,
     each result a (buffer, view) the kernel writes through, each scratch a buffer it writes.
     Heads too wide for the fused kernels, with the forward's own output, get delta None:
     attention_wide.py forms D from the probabilities it holds."""
-    from sexpgpu.backends.cuda.codegen.attention import fused
+    from sexpgpu.backends.cuda.codegen.attention import delta_from_products, fused
 
     q, v = node.inputs[0], node.inputs[2]
     lse = _log_sum_exp(lowerer, node)
     own_delta = not fused(q.shape[-1], v.shape[-1], q.dtype == "bf16") and _output_is_forward(node)
-    delta = None if own_delta else _row_delta(lowerer, node.inputs[3], node.inputs[4])
+    if own_delta:
+        delta = None
+    elif delta_from_products(q.dtype == "bf16") and _output_is_forward(node):
+        delta = _score_delta(lowerer, node, lse)
+    else:
+        delta = _row_delta(lowerer, node.inputs[3], node.inputs[4])
     operands = _operands(lowerer, node.inputs[:3] + node.inputs[4:])
     scale, causal = node.attrs["scale"], node.attrs["causal"]
 

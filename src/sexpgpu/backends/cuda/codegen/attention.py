@@ -1,7 +1,7 @@
 """Fused scaled dot-product attention in Triton, forward and backward, in a fixed order.
 
 Operands are 4-d views (lead, heads, T, E) with any strides; the row statistics (the
-log-sum-exp of each query's scores, and D = rowsum(dO * O) for the backward) are float32
+log-sum-exp of each query's scores, and D for the backward) are float32
 (lead, heads, T) contiguous. Four kernels:
 
 - `forward`: one program per (query block, lead and head). It walks the key blocks from the
@@ -9,7 +9,9 @@ log-sum-exp of each query's scores, and D = rowsum(dO * O) for the backward) are
   softmax's running maximum m, running sum l and unnormalised output: for each block
   s = (q k^T) * scale, masked to -inf, m' = max(m, max s), l = l exp(m - m') + sum exp(s - m'),
   acc = acc exp(m - m') + exp(s - m') v. It stores acc / l and lse = m + log l.
-- `row_delta`: D = rowsum(dO * O) per query, one program per (query block, lead and head).
+- `score_delta` (float32) or `row_delta` (bf16): D per query, one program per (query block,
+  lead and head): rowsum(P * dO v^T) from the products the backward kernels form, walking the
+  key blocks as the forward does, or rowsum(dO * O).
 - `backward_kv`: one program per (key block, lead and head), walking the query blocks that
   see it in increasing order: P = exp(s - lse), dV += P^T dO, dS = P (dO v^T - D),
   dK += dS^T q; dK is scaled once at the end.
@@ -235,6 +237,62 @@ def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, LEAD0,
 
 
 @triton.jit
+def _score_grad(g, value_t, BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """dP = dO v^T over (queries, keys), always with dO as the left operand: the transposed
+    tile of backward_kv takes its transpose, so each element is the same product of parts as
+    in score_delta and backward_q (3xTF32's cross terms depend on which operand is left)."""
+    return _dot(g, value_t, BF16, NATIVE)
+
+
+@triton.jit
+def _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
+                 E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    cols = start_n + tl.arange(0, BLOCK_N)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    seen = cols < TK
+    key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
+                        seen[:, None] & (e[None, :] < E), BF16, NATIVE)
+    p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
+    value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
+                            seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
+    return delta + tl.reduce(p * _score_grad(g, value_t, BF16, NATIVE), 1, add)
+
+
+@triton.jit
+def score_delta(Q, K, V, G, LSE, DELTA, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, sv0, sv1, svt, sve,
+                sg0, sg1, sgt, sge, HEADS, LEAD0, TQ, TK, scale, E: tl.constexpr, EV: tl.constexpr,
+                BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    lead, batch, head = _program_head(HEADS, LEAD0)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    row_mask = rows < TQ
+    q = _load_operand(Q + batch * sq0 + head * sq1 + rows[:, None] * sqt + e[None, :] * sqe,
+                      row_mask[:, None] & (e[None, :] < E), BF16, NATIVE)
+    g = _load_operand(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge,
+                      row_mask[:, None] & (ev[None, :] < EV), BF16, NATIVE)
+    lse = tl.load(LSE + lead * TQ + rows, mask=row_mask, other=0.0)
+    k_base, v_base = batch * sk0 + head * sk1, batch * sv0 + head * sv1
+    delta = tl.full([BLOCK_M], 0.0, tl.float32)
+    stop = _keys_seen(TK, start_m, BLOCK_M, CAUSAL)
+    if NATIVE:
+        for start_n in range(0, stop, BLOCK_N):
+            delta = _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ,
+                                 TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+    else:
+        start_n = 0
+        while start_n < stop:
+            delta = _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ,
+                                 TK, scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+            start_n += BLOCK_N
+    tl.store(DELTA + lead * TQ + rows, delta, mask=row_mask)
+
+
+@triton.jit
 def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, stat_base, sqt, sqe, sgt, sge,
               TQ, TK, scale, E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
               BLOCK_M: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr,
@@ -251,7 +309,7 @@ def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, sta
     g = _load_operand(G + g_base + queries[:, None] * sgt + ev[None, :] * sge,
                       seen[:, None] & (ev[None, :] < EV), BF16, NATIVE)
     dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16, NATIVE)
-    ds_t = p_t * (_dot(v, tl.trans(g), BF16, NATIVE) - delta[None, :])
+    ds_t = p_t * (tl.trans(_score_grad(g, tl.trans(v), BF16, NATIVE)) - delta[None, :])
     if STORE_DS:  # for backward_q_from_ds: dS[query, key], stored as the product's operand rounds it
         _store_result(DS + ds_base + queries[None, :] * TK + keys[:, None], ds_t,
                       seen[None, :] & (keys[:, None] < TK), BF16)
@@ -315,7 +373,7 @@ def _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske
     p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
     value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
                             seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
-    ds = p * (_dot(g, value_t, BF16, NATIVE) - delta[:, None])
+    ds = p * (_score_grad(g, value_t, BF16, NATIVE) - delta[:, None])
     return dq + _dot(_operand(ds, BF16, NATIVE), key, BF16, NATIVE)
 
 
@@ -512,6 +570,26 @@ def run_row_delta(out, g, delta) -> None:
     for lead0, count in _lead_chunks(lead * heads):
         row_delta[(triton.cdiv(queries, rows), count)](out, g, delta, *_strides(out, g), heads, lead0, queries,
                                                        value_width, block_ev, rows, bf16, enable_fp_fusion=False)
+
+
+def delta_from_products(bf16: bool) -> bool:
+    """Whether the fused kernels take D for the forward's own output from score_delta (float32)
+    rather than row_delta. A bf16 head's dS is rounded to bf16 where it enters a product, far
+    coarser than the 2^-22 of |dO| |O| that rowsum(dO * O) leaves, so it keeps the cheaper sum."""
+    return not bf16
+
+
+def run_score_delta(q, k, v, g, lse, delta, scale: float, causal: bool) -> None:
+    """delta = rowsum(P * dP) in float32, (lead, heads, TQ) contiguous, from the products
+    backward_kv and backward_q form: for the forward's own output it equals rowsum(dO * O),
+    and a one-hot row's dS is then exactly zero, as the interpreter's is."""
+    width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
+    tile = blocks("backward_q", bf16, max(block_e, block_ev), native)
+    lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    for lead0, count in _lead_chunks(lead * heads):
+        score_delta[(triton.cdiv(queries, tile.m), count)](
+            q, k, v, g, lse, delta, *_strides(q, k, v, g), heads, lead0, queries, keys, scale, width, value_width,
+            block_e, block_ev, tile.m, tile.n, bf16, native, causal, **_launch_options(tile, native))
 
 
 def run_backward_kv(q, k, v, g, lse, delta, dk, dv, scale: float, causal: bool, ds=None) -> None:
