@@ -23,6 +23,7 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.diagnosed import ACTIVATION, diagnosed_graph
+from sexpgpu.run.allocation import allocation_failed_on_host
 from sexpgpu.run.diagnosing import diagnosed_step, statistics
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import float_bits
@@ -77,6 +78,8 @@ class Trainer:
             return self._step(state)
         except (MemoryError, SexpgpuError) as error:
             if not _allocation_failed(error) or self.stacking.degree == 1 or self.stacking.pinned:
+                if isinstance(error, MemoryError):
+                    raise allocation_failed_on_host(error, f"at step {state.step + 1}") from None
                 raise
             release = getattr(self.backend, "release", None)
             if release is not None:  # the stacked graphs' memory is the unstacked run's room
