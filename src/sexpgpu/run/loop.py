@@ -12,7 +12,10 @@ rounded once before the update, and the loss and metrics average as round(exact 
 
 On several processes (run/world.py) each runs its contiguous share of a step's microbatches,
 by their global indices, and `across` combines the processes' sums before the update; one
-process runs them all and combines nothing."""
+process runs them all and combines nothing.
+
+A NaN or an infinity is a value here, never a numpy warning: a step and a pass compute under
+np.errstate(all="ignore")."""
 
 from __future__ import annotations
 
@@ -75,7 +78,8 @@ class Trainer:
     def step(self, state: TrainingState) -> dict:
         """Apply step state.step + 1 and return its metrics record."""
         try:
-            return self._step(state)
+            with np.errstate(all="ignore"):
+                return self._step(state)
         except (MemoryError, SexpgpuError) as error:
             if not _allocation_failed(error) or self.stacking.degree == 1 or self.stacking.pinned:
                 if isinstance(error, MemoryError):
@@ -87,7 +91,8 @@ class Trainer:
             self.stacking = Stacking(self.program.training)
             if self.on_unstacked is not None:
                 self.on_unstacked(state.step + 1)
-            return self._step(state)
+            with np.errstate(all="ignore"):
+                return self._step(state)
 
     def _step(self, state: TrainingState) -> dict:
         step = state.step + 1
@@ -155,6 +160,10 @@ class Trainer:
 
     def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
         """One pass: the pass graph on `batches` batches, losses and metrics averaged in order."""
+        with np.errstate(all="ignore"):
+            return self._evaluate(state, pass_spec, name)
+
+    def _evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
         graph = self.program.passes[name]
         totals: dict[str, list] = {}
         for batch_index in range(pass_spec.batches):
