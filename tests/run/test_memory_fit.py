@@ -159,12 +159,12 @@ def test_evaluate_checks_only_its_passes_against_this_machine(tmp_path, monkeypa
     assert "error E-MEM-002" in capsys.readouterr().err
 
 
-def test_every_memory_code_is_documented_raised_and_tested():
-    code = re.compile(r"E-MEM-\d{3}")
+def test_every_memory_and_number_code_is_documented_raised_and_tested():
+    code = re.compile(r"E-(?:MEM|NUM)-\d{3}")
     documented = set(code.findall((ROOT / "docs" / "errors.md").read_text()))
     raised = {found for path in (ROOT / "src" / "sexpgpu").rglob("*.py") for found in code.findall(path.read_text())}
     tests = "".join(path.read_text() for path in (ROOT / "tests").rglob("test_*.py"))
-    assert documented == raised == {"E-MEM-001", "E-MEM-002", "E-MEM-003"}
+    assert documented == raised == {"E-MEM-001", "E-MEM-002", "E-MEM-003", "E-NUM-001"}
     for found in documented:
         assert f"error {found}" in tests or f'"{found}"' in tests, found
 

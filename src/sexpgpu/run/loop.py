@@ -14,8 +14,10 @@ On several processes (run/world.py) each runs its contiguous share of a step's m
 by their global indices, and `across` combines the processes' sums before the update; one
 process runs them all and combines nothing.
 
-A NaN or an infinity is a value here, never a numpy warning: a step and a pass compute under
-np.errstate(all="ignore")."""
+With `nonfinite` set (SEXPGPU_NONFINITE=stop, run/nonfinite.py) a step's losses are read,
+every process's, before its update, and one that is NaN or infinite stops the run there
+(E-NUM-001). A NaN or an infinity is a value here, never a numpy warning: a step and a pass
+compute under np.errstate(all="ignore")."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from sexpgpu.run.allocation import allocation_failed_on_host
 from sexpgpu.run.diagnosing import diagnosed_step, statistics
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import float_bits
+from sexpgpu.run.nonfinite import first_nonfinite, first_nonfinite_value
 from sexpgpu.run.schedule import learning_rate
 from sexpgpu.run.state import TrainingState
 
@@ -73,6 +76,7 @@ class Trainer:
         self.across = across  # how the step's sums combine across processes
         self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
         self.diagnostics: dict | None = None  # the last step's diag record, on a diagnosed step
+        self.nonfinite = None  # run/nonfinite.py's NonFiniteStop: a loss that is not finite stops the step
         self._diagnosed = None  # the diagnosed microbatch graph, made on the first diagnosed step
 
     def step(self, state: TrainingState) -> dict:
@@ -109,8 +113,9 @@ class Trainer:
                 outputs, first_outputs = self._diagnose(state, step, micro, inputs, degree)
             else:  # the last call's outputs are read before the next step's first call
                 outputs = self.backend.run(micro, inputs, lent=first == last)
-            losses.append(outputs["loss"])  # read after the update is queued: no wait between them
+            losses.append(outputs["loss"])  # read after the update is queued (unless checked): no wait between them
             grads = self.sums.add(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
+        checked = self._finite_losses(state, step, losses) if self.nonfinite is not None else None
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
         update_inputs.update(self.sums.rounded(self.across.gradients(grads)))
@@ -122,8 +127,7 @@ class Trainer:
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
-        loss = self.sums.mean(self.across.losses([part for value in losses
-                                                  for part in np.ravel(self.backend.to_host(value))]))
+        loss = self.sums.mean(checked if checked is not None else self._gathered(losses))
         self.diagnostics = self._statistics(step, first_outputs, before, state.params) if diagnosed else None
         return {
             "step": step,
@@ -133,6 +137,21 @@ class Trainer:
             "grad_norm": float(self.backend.to_host(outputs["grad_norm"])),
             "digest": parameters_digest(self.backend, state.params),
         }
+
+    def _gathered(self, losses: list) -> list:
+        """The step's microbatch losses on the host, every process's, in global microbatch order."""
+        return self.across.losses([part for value in losses for part in np.ravel(self.backend.to_host(value))])
+
+    def _finite_losses(self, state: TrainingState, step: int, losses: list) -> list:
+        """The gathered losses; E-NUM-001 when one is not finite, naming the first value of its
+        microbatch, run again alone, that is not (every process raises it alike)."""
+        gathered = self._gathered(losses)
+        bad = first_nonfinite(gathered)
+        if bad is None:
+            return gathered
+        found = first_nonfinite_value(self.backend, self.program.training.micro,
+                                      self._micro_inputs(state, step, bad), step)
+        raise self.nonfinite.loss_error(step, bad, gathered[bad], found)
 
     def _diagnose(self, state: TrainingState, step: int, micro, inputs: dict, degree: int) -> tuple:
         """(outputs of the first call, host outputs of the diagnosed graph on microbatch 0).
