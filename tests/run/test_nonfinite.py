@@ -120,12 +120,16 @@ SGD_OVERFLOW = """
 """
 
 
-def test_no_checkpoint_holds_parameters_that_are_not_finite(tmp_path, capsys):
-    """Step 1's loss is finite, but its update overflows the parameters."""
+def overflow(tmp_path: Path, capsys, every: int) -> str:
+    """The last line of a run whose step 1 has a finite loss but overflows the parameters."""
     path = tmp_path / "overflow.sexp"
-    path.write_text(SGD_OVERFLOW.format(every=1))
+    path.write_text(SGD_OVERFLOW.format(every=every))
     assert main(["run", str(path), "--device", "cpu", "--run-dir", str(tmp_path / "run")]) == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_no_checkpoint_holds_parameters_that_are_not_finite(tmp_path, capsys):
+    error = overflow(tmp_path, capsys, every=1)
     assert error.startswith("error E-NUM-001: after step 1 the parameter fc/")
     assert "not finite" in error and "no checkpoint of step 1 was written" in error
     assert not (tmp_path / "run" / "step-1").exists()
@@ -133,10 +137,7 @@ def test_no_checkpoint_holds_parameters_that_are_not_finite(tmp_path, capsys):
 
 
 def test_a_parameter_made_nonfinite_by_the_step_before_is_named_as_the_first_value(tmp_path, capsys):
-    path = tmp_path / "overflow.sexp"
-    path.write_text(SGD_OVERFLOW.format(every=2))
-    assert main(["run", str(path), "--device", "cpu", "--run-dir", str(tmp_path / "run")]) == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
+    error = overflow(tmp_path, capsys, every=2)
     assert error.startswith("error E-NUM-001: step 2's loss is not finite")
     assert re.search(r"is the parameter fc/\w \(f32\[[\d ]+\]: \d+ of \d+ values NaN or infinite\), an input of the "
                      r"step: step 1's update made it so", error), error
