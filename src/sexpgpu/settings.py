@@ -99,6 +99,14 @@ SETTINGS = {setting.name: setting for setting in (
             "worlds meet this way", _any_text),
     Setting("SEXPGPU_CPU_THREADS", "an integer from 1 to 1024", "the usable CPUs, at most 8",
             "threads the CPU interpreter splits large kernels over; never changes bits", _integer(1, 1024)),
+    Setting("SEXPGPU_HOST_MEMORY", "bytes, an integer from 1 to 2^62", "(measured)",
+            "the host memory a run takes as available, instead of what the machine reports (MemAvailable, the "
+            "cgroup's limit, ulimit -v); a run on the CPU interpreter plans at most 90% of it, else stops before its "
+            "first step with E-MEM-002", _integer(1, 2**62)),
+    Setting("SEXPGPU_NONFINITE", "stop, continue", "stop",
+            "what a run does when a step's loss is NaN or infinite: `stop` ends it with E-NUM-001 before that step's "
+            "update, naming the first value that was not finite, and writes no checkpoint of parameters or optimizer "
+            "state that are not finite; `continue` goes on. Never changes bits", _one_of("stop", "continue")),
     Setting("SEXPGPU_S3_PART_SIZE", f"bytes, an integer from {S3_MIN_PART} (5 MiB) to {S3_MAX_PART} (5 GiB)",
             str(64 * MIB), "the size of each part of a multipart S3 upload or ranged read",
             _integer(S3_MIN_PART, S3_MAX_PART)),

@@ -36,3 +36,20 @@ def test_elementwise_bits_do_not_depend_on_the_thread_count(monkeypatch):
         monkeypatch.setenv("SEXPGPU_CPU_THREADS", threads)
         results.append(parallel.elementwise(nx.tanh, x))
     assert results[0].shape == x.shape and results[0].tobytes() == results[1].tobytes()
+
+
+def test_the_threads_compute_under_the_callers_error_state(monkeypatch):
+    """An overflow in a thread's piece is an IEEE value under the interpreter's np.errstate,
+    as in the calling thread: no warning (before, numpy's default state warned in the pool)."""
+    import warnings
+
+    monkeypatch.setenv("SEXPGPU_CPU_THREADS", "2")
+    big = np.full(4 * parallel.MIN_ELEMENTS, 1e30, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="ignore"):
+            product = parallel.elementwise(np.multiply, big, big)
+            parallel.run_ranges(lambda start, stop: big[start:stop] * big[start:stop], big.size, big.size)
+    assert np.isinf(product).all()
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):  # the caller's state, whatever it is
+        parallel.elementwise(np.multiply, big, big)

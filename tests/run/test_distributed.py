@@ -329,12 +329,26 @@ def test_parameters_that_differ_between_processes_stop_every_process(folder):
     assert [entry["step"] for entry in steps_of(run_dir)] == [1]  # the step that differs is not logged
 
 
-def test_processes_started_otherwise_are_refused(folder):
-    file = tiny(folder / "unlike")
-    results = world(folder / "unlike/world", "run", file, "--device", "cpu", "--run-dir", folder / "unlike/run",
-                    nodes=2, rank_env={1: {"SEXPGPU_NODE_GRADIENTS": "f32"}})
+@pytest.mark.parametrize("setting", [{"SEXPGPU_NODE_GRADIENTS": "f32"}, {"SEXPGPU_NONFINITE": "continue"}])
+def test_processes_started_otherwise_are_refused(folder, setting):
+    unlike = folder / f"unlike-{next(iter(setting))}"
+    file = tiny(unlike)
+    results = world(unlike / "world", "run", file, "--device", "cpu", "--run-dir", unlike / "run",
+                    nodes=2, rank_env={1: setting})
     for message in all_refused(results, "E-DIST-005"):
         assert "the run and its settings of process(es) 1 differ from process 0's" in message
+
+
+def test_a_loss_that_is_not_finite_stops_every_process_alike(folder):
+    run_dir = folder / "diverging/run"
+    results = world(folder / "diverging/world", "run", tiny(folder / "diverging", steps=4, every=1,
+                                                            edits=(("(adam :lr 0.01)", "(adam :lr 1e30)"),)),
+                    "--device", "cpu", "--run-dir", run_dir, per_node=2)
+    messages = all_refused(results, "E-NUM-001")
+    said = [message.strip().splitlines()[-1] for message in messages]  # process 0 prints its progress before
+    assert all(text == said[0] and text.startswith("error E-NUM-001: step 2's loss is not finite") for text in said)
+    assert [entry["step"] for entry in steps_of(run_dir) if "digest" in entry] == [1]
+    assert (run_dir / "step-1").is_dir() and not (run_dir / "step-2").exists()
 
 
 def test_a_refusal_on_process_0_stops_the_others_with_its_code(folder, alone):

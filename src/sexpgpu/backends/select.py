@@ -88,7 +88,13 @@ def computes_exact(backend) -> bool:
 def probe_for(backend):
     """The DeviceProbe (plan/device.py) of a backend that offers choices, or None for one that
     decides nothing (the CPU interpreter, and any backend computing exact sums)."""
-    if getattr(backend, "name", None) != "cuda" or computes_exact(backend):
+    return None if computes_exact(backend) else memory_probe(backend)
+
+
+def memory_probe(backend):
+    """The probe that reports a device backend's free memory (an exact one's too), or None for
+    the CPU interpreter, whose room is the host's (plan/fit.py)."""
+    if getattr(backend, "name", None) != "cuda":
         return None
     from sexpgpu.backends.cuda.probe import CudaProbe  # torch is optional: loaded with the CUDA backend
 

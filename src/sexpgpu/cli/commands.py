@@ -26,11 +26,15 @@ def run(args) -> int:
 def check(args) -> int:
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.report import lowering_report
-    from sexpgpu.run.setup import build_run
+    from sexpgpu.run.setup import build_run, memory_problem
 
     experiment = load_experiment(args.file, args.selection)
-    built = build_run(experiment, args.device, read_loads=False)
+    built = build_run(experiment, args.device, read_loads=False, holds=None)
     print(lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity))
+    problem = memory_problem(built)  # the file is sound; this machine is too small for it
+    if problem is not None:
+        print(f"warning: `sexpgpu run` here stops with {problem.code} before its first step: {problem.message} "
+              f"{problem.hint}", file=sys.stderr)
     return 0
 
 

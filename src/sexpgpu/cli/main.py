@@ -217,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of our output went away (`| head`): stop as a Unix filter does
         _drop_stdout()
         return EXIT_BROKEN_PIPE
-    except MemoryError:
-        print("memory: allocation failed; the run stopped. Use a smaller :batch or more :microbatches.",
-              file=sys.stderr)
+    except MemoryError as error:  # one a run's step did not catch: setting up, a pass, a checkpoint
+        from sexpgpu.run.allocation import allocation_failed_on_host
+
+        print(allocation_failed_on_host(error, "while the command ran").render(), file=sys.stderr)
         return 2
     except Exception as error:  # an internal bug: say so in one paragraph, traceback on request
         if os.environ.get("SEXPGPU_DEBUG", "").strip() == "1":  # checked before any command ran

@@ -151,6 +151,35 @@ class Graph:
         return "\n".join(lines)
 
 
+# the graph inputs a training graph names: their prefix -> how a message names one
+INPUT_NAMES = {
+    "field/": "the record field ",
+    "param/": "the parameter ",
+    "grad/": "the gradient of ",
+    "state/": "the optimizer state ",
+}
+
+
+def described(node: Node, input_name: str | None = None) -> str:
+    """A value as messages name it: a graph input by its name ('the parameter fc1/w'), any
+    other node by its op, scope and place in the file ('matmul in fc1 at f.sexp:6:17')."""
+    if input_name is not None:
+        return input_described(input_name)
+    text = f"{node.op} in {node.name}" if node.name else node.op
+    return text + (f" at {node.loc}" if node.loc is not None else "")
+
+
+def input_described(name: str) -> str:
+    """A graph input (or a checkpoint's tensor) by its name: 'the parameter fc1/w'."""
+    prefix = next((prefix for prefix in INPUT_NAMES if name.startswith(prefix)), None)
+    return INPUT_NAMES[prefix] + name[len(prefix):] if prefix else f"the input {name}"
+
+
+def typed(node: Node) -> str:
+    """Its dtype and shape: 'f32[64 128]'."""
+    return f"{node.dtype}[{' '.join(str(dim) for dim in node.shape)}]"
+
+
 def make_graph(inputs: dict, outputs: dict, created: list) -> Graph:
     """A graph of the nodes in `created` (creation order) that the outputs need.
 

@@ -22,6 +22,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.stacking import stack_training
 from sexpgpu.plan.cost import CostModel
 from sexpgpu.plan.device import DeviceProbe, Throughput
+from sexpgpu.plan.memory import gib_text
 
 ORDINARY = "ordinary"
 STRICT_RECOMPUTE = 9.0  # flops a byte: the A100's, what --deterministic takes
@@ -96,7 +97,7 @@ class Situation:
             fitting = tuple(degree for degree in candidates
                             if self.probe.training_peak_bytes(self.training, degree) <= self.free_bytes)
             self.offered = fitting or (1,)
-            self.notes.append(f"stacking degrees {_listed(self.offered)} fit {_gib(self.free_bytes)} free"
+            self.notes.append(f"stacking degrees {_listed(self.offered)} fit {gib_text(self.free_bytes)} free"
                               + (f" (of {_listed(candidates)})" if fitting != tuple(candidates) else ""))
         return self.offered
 
@@ -186,8 +187,8 @@ def _check_stacking(situation: Situation, degree) -> str | None:
                 ":microbatch, :records, :stage-records or a field, or the generator has bf16 nodes)")
     if degree not in situation.offered_degrees():
         return (f"stacking {degree}: its memory plan needs "
-                f"{_gib(situation.probe.training_peak_bytes(situation.training, degree))} and "
-                f"{_gib(situation.free_bytes)} is free")
+                f"{gib_text(situation.probe.training_peak_bytes(situation.training, degree))} and "
+                f"{gib_text(situation.free_bytes)} is free")
     return None
 
 
@@ -395,7 +396,3 @@ def _record(situation: Situation, values: dict, strict: bool) -> Choices:
 
 def _listed(degrees) -> str:
     return ", ".join(str(degree) for degree in degrees)
-
-
-def _gib(count) -> str:
-    return f"{(count or 0) / 2**30:.1f} GiB"

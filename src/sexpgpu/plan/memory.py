@@ -34,6 +34,11 @@ class MemoryPlan:
     live_bytes: tuple  # bytes live during each step (inputs included), one per node
 
 
+def gib_text(count) -> str:
+    """Bytes as messages say them: '2,608.0 GiB'."""
+    return f"{(count or 0) / 2**30:,.1f} GiB"
+
+
 def lifetimes(graph) -> list:
     """(born, dies) step positions of every node's value; inputs live from 0 to the end."""
     positions = graph.positions()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
+from sexpgpu.run.nonfinite import nonfinite_stop
 from sexpgpu.run.setup import load_source
 from sexpgpu.run.state import TrainingState
 
@@ -100,6 +101,9 @@ def save(built, state: TrainingState, root: str, options) -> str:
 
     keep = built.experiment.run.checkpoint.keep if built.experiment.run.checkpoint else None
     host = {name: built.backend.to_host(value) for name, value in state.tensors().items()}
+    stop = nonfinite_stop(root)
+    if stop is not None:  # a checkpoint holds only finite values: the last one written stays the last good one
+        stop.check_checkpoint(state.step, host)
     bf16 = [f"param/{path}" for path, spec in built.program.params.items() if spec.dtype == "bf16"]
     return write_checkpoint(root, state.step, host, checkpoint_record(built, state, options), keep=keep, bf16=bf16)
 

@@ -87,7 +87,7 @@ def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     record = read_record(path)
     _recorded_evaluations(path)  # one that cannot be added to stops before anything is computed
     experiment = experiment_of(path, record, options.file)
-    built = build_run(experiment, options.device, read_loads=False)
+    built = build_run(experiment, options.device, read_loads=False, holds="passes")
     check_same_run(path, record, experiment, built)
     passes = _selected_passes(path, experiment.run, options.passes)
     checkpoint = read_checkpoint(path)

@@ -12,7 +12,12 @@ rounded once before the update, and the loss and metrics average as round(exact 
 
 On several processes (run/world.py) each runs its contiguous share of a step's microbatches,
 by their global indices, and `across` combines the processes' sums before the update; one
-process runs them all and combines nothing."""
+process runs them all and combines nothing.
+
+With `nonfinite` set (SEXPGPU_NONFINITE=stop, run/nonfinite.py) a step's losses are read,
+every process's, before its update, and one that is NaN or infinite stops the run there
+(E-NUM-001). A NaN or an infinity is a value here, never a numpy warning: a step and a pass
+compute under np.errstate(all="ignore")."""
 
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.diagnosed import ACTIVATION, diagnosed_graph
+from sexpgpu.run.allocation import allocation_failed_on_host
 from sexpgpu.run.diagnosing import diagnosed_step, statistics
 from sexpgpu.run.digest import parameters_digest
 from sexpgpu.run.metrics import float_bits
+from sexpgpu.run.nonfinite import first_nonfinite, first_nonfinite_value
 from sexpgpu.run.schedule import learning_rate
 from sexpgpu.run.state import TrainingState
 
@@ -69,14 +76,18 @@ class Trainer:
         self.across = across  # how the step's sums combine across processes
         self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
         self.diagnostics: dict | None = None  # the last step's diag record, on a diagnosed step
+        self.nonfinite = None  # run/nonfinite.py's NonFiniteStop: a loss that is not finite stops the step
         self._diagnosed = None  # the diagnosed microbatch graph, made on the first diagnosed step
 
     def step(self, state: TrainingState) -> dict:
         """Apply step state.step + 1 and return its metrics record."""
         try:
-            return self._step(state)
+            with np.errstate(all="ignore"):
+                return self._step(state)
         except (MemoryError, SexpgpuError) as error:
             if not _allocation_failed(error) or self.stacking.degree == 1 or self.stacking.pinned:
+                if isinstance(error, MemoryError):
+                    raise allocation_failed_on_host(error, f"at step {state.step + 1}") from None
                 raise
             release = getattr(self.backend, "release", None)
             if release is not None:  # the stacked graphs' memory is the unstacked run's room
@@ -84,7 +95,8 @@ class Trainer:
             self.stacking = Stacking(self.program.training)
             if self.on_unstacked is not None:
                 self.on_unstacked(state.step + 1)
-            return self._step(state)
+            with np.errstate(all="ignore"):
+                return self._step(state)
 
     def _step(self, state: TrainingState) -> dict:
         step = state.step + 1
@@ -101,8 +113,9 @@ class Trainer:
                 outputs, first_outputs = self._diagnose(state, step, micro, inputs, degree)
             else:  # the last call's outputs are read before the next step's first call
                 outputs = self.backend.run(micro, inputs, lent=first == last)
-            losses.append(outputs["loss"])  # read after the update is queued: no wait between them
+            losses.append(outputs["loss"])  # read after the update is queued (unless checked): no wait between them
             grads = self.sums.add(grads, {name: value for name, value in outputs.items() if name.startswith("grad/")})
+        checked = self._finite_losses(state, step, losses) if self.nonfinite is not None else None
         lr = learning_rate(self.run.schedule, self.run.optimizer.lr, step, self.run.steps)
         update_inputs = dict(_prefixed("param/", state.params))
         update_inputs.update(self.sums.rounded(self.across.gradients(grads)))
@@ -114,8 +127,7 @@ class Trainer:
         state.params = {name[len("param/"):]: value for name, value in outputs.items() if name.startswith("param/")}
         state.optimizer = {name: value for name, value in outputs.items() if name.startswith("state/")}
         state.step = step
-        loss = self.sums.mean(self.across.losses([part for value in losses
-                                                  for part in np.ravel(self.backend.to_host(value))]))
+        loss = self.sums.mean(checked if checked is not None else self._gathered(losses))
         self.diagnostics = self._statistics(step, first_outputs, before, state.params) if diagnosed else None
         return {
             "step": step,
@@ -125,6 +137,21 @@ class Trainer:
             "grad_norm": float(self.backend.to_host(outputs["grad_norm"])),
             "digest": parameters_digest(self.backend, state.params),
         }
+
+    def _gathered(self, losses: list) -> list:
+        """The step's microbatch losses on the host, every process's, in global microbatch order."""
+        return self.across.losses([part for value in losses for part in np.ravel(self.backend.to_host(value))])
+
+    def _finite_losses(self, state: TrainingState, step: int, losses: list) -> list:
+        """The gathered losses; E-NUM-001 when one is not finite, naming the first value of its
+        microbatch, run again alone, that is not (every process raises it alike)."""
+        gathered = self._gathered(losses)
+        bad = first_nonfinite(gathered)
+        if bad is None:
+            return gathered
+        found = first_nonfinite_value(self.backend, self.program.training.micro,
+                                      self._micro_inputs(state, step, bad), step)
+        raise self.nonfinite.loss_error(step, bad, gathered[bad], found)
 
     def _diagnose(self, state: TrainingState, step: int, micro, inputs: dict, degree: int) -> tuple:
         """(outputs of the first call, host outputs of the diagnosed graph on microbatch 0).
@@ -152,6 +179,10 @@ class Trainer:
 
     def evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
         """One pass: the pass graph on `batches` batches, losses and metrics averaged in order."""
+        with np.errstate(all="ignore"):
+            return self._evaluate(state, pass_spec, name)
+
+    def _evaluate(self, state: TrainingState, pass_spec, name: str) -> dict:
         graph = self.program.passes[name]
         totals: dict[str, list] = {}
         for batch_index in range(pass_spec.batches):

@@ -17,12 +17,14 @@ import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+from sexpgpu import settings
 from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
 from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, hand_over, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
+from sexpgpu.run.nonfinite import nonfinite_stop
 from sexpgpu.run.progress import Progress
 from sexpgpu.run.report import lowering_report
 from sexpgpu.run.rundir import claimed, default_run_dir, run_dir_errors
@@ -107,9 +109,11 @@ def execute(experiment, options: RunOptions) -> RunResult:
 
 def _started_as(built, options) -> bytes:
     """What every process of a run must have alike: the run's bit identity and selection,
-    its flags and settings (SEXPGPU_NODE_GRADIENTS among them), and what it resumes."""
+    its flags and settings (SEXPGPU_NODE_GRADIENTS among them; SEXPGPU_NONFINITE, which orders a
+    step's exchanges), and what it resumes."""
     identity = checkpointing.identity_digest(checkpointing.bit_identity(built.experiment, built.data_identity))
     return json.dumps({"identity": identity, "selection": built.experiment.run.name, "flags": options.flags,
+                       "nonfinite": settings.resolved("SEXPGPU_NONFINITE"),
                        "resume": options.resume, "checkpoint_to": options.checkpoint_to,
                        "allow_layout_change": options.allow_layout_change}, sort_keys=True).encode()
 
@@ -191,6 +195,7 @@ def _train(experiment, built, state, run_dir, options, err, chosen, group) -> Ru
     progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err) if group.first \
         else _Silent()
     root = checkpoint_root(run, options, run_dir)
+    trainer.nonfinite = nonfinite_stop(root)
     last_checkpoint = None
     try:
         while state.step < run.steps:

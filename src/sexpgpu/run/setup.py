@@ -1,5 +1,8 @@
 """From a checked experiment to everything a run needs before its first step: the data, the
-compiled program, the backend, the memory plan and the starting parameters."""
+compiled program, the backend, the memory plan and the starting parameters.
+
+The memory plan is checked against this machine (plan/fit.py) before anything large is
+allocated: before a parameter is drawn, a batch read or a :load tensor read."""
 
 from __future__ import annotations
 
@@ -9,8 +12,12 @@ import os
 
 import numpy as np
 
-from sexpgpu.backends.select import select_backend
+from sexpgpu import settings
+from sexpgpu.backends.select import memory_probe, select_backend
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
+from sexpgpu.plan.fit import (DEVICE_SHARE, HOST_SHARE, Room, check_fits, held_on_device, host_need, host_room,
+                              largest_tensors)
 from sexpgpu.plan.memory import plan_memory
 from sexpgpu.run.feed import Feeder
 from sexpgpu.run.state import TrainingState, initial_value, zero_optimizer_state
@@ -41,7 +48,10 @@ class BuiltRun:
         return pass_spec.name or "eval"
 
 
-def build_run(experiment, device: str, read_loads: bool = True, gpu: int | None = None) -> BuiltRun:
+def build_run(experiment, device: str, read_loads: bool = True, gpu: int | None = None,
+              holds: str | None = "training") -> BuiltRun:
+    """`holds`: what the command will run, a key of HOLDINGS, whose memory must fit this
+    machine (E-MEM-002); None checks nothing (`sexpgpu check` warns instead)."""
     run = experiment.run
     backend, facts = select_backend(device, run.arithmetic, gpu)
     feeder = Feeder(run, backend)
@@ -50,6 +60,9 @@ def build_run(experiment, device: str, read_loads: bool = True, gpu: int | None 
     memory = {"microbatch": _peak_bytes(backend, program.training.micro),
               "update": _peak_bytes(backend, program.training.update)}
     built = BuiltRun(experiment, program, backend, facts, feeder, memory, feeder.identity())
+    problem = memory_problem(built, holds) if holds is not None else None
+    if problem is not None:
+        raise problem
     if read_loads:
         _read_loads(built)
     return built
@@ -59,6 +72,48 @@ def _peak_bytes(backend, graph) -> int:
     """The backend's own memory plan when it has one (CUDA's arena), else the graph's."""
     planner = getattr(backend, "memory_peak", None)
     return planner(graph) if planner is not None else plan_memory(graph).peak_bytes
+
+
+def _training(program) -> tuple:
+    """A run's graphs, and what it keeps between their calls: the parameters, the optimizer
+    state, and a step's running gradient sum when it has several microbatches."""
+    training = program.training
+    keeps = ("param/", "state/", "grad/") if training.microbatches > 1 else ("param/", "state/")
+    held = {name: node.nbytes for name, node in training.update.inputs.items() if name.startswith(keeps)}
+    return (*training.graphs, *program.passes.values(), *_generators(program)), held
+
+
+def _passes(program) -> tuple:
+    """An offline evaluation's graphs (the passes and their data's generators), and the parameters."""
+    held = {name: node.nbytes for name, node in program.training.update.inputs.items() if name.startswith("param/")}
+    return (*program.passes.values(), *_generators(program)), held
+
+
+def _generators(program) -> tuple:
+    return (*([program.generator] if program.generator is not None else []), *program.pass_generators.values())
+
+
+HOLDINGS = {"training": _training, "passes": _passes}
+
+
+def memory_problem(built: BuiltRun, holds: str = "training") -> SexpgpuError | None:
+    """E-MEM-002 when what the command runs (a key of HOLDINGS) cannot fit this machine's
+    memory (plan/fit.py): the host's for the CPU interpreter, the device's free memory for
+    a device backend; else None."""
+    graphs, held = HOLDINGS[holds](built.program)
+    largest = largest_tensors(graphs, built.experiment.run.batch, built.program.params)
+    probe = memory_probe(built.backend)
+    if probe is None:
+        need, room, share = host_need(graphs, held), host_room(settings.value("SEXPGPU_HOST_MEMORY")), HOST_SHARE
+    else:
+        running = sum(size for name, size in held.items() if name.startswith("grad/"))
+        need, share = held_on_device(graphs, built.backend.memory_peak, running), DEVICE_SHARE
+        room = Room(probe.free_memory_bytes(), "the GPU memory free now")
+    try:
+        check_fits(need, room, largest, share)
+    except SexpgpuError as problem:
+        return problem
+    return None
 
 
 def _read_loads(built: BuiltRun) -> None:

@@ -3,10 +3,15 @@
 A split never changes bits: every output element is computed by the same operations in the
 same order, whichever thread computes it and however many threads there are. The thread
 count is the CPU count the process may use (at most 8), or SEXPGPU_CPU_THREADS.
+
+A piece runs in the context of the thread that split the kernel: numpy's error state is a
+context variable, so the interpreter's np.errstate reaches its threads (an overflow there is
+an IEEE value, as it is in the calling thread, never a warning).
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,6 +36,11 @@ def _executor():
     return _pool
 
 
+def _submit(function, *args):
+    """function(*args) on a pool thread, in a copy of this thread's context."""
+    return _executor().submit(contextvars.copy_context().run, function, *args)
+
+
 def ranges(count: int, parts: int) -> list:
     """`parts` contiguous (start, stop) ranges covering range(count), the first ones longest."""
     parts = max(1, min(parts, count))
@@ -49,7 +59,7 @@ def run_ranges(work, count: int, elements: int) -> None:
     if threads == 1:
         work(0, count)
         return
-    futures = [_executor().submit(work, start, stop) for start, stop in ranges(count, threads)]
+    futures = [_submit(work, start, stop) for start, stop in ranges(count, threads)]
     for future in futures:
         future.result()
 
@@ -64,5 +74,5 @@ def elementwise(function, *arrays) -> np.ndarray:
     if size < MIN_ELEMENTS or thread_count() == 1:
         return np.asarray(function(*(np.asarray(a, order="C") for a in shaped)))
     flat = [np.ascontiguousarray(a).reshape(-1) for a in shaped]
-    futures = [_executor().submit(function, *(a[low:high] for a in flat)) for low, high in ranges(size, thread_count())]
+    futures = [_submit(function, *(a[low:high] for a in flat)) for low, high in ranges(size, thread_count())]
     return np.concatenate([np.asarray(future.result()) for future in futures]).reshape(shape)

@@ -164,7 +164,8 @@ class CudaBackend:
 
         array = _c_order(np.asarray(array, dtype=np.float32))
         if dtype == "bf16":
-            return self.from_host(round_bf16(array)).to(self.torch.bfloat16)
+            with self._allocating("a bf16 parameter", array.nbytes // 2):
+                return self.from_host(round_bf16(array)).to(self.torch.bfloat16)
         return self.from_host(array)
 
     def to_host(self, value) -> np.ndarray:
@@ -182,7 +183,17 @@ class CudaBackend:
         return fingerprints(values)
 
     def from_host(self, array):
-        return self.torch.from_numpy(_c_order(np.asarray(array))).to(self.device)
+        array = _c_order(np.asarray(array))
+        with self._allocating("a tensor copied from the host", array.nbytes):
+            return self.torch.from_numpy(array).to(self.device)
+
+    @contextlib.contextmanager
+    def _allocating(self, what: str, nbytes: int):
+        """E-MEM-001 for an allocation outside a graph's run that finds the device full."""
+        try:
+            yield
+        except self.torch.cuda.OutOfMemoryError as error:
+            raise allocation_failed(what, nbytes, error) from None
 
     def facts(self) -> dict:
         return device_settings.facts(self.device, self.policy)

@@ -35,6 +35,7 @@ from sexpgpu.graph.emit import Emitter
 from sexpgpu.graph.stacking import stack_training
 from sexpgpu.plan.convolutions import ConvolutionKey, convolution_key, graph_convolutions
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
+from sexpgpu.plan.fit import held_on_device, running_gradients
 from sexpgpu.plan.patterns import PatternsInEffect
 
 TIMED_CALLS = 5  # each timing is the median of this many warm calls
@@ -87,11 +88,7 @@ class CudaProbe:
         run), and what lives outside them: the microbatch graph's inputs and outputs, a
         second set of gradients for the running sum, and the update's inputs and outputs."""
         micro = stack_training(training, degree).micro
-        update = training.update
-        arenas = self.backend.memory_peak(micro) + self.backend.memory_peak(update)
-        grads = sum(node.nbytes for name, node in micro.outputs.items() if name.startswith("grad/"))
-        return (arenas + _bytes(micro.inputs) + _bytes(micro.outputs) + grads
-                + _bytes(update.inputs) + _bytes(update.outputs))
+        return held_on_device((micro, training.update), self.backend.memory_peak, running_gradients(micro))
 
     # --- timings --------------------------------------------------------------------------------
 
@@ -237,7 +234,3 @@ def product_graph(shape: ProductShape):
             node = e("transpose", node, perm=tuple(range(len(lead))) + (len(lead) + 1, len(lead)))
         operands.append(node)
     return e.graph(inputs, {"c": e("matmul", *operands)})
-
-
-def _bytes(nodes: dict) -> int:
-    return sum(node.nbytes for node in nodes.values())
