@@ -237,14 +237,6 @@ def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, LEAD0,
 
 
 @triton.jit
-def _score_grad(g, value_t, BF16: tl.constexpr, NATIVE: tl.constexpr):
-    """dP = dO v^T over (queries, keys), always with dO as the left operand: the transposed
-    tile of backward_kv takes its transpose, so each element is the same product of parts as
-    in score_delta and backward_q (3xTF32's cross terms depend on which operand is left)."""
-    return _dot(g, value_t, BF16, NATIVE)
-
-
-@triton.jit
 def _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
                  E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                  BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
@@ -257,7 +249,7 @@ def _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske
     p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
     value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
                             seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
-    return delta + tl.reduce(p * _score_grad(g, value_t, BF16, NATIVE), 1, add)
+    return delta + tl.reduce(p * _dot(g, value_t, BF16, NATIVE), 1, add)
 
 
 @triton.jit
@@ -309,7 +301,7 @@ def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, sta
     g = _load_operand(G + g_base + queries[:, None] * sgt + ev[None, :] * sge,
                       seen[:, None] & (ev[None, :] < EV), BF16, NATIVE)
     dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16, NATIVE)
-    ds_t = p_t * (tl.trans(_score_grad(g, tl.trans(v), BF16, NATIVE)) - delta[None, :])
+    ds_t = p_t * (_dot(v, tl.trans(g), BF16, NATIVE) - delta[None, :])
     if STORE_DS:  # for backward_q_from_ds: dS[query, key], stored as the product's operand rounds it
         _store_result(DS + ds_base + queries[None, :] * TK + keys[:, None], ds_t,
                       seen[None, :] & (keys[:, None] < TK), BF16)
@@ -373,7 +365,7 @@ def _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske
     p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
     value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
                             seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
-    ds = p * (_score_grad(g, value_t, BF16, NATIVE) - delta[:, None])
+    ds = p * (_dot(g, value_t, BF16, NATIVE) - delta[:, None])
     return dq + _dot(_operand(ds, BF16, NATIVE), key, BF16, NATIVE)
 
 
@@ -580,9 +572,10 @@ def delta_from_products(bf16: bool) -> bool:
 
 
 def run_score_delta(q, k, v, g, lse, delta, scale: float, causal: bool) -> None:
-    """delta = rowsum(P * dP) in float32, (lead, heads, TQ) contiguous, from the products
-    backward_kv and backward_q form: for the forward's own output it equals rowsum(dO * O),
-    and a one-hot row's dS is then exactly zero, as the interpreter's is."""
+    """delta = rowsum(P * dP) in float32, (lead, heads, TQ) contiguous, dP = dO v^T formed as
+    backward_q forms it: for the forward's own output it equals rowsum(dO * O) in exact
+    arithmetic, and a one-hot row's dS is then zero, or a rounding of dP (backward_kv adds
+    3xTF32's cross terms in the other order), where rowsum(dO * O) left 2^-22 of |dO| |O|."""
     width, value_width, block_e, block_ev, bf16, native = _sizes(q, v)
     tile = blocks("backward_q", bf16, max(block_e, block_ev), native)
     lead, heads, queries, keys = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
