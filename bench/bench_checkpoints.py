@@ -1,7 +1,7 @@
 """Checkpoint write and read throughput, against `cp` on local disk and against boto3's own
 transfer manager on an S3 server.
 
-    python bench/bench_checkpoints.py [--gib 1.0] [--repeats 3] [--no-local] [--no-s3]
+    python bench/bench_checkpoints.py [--gib 1.0] [--repeats 3] [--no-local] [--no-s3] [--smoke]
 
 Local: `write_checkpoint` (which fsyncs every file and the directory) and `read_checkpoint`
 (which verifies every SHA-256) of about 1 GiB of float32 tensors, against `cp` of the same
@@ -14,6 +14,8 @@ S3: the same checkpoint through a moto server on the loopback address, against b
 `upload_file` / `download_file` of the same bytes on the same server, once each. moto keeps objects in
 its own Python process, so these figures measure the client's overhead against boto3's more
 than they measure S3.
+
+--smoke: two tensors of 1 MiB, once each (bench/smoke.py).
 """
 
 from __future__ import annotations
@@ -29,16 +31,18 @@ from pathlib import Path
 
 import numpy as np
 
+import smoke
 from sexpgpu.store import read_checkpoint, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TENSOR_BYTES = 64 * 1024 * 1024
+SMOKE_TENSOR_BYTES = 1024 * 1024
 
 
-def make_tensors(gib: float) -> dict[str, np.ndarray]:
+def make_tensors(gib: float, tensor_bytes: int = TENSOR_BYTES) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    count = max(1, round(gib * (1 << 30) / TENSOR_BYTES))
-    return {f"param/layer{i:02d}/w": rng.standard_normal(TENSOR_BYTES // 4, dtype=np.float32) for i in range(count)}
+    count = max(1, round(gib * (1 << 30) / tensor_bytes))
+    return {f"param/layer{i:02d}/w": rng.standard_normal(tensor_bytes // 4, dtype=np.float32) for i in range(count)}
 
 
 def seconds(action) -> float:
@@ -116,9 +120,12 @@ def main() -> None:
     parser.add_argument("--no-s3", action="store_true")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the local files go")
     parser.add_argument("--no-local", action="store_true")
+    smoke.add_option(parser)
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
-    tensors = make_tensors(args.gib)
+    if args.smoke:
+        args.gib, args.repeats = 2 * SMOKE_TENSOR_BYTES / 2**30, 1
+    tensors = make_tensors(args.gib, SMOKE_TENSOR_BYTES if args.smoke else TENSOR_BYTES)
     if not args.no_local:
         local_figures(tensors, args.repeats, args.dir)
     if not args.no_s3:

@@ -1,7 +1,7 @@
 """The CUDA backend's step time against the same models in plain PyTorch, on one GPU.
 
     PYTHONPATH=src python3 bench/bench_cuda.py [--quick] [--steps N] [--models char-lm,gpt-50m,cnn]
-                                               [--rows ours-f32,ours-bf16,eager-f32,...]
+                                               [--rows ours-f32,ours-bf16,eager-f32,...] [--smoke]
 
 For each model, in one process, the step time (forward, loss, gradients, AdamW with
 clipping) of each row:
@@ -25,7 +25,9 @@ Printed: each row's time, the goal ratios (peer/ours at least 1.0 against eager,
 most 1.25 against torch.compile, for float32 and bf16), the TFLOP/s our products reach, and
 where our step's time goes, from one profiled step per precision. `--quick` times gpt-50m
 only, with 5 steps after 2 warm-up steps and without `compile-f32-written` (a few minutes on
-an H200, most of it compiling).
+an H200, most of it compiling). `--smoke`: char-lm cut to milliseconds a step, one step after
+none, the eager rows only (bench/smoke.py); without a GPU the peers run on the CPU and the CPU
+interpreter stands in for the CUDA backend (no profile), so only the lines' shape means anything.
 """
 
 from __future__ import annotations
@@ -37,27 +39,32 @@ from pathlib import Path
 
 import numpy as np
 
+import smoke
+
 ROOT = Path(__file__).resolve().parents[1]
+DEVICE = "cuda"  # where every row runs: "cpu" in a smoke run without a GPU
 MODELS = {
     "char-lm": (ROOT / "examples" / "char-lm.sexp", dict(vocab=256, context=64, width=64, heads=4, ff=256, layers=2), 16),
     "gpt-50m": (ROOT / "bench" / "gpt-50m.sexp", dict(vocab=24576, context=512, width=512, heads=8, ff=2048, layers=8), 32),
     "cnn": (ROOT / "examples" / "cnn.sexp", dict(size=12, width=8, wide=16, classes=2), 32),
 }
+SMOKE_MODEL = "char-lm-tiny"  # --smoke's: the file's edits are smoke.TINY_CHAR_LM
+SMOKE_MODELS = {SMOKE_MODEL: (ROOT / "examples" / "char-lm.sexp", smoke.TINY_CHAR_LM_PEER, 2)}
 
 
 class OurStep:
     """One training step of the experiment on the CUDA backend."""
 
-    def __init__(self, path: Path, precision: str = "f32"):
+    def __init__(self, path: Path, precision: str = "f32", edits: dict | None = None):
         from dataclasses import replace
 
         from sexpgpu.lang.forms import load_experiment
         from sexpgpu.run.setup import build_run
 
-        experiment = load_experiment(str(path))
+        experiment = smoke.edited_experiment(path, edits) if edits else load_experiment(str(path))
         run = replace(experiment.run, precision=precision)
         self.experiment = replace(experiment, runs={**experiment.runs, run.name: run})
-        self.built = build_run(self.experiment, "cuda")
+        self.built = build_run(self.experiment, DEVICE)
         self.backend = self.built.backend
         self.state = self.built.initial_state()
         self.step_number = 0
@@ -122,7 +129,13 @@ class OurStep:
                 total += ATTENTION_PRODUCTS[node.op] * 2 * int(np.prod(q.shape[:-1])) * k.shape[-2] * q.shape[-1]
         return total
 
+    def facts(self) -> dict:
+        """The backend's name and choices, as they are after the choices were handed over."""
+        return self.backend.facts() if DEVICE == "cuda" else self.built.backend_facts
+
     def profile(self) -> dict:
+        if DEVICE == "cpu":  # a smoke run's CPU interpreter times no steps of its own
+            return {}
         micro = self.built.program.training.micro
         return self.backend.profile(micro, self.micro_inputs())
 
@@ -163,7 +176,7 @@ def torch_step(name: str, options: dict, batch: int, peer: Peer):
     torch.manual_seed(0)
     model, optimizer, draw = PEER_MODELS[name](torch_models, options, batch, peer)
     forward = torch.compile(model) if peer.compiled else model
-    precision = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if peer.bf16 else contextlib.nullcontext
+    precision = (lambda: torch.autocast(DEVICE, dtype=torch.bfloat16)) if peer.bf16 else contextlib.nullcontext
 
     def step():
         x, y = draw()
@@ -182,13 +195,13 @@ def torch_step(name: str, options: dict, batch: int, peer: Peer):
 def language_model(torch_models, options: dict, batch: int, peer: Peer):
     import torch
 
-    model = torch_models.CharLM(**options, sdpa=peer.idiomatic).cuda()
+    model = torch_models.CharLM(**options, sdpa=peer.idiomatic).to(DEVICE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=peer.idiomatic or None)
     vocab, context = options["vocab"], options["context"]
 
     def draw():
-        return (torch.randint(0, vocab, (batch, context), device="cuda"),
-                torch.randint(0, vocab, (batch, context), device="cuda"))
+        return (torch.randint(0, vocab, (batch, context), device=DEVICE),
+                torch.randint(0, vocab, (batch, context), device=DEVICE))
 
     return model, optimizer, draw
 
@@ -199,39 +212,40 @@ def convolutional(torch_models, options: dict, batch: int, peer: Peer):
     import torch
 
     size = options["size"]
-    model = torch_models.CNN(options["width"], options["wide"], options["classes"]).cuda()
+    model = torch_models.CNN(options["width"], options["wide"], options["classes"]).to(DEVICE)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, fused=peer.idiomatic or None)
 
     def draw():
-        return (torch.randn(batch, 1, size, size, device="cuda"),
-                torch.randint(0, options["classes"], (batch,), device="cuda"))
+        return (torch.randn(batch, 1, size, size, device=DEVICE),
+                torch.randint(0, options["classes"], (batch,), device=DEVICE))
 
     return model, optimizer, draw
 
 
-PEER_MODELS = {"char-lm": language_model, "gpt-50m": language_model, "cnn": convolutional}
+PEER_MODELS = {"char-lm": language_model, "gpt-50m": language_model, "cnn": convolutional, SMOKE_MODEL: language_model}
 
 
 def seconds_per_step(step, steps: int, warmup: int) -> float:
     import torch
 
+    synchronize = torch.cuda.synchronize if DEVICE == "cuda" else lambda: None
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
+    synchronize()
     started = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    synchronize()
     return (time.perf_counter() - started) / steps
 
 
-def time_ours(path: Path, precision: str, steps: int, warmup: int) -> dict:
-    ours = OurStep(path, precision)
+def time_ours(path: Path, precision: str, steps: int, warmup: int, edits: dict | None = None) -> dict:
+    ours = OurStep(path, precision, edits)
     started = time.perf_counter()
     seconds = seconds_per_step(ours, steps, warmup)
     return {"seconds": seconds, "first": time.perf_counter() - started, "profile": ours.profile(),
             "products": ours.chosen_products(),
-            "tflops": ours.product_flops() / seconds / 1e12, "facts": ours.backend.facts()}
+            "tflops": ours.product_flops() / seconds / 1e12, "facts": ours.facts()}
 
 
 def time_model(name: str, rows: list, steps: int, warmup: int) -> dict:
@@ -239,8 +253,9 @@ def time_model(name: str, rows: list, steps: int, warmup: int) -> dict:
     workspace before cuBLAS starts."""
     import torch
 
-    path, options, batch = MODELS[name]
-    timed = {row: time_ours(path, OURS[row], steps, warmup) for row in rows if row in OURS}
+    path, options, batch = {**MODELS, **SMOKE_MODELS}[name]
+    edits = smoke.TINY_CHAR_LM if name == SMOKE_MODEL else None
+    timed = {row: time_ours(path, OURS[row], steps, warmup, edits) for row in rows if row in OURS}
     torch.use_deterministic_algorithms(False)  # the peers are plain PyTorch (TF32 stays off)
     benchmark, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True
     for row in rows:
@@ -268,9 +283,20 @@ def report(name: str, timed: dict, steps: int, warmup: int) -> None:
             seconds = timed[row]["profile"]
             total = sum(seconds.values())
             parts = ", ".join(f"{kind} {value * 1e3:.2f} ms ({value / total:.0%})"
-                              for kind, value in sorted(seconds.items(), key=lambda item: -item[1]))
+                              for kind, value in sorted(seconds.items(), key=lambda item: -item[1])) or "not profiled"
             print(f"  {row} profiled microbatch: {parts}; first {warmup + steps} steps with compilation "
                   f"{timed[row]['first']:.1f} s")
+
+
+def smoke_settings(args) -> None:
+    """--smoke's model, steps and rows; the CPU where there is no GPU."""
+    global DEVICE
+    args.models, args.steps, args.warmup = SMOKE_MODEL, 1, 0
+    args.rows = args.rows or ",".join(row for row in [*OURS, *PEERS] if row in OURS or not PEERS[row].compiled)
+    smoke.skipped("the torch.compile rows", "compiling takes a minute even for a tiny model")
+    if not smoke.gpu():
+        DEVICE = "cpu"
+        smoke.skipped("the CUDA backend (the CPU interpreter stands in for it; the peers run on the CPU)")
 
 
 def main() -> None:
@@ -280,7 +306,10 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rows", default=None, help="which rows to time (default: all; --quick: all but compile-f32-written)")
     parser.add_argument("--quick", action="store_true", help="gpt-50m only, 5 steps after 2 warm-up steps")
+    smoke.add_option(parser)
     args = parser.parse_args()
+    if args.smoke:
+        smoke_settings(args)
     if args.quick:
         args.models, args.steps, args.warmup = "gpt-50m", 5, 2
     if args.rows is None:

@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/bench_exact.py [--json results.json] [--sizes 1024 4096 8192]
     PYTHONPATH=src python bench/bench_exact.py --cpu     # no GPU needed: exact f32 at 1024^3 on CPU
+    PYTHONPATH=src python bench/bench_exact.py --smoke   # every row and table at 16^3, once (bench/smoke.py)
 
 TFLOP/s counts 2*M*N*K per product, as for any GEMM; every exact figure is the whole
 det_gemm call (special-value check, the default implementation, carries, the one rounding).
@@ -18,6 +19,8 @@ computed and the fraction of outputs it sent to the exact accumulator. Then
 DetLinear 4096x4096, batch 4096, forward + backward against nn.Linear float32, and the
 previous default (the Triton fp64 kernel) at 1024^3 for reference. Runs in about two
 minutes on an H200. --cpu: det_gemm f32 at 1024^3 against torch.matmul f32 on the same cores.
+--smoke: the --cpu row and the GPU's rows at 16^3, one call each; without a GPU on CPU tensors,
+the Triton kernels in its interpreter and the "cuBLAS" columns torch's CPU products.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+import smoke  # before the kernels are decorated
 from sexpgpu.exact import DetLinear, backends, det_gemm, rounded
 
 REPEATS = {1024: 10, 4096: 3, 8192: 2}
+SMOKE_SIZE = 16
+DEVICE = "cuda"  # where the GPU's rows run: "cpu" in a smoke run without a GPU
 
 
 @dataclass
@@ -87,10 +93,10 @@ def tflops(n: int, seconds: float) -> float:
 
 
 def scaled_randn(n: int, seed: int, spread: int | None) -> torch.Tensor:
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    values = torch.randn(n, n, device="cuda", generator=generator)
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    values = torch.randn(n, n, device=DEVICE, generator=generator)
     if spread:
-        exponents = torch.randint(-spread, spread, (n, n), device="cuda", generator=generator)
+        exponents = torch.randint(-spread, spread, (n, n), device=DEVICE, generator=generator)
         values = values * torch.exp2(exponents.float())
     return values
 
@@ -102,9 +108,9 @@ def with_outliers(n: int, seed: int) -> torch.Tensor:
 
 
 def whole_range(n: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    exponents = torch.randint(-149, 127, (n, n), device="cuda", generator=generator).double()
-    values = torch.rand(n, n, device="cuda", generator=generator, dtype=torch.float64) + 1
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    exponents = torch.randint(-149, 127, (n, n), device=DEVICE, generator=generator).double()
+    values = torch.rand(n, n, device=DEVICE, generator=generator, dtype=torch.float64) + 1
     return (values * torch.exp2(exponents)).clamp(max=3.0e38).float()
 
 
@@ -119,7 +125,7 @@ ADVERSARIAL = {
 def randn_row(n: int) -> Row:
     x, w = scaled_randn(n, 1, None), scaled_randn(n, 2, None)
     xb, wb = x.bfloat16(), w.bfloat16()
-    repeats = REPEATS[n]
+    repeats = REPEATS.get(n, 1)
     cublas_repeats = min(1000, max(3, int(2e12 // (2 * n**3))))
     exact_f32 = tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats))
     figures = fast_path_figures()
@@ -142,25 +148,25 @@ def adversarial_rows(n: int) -> list[Row]:
 
 
 def det_linear_figures(batch: int = 4096, width: int = 4096) -> dict:
-    x = torch.randn(batch, width, device="cuda")
+    x = torch.randn(batch, width, device=DEVICE)
     flops = 3 * 2 * batch * width * width  # forward, grad input, grad weight
     figures = {}
-    for name, layer in [("DetLinear", DetLinear(width, width, device="cuda")),
-                        ("nn.Linear f32", torch.nn.Linear(width, width, device="cuda"))]:
+    for name, layer in [("DetLinear", DetLinear(width, width, device=DEVICE)),
+                        ("nn.Linear f32", torch.nn.Linear(width, width, device=DEVICE))]:
         xi = x.clone().requires_grad_(True)
 
         def forward_backward():
             layer.zero_grad()
             layer(xi).square().mean().backward()
 
-        figures[name] = flops / seconds_per_call(forward_backward, 3) / 1e12
+        figures[name] = flops / seconds_per_call(forward_backward, 1 if batch == SMOKE_SIZE else 3) / 1e12
     return figures
 
 
 def previous_default(n: int = 1024) -> float:
     x, w = scaled_randn(n, 1, None), scaled_randn(n, 2, None)
     with backends.forced("triton"):
-        return tflops(n, seconds_per_call(lambda: det_gemm(x, w), 3))
+        return tflops(n, seconds_per_call(lambda: det_gemm(x, w), 1 if n == SMOKE_SIZE else 3))
 
 
 def cpu_figures(n: int = 1024) -> dict:
@@ -179,35 +185,43 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 8192], choices=sorted(REPEATS))
     parser.add_argument("--cpu", action="store_true", help="only the CPU row: exact f32 at 1024^3 against torch.matmul")
+    smoke.add_option(parser)
     args = parser.parse_args()
-    if args.cpu:
-        cpu = cpu_figures()
+    if args.cpu or args.smoke:
+        cpu = cpu_figures(SMOKE_SIZE if args.smoke else 1024)
         print(f"CPU ({cpu['threads']} threads) {cpu['size']}^3 f32 randn: det_gemm {cpu['det_gemm s'] * 1e3:.0f} ms, "
               f"torch.matmul {cpu['matmul s'] * 1e3:.1f} ms: det_gemm is {cpu['ratio']:.1f}x slower "
               f"(fast path: {path_text(cpu)})")
-        if args.json:
+        if args.json and not args.smoke:
             with open(args.json, "w") as f:
                 json.dump({"cpu": cpu}, f, indent=2)
-        return
+        if args.cpu:
+            return
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     started = time.perf_counter()
-    default = backends.select(torch.device("cuda")).name
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, default exact implementation: {default}")
+    linear_size, triton_size = 4096, 1024
+    if args.smoke:
+        global DEVICE
+        DEVICE = "cuda" if smoke.gpu() else "cpu"
+        args.sizes, linear_size, triton_size = [SMOKE_SIZE], SMOKE_SIZE, SMOKE_SIZE
+    default = backends.select(torch.device(DEVICE)).name
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU tensors (cuBLAS columns: torch on the CPU)"
+    print(f"device: {where}, torch {torch.__version__}, default exact implementation: {default}")
     rows = []
     for n in args.sizes:
         rows.append(randn_row(n))
         rows.extend(adversarial_rows(n))
-    linear = det_linear_figures()
-    triton_tflops = previous_default()
-    report(rows, linear, triton_tflops)
+    linear = det_linear_figures(linear_size, linear_size)
+    triton_tflops = previous_default(triton_size)
+    report(rows, linear, triton_tflops, linear_size, triton_size)
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": [asdict(r) for r in rows], "linear": linear, "triton 1024^3": triton_tflops}, f, indent=2)
 
 
-def report(rows: list[Row], linear: dict, triton_tflops: float) -> None:
+def report(rows: list[Row], linear: dict, triton_tflops: float, linear_size: int = 4096, triton_size: int = 1024) -> None:
     """One table; ratios are exact over cuBLAS (1.0 = as fast), slowdowns against randn f32."""
     print(f"\n{'size':>6} {'data':<16} {'exact f32':>10} {'/cuBLAS f32':>11} {'exact bf16':>10} {'/cuBLAS bf16':>12}   TFLOP/s")
     randn_by_size = {r.size: r for r in rows if r.data == "randn"}
@@ -225,9 +239,9 @@ def report(rows: list[Row], linear: dict, triton_tflops: float) -> None:
     print(f"\nworst adversarial case: {worst.data} at {worst.size}^3, "
           f"{randn_by_size[worst.size].exact_f32 / worst.exact_f32:.1f}x slower than randn f32")
     ratio = linear["nn.Linear f32"] / linear["DetLinear"]
-    print(f"DetLinear 4096x4096 batch 4096 forward+backward: {linear['DetLinear']:.2f} TFLOP/s, "
+    print(f"DetLinear {linear_size}x{linear_size} batch {linear_size} forward+backward: {linear['DetLinear']:.2f} TFLOP/s, "
           f"nn.Linear f32 {linear['nn.Linear f32']:.2f}: DetLinear is {ratio:.2f}x slower")
-    print(f"previous default (Triton fp64 kernel) at 1024^3: {triton_tflops:.3f} TFLOP/s")
+    print(f"previous default (Triton fp64 kernel) at {triton_size}^3: {triton_tflops:.3f} TFLOP/s")
 
 
 if __name__ == "__main__":

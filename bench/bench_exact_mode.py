@@ -1,6 +1,7 @@
 """`:arithmetic exact` on the GPU against the default float32 step, on a GPT-style model.
 
     PYTHONPATH=src python3 bench/bench_exact_mode.py [--model gpt-50m|gpt-small] [--steps N] [--seconds S] [--counts]
+                                                     [--smoke]
 
 Both steps are the run loop's (run/loop.py: the microbatches, the update, the loss read back,
 the parameters' digest) on the CUDA backend, in one process: the experiment as written, in
@@ -21,6 +22,10 @@ microbatch by kind of step (exact-matmul, exact-sum, exact-region, elementwise, 
 is bench/gpt-small.sexp (4 layers, width 256, context 256, batch 16, vocabulary 8192), for
 when gpt-50m's exact step is too slow to time in a minute. One invocation takes at most a
 few minutes on an H200 when an exact step takes less than --seconds.
+
+--smoke: bench/exact_counts.py's mlp-tiny, one warm-up step and one timed step of each
+(bench/smoke.py); without a GPU on the CPU interpreter, which neither captures nor profiles,
+so only the lines' shape means anything.
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import smoke
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gpt-50m": ROOT / "bench" / "gpt-50m.sexp", "gpt-small": ROOT / "bench" / "gpt-small.sexp"}
 ARITHMETICS = ("float", "exact")
 WARMUP = {"float": 2, "exact": 3}  # graphs captured at the second step, exact's gradients' rounding at the third
+SMOKE_MODEL = "mlp-tiny"  # of bench/exact_counts.py
 GOAL = 2.0  # exact / float32, at most
 
 
@@ -46,65 +54,75 @@ class Timed:
     phases: dict  # {phase of a step: seconds}, of one more step
     profile: dict  # {kind of step: seconds} of one microbatch
     captured: dict  # {"microbatch", "update" (, "gradients' rounding"): whether its calls replay a CUDA graph}
+    warmup: int  # steps before the timed ones
 
 
-def training(path: Path, arithmetic: str):
-    """(trainer, state, built) for the experiment with `:arithmetic` set, on the CUDA backend."""
+def training(path: Path, arithmetic: str, device: str = "cuda", experiment=None):
+    """(trainer, state, built) for the experiment (the file's, unless given) with `:arithmetic`
+    set, on the CUDA backend (or, in a smoke run without a GPU, the CPU interpreter)."""
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.plan.choices import exact_stacking
     from sexpgpu.run.choosing import stacked_training
     from sexpgpu.run.loop import Stacking, Trainer
     from sexpgpu.run.setup import build_run
 
-    experiment = load_experiment(str(path))
+    experiment = experiment or load_experiment(str(path))
     run = replace(experiment.run, arithmetic=arithmetic)
     experiment = replace(experiment, runs={**experiment.runs, run.name: run})
-    built = build_run(experiment, "cuda")
+    built = build_run(experiment, device)
     program = built.program
     degree = exact_stacking(program.training.microbatches, program.stackable) if arithmetic == "exact" else 1
     stacking = Stacking(stacked_training(program, degree), degree)
     return Trainer(run, program, built.backend, built.feeder, stacking), built.initial_state(), built
 
 
-def time_steps(path: Path, arithmetic: str, steps: int, seconds: float) -> Timed:
-    import torch
-
-    trainer, state, built = training(path, arithmetic)
+def time_steps(path: Path, arithmetic: str, steps: int, seconds: float, device: str = "cuda", experiment=None,
+               warmup: int | None = None) -> Timed:
+    trainer, state, built = training(path, arithmetic, device, experiment)
+    warmup = WARMUP[arithmetic] if warmup is None else warmup
     started = time.perf_counter()
     loss = trainer.step(state)["loss"]
-    for _ in range(WARMUP[arithmetic] - 1):
+    for _ in range(warmup - 1):
         trainer.step(state)
-    torch.cuda.synchronize()
+    synchronize()
     first = time.perf_counter() - started
     started, timed = time.perf_counter(), 0
     while timed < steps and (timed == 0 or time.perf_counter() - started < seconds):
         trainer.step(state)
         timed += 1
-    torch.cuda.synchronize()
+    synchronize()
     per_step = (time.perf_counter() - started) / timed
-    graphs = trainer.stacking.training
-    captured = {"microbatch": built.backend.is_captured(graphs.micro), "update": built.backend.is_captured(graphs.update)}
-    if built.backend.exact_sums is not None:
-        captured["gradients' rounding"] = built.backend.exact_sums.is_captured()
-    profile = built.backend.profile(built.program.training.micro, trainer.first_inputs(state))
-    return Timed(per_step, timed, first, loss, phases(trainer, state), profile, captured)
+    captured, profile = {}, {}  # the CPU interpreter of a smoke run neither captures nor profiles
+    if device == "cuda":
+        graphs = trainer.stacking.training
+        captured = {"microbatch": built.backend.is_captured(graphs.micro),
+                    "update": built.backend.is_captured(graphs.update)}
+        if built.backend.exact_sums is not None:
+            captured["gradients' rounding"] = built.backend.exact_sums.is_captured()
+        profile = built.backend.profile(built.program.training.micro, trainer.first_inputs(state))
+    return Timed(per_step, timed, first, loss, phases(trainer, state), profile, captured, warmup)
+
+
+def synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def phases(trainer, state) -> dict:
     """{phase: seconds} of one step, each phase waited for: the backend's calls by graph and
     the gradients' rounding, timed around the run loop's own calls; the rest is the loop's."""
-    import torch
-
     spent: dict = {}
     training = trainer.stacking.training
     names = {id(training.micro): "microbatch calls", id(training.update): "update call"}
 
     def timed(name_of, call):
         def run(*args, **kwargs):  # kwargs: the run loop's lent=, which names no phase
-            torch.cuda.synchronize()
+            synchronize()
             started = time.perf_counter()
             result = call(*args, **kwargs)
-            torch.cuda.synchronize()
+            synchronize()
             name = name_of(*args)
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
             return result
@@ -116,10 +134,10 @@ def phases(trainer, state) -> dict:
     trainer.sums = replace(sums, add=timed(lambda total, grads: "adding the gradients", sums.add),
                            rounded=timed(lambda total: "rounding the gradients", sums.rounded))
     try:
-        torch.cuda.synchronize()
+        synchronize()
         started = time.perf_counter()
         trainer.step(state)
-        torch.cuda.synchronize()
+        synchronize()
         spent["the rest"] = time.perf_counter() - started - sum(spent.values())
     finally:
         del backend.run  # the class's own again
@@ -135,14 +153,16 @@ def shares(seconds: dict) -> str:
 
 def report(timed: dict) -> None:
     for arithmetic, found in timed.items():
-        replayed = ", ".join(f"{graph} {'captured' if yes else 'eager'}" for graph, yes in found.captured.items())
+        replayed = ", ".join(f"{graph} {'captured' if yes else 'eager'}"
+                             for graph, yes in found.captured.items()) or "no CUDA graphs"
         print(f"  {arithmetic:<6} {found.seconds * 1e3:>10.1f} ms a step ({found.steps} timed after "
-              f"{WARMUP[arithmetic]} warm-up steps of {found.first:.1f} s; {replayed}); first loss {found.loss:.6f}")
+              f"{found.warmup} warm-up steps of {found.first:.1f} s; {replayed}); first loss {found.loss:.6f}")
     ratio = timed["exact"].seconds / timed["float"].seconds
     print(f"  exact / float32: {ratio:.2f} (goal <= {GOAL}) {'met' if ratio <= GOAL else 'NOT met'}")
     for arithmetic, found in timed.items():
         print(f"  {arithmetic} step by phase: {shares(found.phases)}")
-        print(f"  {arithmetic} profiled microbatch ({sum(found.profile.values()) * 1e3:.1f} ms): {shares(found.profile)}")
+        print(f"  {arithmetic} profiled microbatch ({sum(found.profile.values()) * 1e3:.1f} ms): "
+              f"{shares(found.profile) or 'not profiled (the CPU interpreter)'}")
 
 
 def main(argv=None) -> None:
@@ -151,12 +171,16 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
     parser.add_argument("--seconds", type=float, default=20.0, help="stop timing after this many seconds (default 20)")
     parser.add_argument("--counts", action="store_true", help="also count one exact step's syncs and launches")
+    smoke.add_option(parser)
     args = parser.parse_args(argv)
     import torch
 
     from sexpgpu.backends.select import cuda_problem
 
     problem = cuda_problem()
+    if args.smoke:
+        smoke_run(problem, args.counts)
+        return
     if problem is not None:
         parser.error(f"this benchmark runs on a GPU: {problem}")
     timed = {arithmetic: time_steps(MODELS[args.model], arithmetic, args.steps, args.seconds)
@@ -166,6 +190,23 @@ def main(argv=None) -> None:
     report(timed)
     if args.counts:
         counted(MODELS[args.model])
+
+
+def smoke_run(problem: str | None, counts: bool) -> None:
+    """One warm-up and one timed step of each arithmetic of mlp-tiny: on the GPU, or on the CPU
+    interpreter where `problem` says why the CUDA backend cannot run."""
+    import exact_counts
+
+    device = "cuda" if problem is None else "cpu"
+    if problem is not None:
+        smoke.skipped("the CUDA backend (the CPU interpreter takes the steps)", problem)
+    experiment = exact_counts.experiment(SMOKE_MODEL)
+    timed = {arithmetic: time_steps(ROOT / exact_counts.MODELS[SMOKE_MODEL][0], arithmetic, 1, 0.0, device,
+                                    experiment, warmup=1) for arithmetic in ARITHMETICS}
+    print(f"{SMOKE_MODEL} (bench/exact_counts.py) on {device}")
+    report(timed)
+    if counts:
+        smoke.skipped("--counts", "bench/exact_counts.py --smoke counts mlp-tiny's step")
 
 
 def counted(path: Path) -> None:

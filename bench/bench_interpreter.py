@@ -1,6 +1,6 @@
 """The CPU interpreter's step time against the same models in PyTorch CPU eager.
 
-    python bench/bench_interpreter.py [--steps N] [--rounds R] [--torch-threads T] [--only MODEL]
+    python bench/bench_interpreter.py [--steps N] [--rounds R] [--torch-threads T] [--only MODEL] [--smoke]
 
 Both sides run forward, backward and the optimizer update (char-lm: with clipping by global
 norm, as the example does) on the same shapes, in one process. The machine may be shared,
@@ -9,7 +9,7 @@ spinning idle count against their side) per step: the two sides take turns, `rou
 times `steps` steps each, and each side's best round counts (short rounds, many of them:
 the best is the round the other load on the machine disturbed least). Wall time per step (best
 round) is printed too. The ratio is interpreter time / PyTorch time (goal: within 3x on
-tiny-adam)."""
+tiny-adam). --smoke: one step, one round (bench/smoke.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from sexpgpu.lang.forms import load_experiment
 from sexpgpu.run.loop import Trainer
 from sexpgpu.run.setup import build_run
 
+import smoke
 import torch_models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +39,10 @@ class GraphClock:
         self._run = backend.run
         backend.run = self._timed
 
-    def _timed(self, graph, inputs):
+    def _timed(self, graph, inputs, **options):  # options: the run loop's lent=, passed on
         started = time.process_time()
         try:
-            return self._run(graph, inputs)
+            return self._run(graph, inputs, **options)
         finally:
             self.seconds += time.process_time() - started
 
@@ -121,7 +122,10 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch.set_num_threads; 0 keeps torch's own (default 1: its least CPU time per step)")
     parser.add_argument("--only", choices=("tiny-adam", "char-lm"), default=None)
+    smoke.add_option(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.rounds = 1, 1
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
         # the interpreter gets as many threads as torch, unless told otherwise

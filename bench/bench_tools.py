@@ -1,7 +1,7 @@
 """What `sexpgpu evaluate` and `sexpgpu replay` cost against the run's own inline step time
 (docs/tools.md).
 
-    python bench/bench_tools.py [--model char-lm|tiny-adam] [--device cuda|cpu] [--steps 40]
+    python bench/bench_tools.py [--model char-lm|tiny-adam] [--device cuda|cpu] [--steps 40] [--smoke]
 
 In one process, through `sexpgpu.cli.main.main`:
 
@@ -14,7 +14,8 @@ In one process, through `sexpgpu.cli.main.main`:
 - evaluate: the checkpoint at S, its wall time, in inline steps.
 
 The goal: a replayed step within 1.1x of an inline step; evaluate's and replay's starts of
-the order of a run's own start.
+the order of a run's own start. --smoke: tiny-adam, S = 4, on the CPU where there is no GPU
+(bench/smoke.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import smoke
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -64,7 +67,13 @@ def main() -> None:
     parser.add_argument("--model", default="char-lm", choices=sorted(MODELS))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--steps", type=int, default=40, help="S, even (default 40)")
+    smoke.add_option(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.steps = "tiny-adam", 4
+        if args.device == "cuda" and not smoke.gpu():
+            args.device = "cpu"
+            smoke.skipped("the CUDA backend (the steps run on the CPU interpreter)")
     steps, half = args.steps, args.steps // 2
     with tempfile.TemporaryDirectory(prefix="bench-tools-") as work:
         folder = Path(work)

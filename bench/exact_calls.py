@@ -1,7 +1,8 @@
 """Where an exact training step's time goes, call by call: each exact library call of one step,
 by entry point and operand layout, with the Triton kernels it launched.
 
-    PYTHONPATH=src python bench/exact_calls.py [--model gpt-50m|gpt-small|gpt-tiny|char-lm] [--rows N]
+    PYTHONPATH=src python bench/exact_calls.py [--model gpt-50m|gpt-small|gpt-tiny|char-lm|mlp-tiny] [--rows N]
+                                               [--smoke]
 
 Runs one exact step of the model (bench/exact_counts.py's models and set-up: the run loop on
 the CUDA backend, stacked as an exact run is on a GPU) after one warm-up step, and times every
@@ -11,7 +12,8 @@ stream, so a call's time includes the GPU's idle time while the host launches it
 call whose time is much more than its kernels' is bound by its launches. Calls are grouped by
 entry point, operand shapes and strides (a weight's gradient reads transposed operands), most
 time first. Without a GPU the step runs under Triton's interpreter and the times are the
-host's: only the table's rows and kernels mean anything there.
+host's: only the table's rows and kernels mean anything there. --smoke: mlp-tiny
+(bench/exact_counts.py), no warm-up step, 3 rows (bench/smoke.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exact_counts  # noqa: E402  (its models, its step set-up and the entry points it counts)
+import smoke  # noqa: E402
 
 
 @dataclass
@@ -128,14 +131,15 @@ def timing():
     times.clock.settle()
 
 
-def time_step(model: str) -> tuple:
-    """(Timing of one exact step of `model` after one warm-up step, the step's own seconds)."""
+def time_step(model: str, warmup: int = 1) -> tuple:
+    """(Timing of one exact step of `model` after `warmup` steps, the step's own seconds)."""
     import torch
 
     backend = exact_counts.exact_backend()
     backend.capture = False  # a replay calls no entry point, and events cannot be timed inside a capture
     trainer, state = exact_counts.trainer_for(exact_counts.experiment(model), backend, None)
-    trainer.step(state)
+    for _ in range(warmup):
+        trainer.step(state)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -159,15 +163,18 @@ def main(argv=None) -> None:
     parser.add_argument("--model", choices=sorted(exact_counts.MODELS),
                         help="gpt-50m on a GPU, gpt-tiny under the interpreter by default")
     parser.add_argument("--rows", type=int, default=25, help="groups of calls to print, most time first")
+    smoke.add_option(parser)
     args = parser.parse_args(argv)
     if args.rows < 1:
         parser.error("--rows must be at least 1")
+    if args.smoke:
+        args.model, args.rows = "mlp-tiny", 3
     import torch
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     model = args.model or ("gpt-50m" if torch.cuda.is_available() else "gpt-tiny")
-    times, seconds = time_step(model)
+    times, seconds = time_step(model, warmup=0 if args.smoke else 1)
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU, under Triton's interpreter"
     print(f"{model}, one exact step ({seconds * 1e3:.1f} ms while timed) on {where}:")
     report(times, args.rows)

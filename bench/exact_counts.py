@@ -1,6 +1,7 @@
 """Host synchronisations and launches of one exact training step, by phase: what explains its time.
 
-    PYTHONPATH=src python bench/exact_counts.py [--model gpt-tiny|char-lm|gpt-small|gpt-50m] [--degree K] [--sites N]
+    PYTHONPATH=src python bench/exact_counts.py [--model gpt-tiny|char-lm|gpt-small|gpt-50m|mlp-tiny] [--degree K]
+                                                [--sites N] [--smoke]
 
 Runs `:arithmetic exact` steps of a small GPT-style model through the run loop on the CUDA
 backend (on the CPU under Triton's interpreter when there is no GPU: TRITON_INTERPRET=1 is set
@@ -25,7 +26,9 @@ paths do (how many outputs a bound settles); never the bits.
 `gpt-tiny` is bench/gpt-small.sexp cut to seconds a step under the interpreter (2 layers,
 width 16, 2 heads, context 8, batch 4, 2 microbatches, a vocabulary of 64); `char-lm` is
 examples/char-lm.sexp as tests/cuda/test_exact_mode_interpret.py cuts it; `gpt-small` is the
-file as written and `gpt-50m` is bench/gpt-50m.sexp (both for a GPU).
+file as written and `gpt-50m` is bench/gpt-50m.sexp (both for a GPU); `mlp-tiny` is
+examples/tiny-adam.sexp cut to one hidden layer of 4 units and a batch of 2, which --smoke
+counts (bench/smoke.py), with no warm-up step.
 tests/cuda/test_exact_counts_interpret.py holds the counts of gpt-tiny to bounds, so that a
 change that adds a sync or a per-parameter launch fails there. bench/exact_calls.py times the
 same step call by call.
@@ -40,6 +43,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import smoke
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = str(ROOT / "src" / "sexpgpu")
@@ -58,6 +63,9 @@ MODELS = {
         ":batch 16": ":batch 2 :microbatches 2 :arithmetic exact"}),
     "gpt-small": ("bench/gpt-small.sexp", {":batch 16": ":batch 16 :arithmetic exact"}),
     "gpt-50m": ("bench/gpt-50m.sexp", {":batch 32": ":batch 32 :arithmetic exact"}),
+    "mlp-tiny": ("examples/tiny-adam.sexp", {
+        ":hidden 64": ":hidden 4", "(let h2 (relu (linear h1 :out hidden :as fc2)))\n  (linear h2": "(linear h1",
+        ":batch 64": ":batch 2 :arithmetic exact"}),
 }
 
 
@@ -308,17 +316,8 @@ def wrapped_entry_points(wrap):
 
 
 def experiment(model: str):
-    from sexpgpu.lang.forms import parse_experiment, select_run
-    from sexpgpu.lang.reader import read_text
-
     file, edits = MODELS[model]
-    path = ROOT / file
-    text = path.read_text()
-    for old, new in edits.items():
-        if old not in text:
-            raise ValueError(f"{file} no longer holds {old!r}: update bench/exact_counts.py's MODELS")
-        text = text.replace(old, new)
-    return select_run(parse_experiment(read_text(text, file), str(path), ""), None)
+    return smoke.edited_experiment(ROOT / file, edits)
 
 
 def exact_backend():
@@ -453,12 +452,15 @@ def main(argv=None) -> None:
     parser.add_argument("--degree", type=int, default=None,
                         help="stacking degree (divides the microbatches); the exact run's on a GPU by default")
     parser.add_argument("--sites", type=int, default=0, help="list this many sync sites of each phase")
+    smoke.add_option(parser)
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
-    tallies, degree = count_step(args.model, args.degree)
+    if args.smoke:
+        args.model = "mlp-tiny"
+    tallies, degree = count_step(args.model, args.degree, warmup=0 if args.smoke else 1)
     where = torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU, under Triton's interpreter"
     print(f"{args.model}, one exact step at stacking {degree}, on {where}:")
     report(tallies, args.sites)

@@ -1,13 +1,14 @@
 """Where one training step's time goes on the CUDA backend, step by step, beside the same
 model's PyTorch eager kernels: the tool for finding what to make faster.
 
-    PYTHONPATH=src python3 bench/profile_cuda.py [--model gpt-50m] [--precision f32|bf16] [--top 40]
+    PYTHONPATH=src python3 bench/profile_cuda.py [--model gpt-50m] [--precision f32|bf16] [--top 40] [--smoke]
 
 Ours: every step of the microbatch graph and of the update graph, timed with CUDA events,
 grouped by kind and the shapes it reads and writes, with the experiment's `:precision` set
 to `--precision`. Eager: torch.profiler's CUDA kernels of one step of the PyTorch peer of
 that precision (bench_cuda.py's eager-f32 or eager-bf16: SDPA, fused AdamW, bf16 autocast
-for bf16), grouped by name.
+for bf16), grouped by name. --smoke: bench_cuda.py's tiny char-lm (bench/smoke.py); without a
+GPU, the eager step's CPU ops alone: our steps are timed with CUDA events.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import bench_cuda  # noqa: E402
+import smoke  # noqa: E402
 from bench_cuda import MODELS, PEERS, OurStep, seconds_per_step, torch_step  # noqa: E402
 
 
@@ -68,23 +71,31 @@ def captured_parts(ours: OurStep, graph, inputs: dict, count: int = 5) -> str:
     return ", ".join(timed)
 
 
-def eager_kernels(name: str, options: dict, batch: int, precision: str) -> list[tuple[str, float, int]]:
+# what the eager step's table counts, by the device it runs on: the profiler's activity, the
+# events kept and each one's microseconds (CPU ops nest, so each counts its own time only)
+KERNELS = {"cuda": ("CUDA kernels", "CUDA", lambda event: event.device_time),
+           "cpu": ("CPU ops", "CPU", lambda event: event.self_cpu_time_total)}
+
+
+def eager_kernels(name: str, options: dict, batch: int, precision: str, warmup: int = 3) -> list[tuple[str, float, int]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    _, kind, microseconds = KERNELS[bench_cuda.DEVICE]
+    synchronize = torch.cuda.synchronize if bench_cuda.DEVICE == "cuda" else lambda: None
     torch.use_deterministic_algorithms(False)
     step = torch_step(name, options, batch, PEERS[f"eager-{precision}"])
-    for _ in range(3):
+    for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as recorded:
+    synchronize()
+    with profile(activities=[getattr(ProfilerActivity, kind)]) as recorded:
         step()
-        torch.cuda.synchronize()
+        synchronize()
     rows = defaultdict(lambda: [0.0, 0])
     for event in recorded.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        if event.device_type == getattr(torch.autograd.DeviceType, kind):
             row = rows[event.name[:90]]
-            row[0] += event.device_time / 1e3
+            row[0] += microseconds(event) / 1e3
             row[1] += 1
     return sorted(((label, ms, count) for label, (ms, count) in rows.items()), key=lambda item: -item[1])
 
@@ -101,22 +112,43 @@ def main() -> None:
     parser.add_argument("--model", default="gpt-50m", choices=sorted(MODELS))
     parser.add_argument("--precision", default="f32", choices=("f32", "bf16"))
     parser.add_argument("--top", type=int, default=40)
+    smoke.add_option(parser)
     args = parser.parse_args()
+    if args.smoke:
+        smoke_run(args)
+        return
     path, options, batch = MODELS[args.model]
-    ours = OurStep(path, args.precision)
-    for _ in range(2):
+    profile_ours(OurStep(path, args.precision), args.top)
+    show(f"PyTorch eager ({args.precision}), one step, CUDA kernels",
+         eager_kernels(args.model, options, batch, args.precision), args.top)
+
+
+def smoke_run(args) -> None:
+    """bench_cuda.py's tiny char-lm, one step after one: ours on a GPU, the eager peer's ops anywhere."""
+    path, options, batch = bench_cuda.SMOKE_MODELS[bench_cuda.SMOKE_MODEL]
+    if smoke.gpu():
+        profile_ours(OurStep(path, args.precision, smoke.TINY_CHAR_LM), args.top, warmup=1)
+    else:
+        bench_cuda.DEVICE = "cpu"
+        smoke.skipped("our steps' tables (the CUDA backend's steps, timed with CUDA events)")
+    title = KERNELS[bench_cuda.DEVICE][0]
+    show(f"PyTorch eager ({args.precision}), one step, {title}",
+         eager_kernels(bench_cuda.SMOKE_MODEL, options, batch, args.precision, warmup=1), args.top)
+
+
+def profile_ours(ours: OurStep, top: int, warmup: int = 2) -> None:
+    """The tables of our steps: each step of the microbatch and update graphs, and their calls."""
+    for _ in range(warmup):
         ours()
     training = ours.built.program.training
     micro = ours.micro_inputs()
     update = ours.update_inputs(ours.backend.run(training.micro, micro))
-    show("ours, microbatch graph, steps", our_steps(ours, training.micro, micro), args.top)
+    show("ours, microbatch graph, steps", our_steps(ours, training.micro, micro), top)
     show("ours, update graph, steps", our_steps(ours, training.update, update), 12)
     print(f"\nours, one call each: microbatch graph {replay_milliseconds(ours, training.micro, micro):.2f} ms, "
           f"update graph {replay_milliseconds(ours, training.update, update):.2f} ms")
     print(f"ours, captured microbatch call: {captured_parts(ours, training.micro, micro)}")
     print(f"ours, captured update call: {captured_parts(ours, training.update, update)}")
-    show(f"PyTorch eager ({args.precision}), one step, CUDA kernels",
-         eager_kernels(args.model, options, batch, args.precision), args.top)
 
 
 if __name__ == "__main__":

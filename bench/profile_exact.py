@@ -1,12 +1,13 @@
 """Where det_gemm's time goes on a CUDA GPU: each stage of the fast path timed on its own.
 
-    PYTHONPATH=src python bench/profile_exact.py [--size 8192] [--dtype float32|bfloat16]
+    PYTHONPATH=src python bench/profile_exact.py [--size 8192] [--dtype float32|bfloat16] [--smoke]
 
 randn operands of size n^3. The stages are those of rounded.py: the widening of both operands
 (float64 copies and norm bounds in one pass), the float64 product (chunked addmm), the settling pass, the pending list, the pair sums and
 their settling, the exact fallback for what is left. Beside them: cuBLAS float64 and float32
 (TF32 off) products of the same size, the floor and the peer. Each figure is the median of
-five calls after a warm-up.
+five calls after a warm-up. --smoke: 16^3, one call each (bench/smoke.py); without a GPU on
+CPU tensors, the kernels in Triton's interpreter and "cuBLAS" torch's CPU products.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from __future__ import annotations
 import argparse
 
 import torch
-from bench_numerics import gpu_seconds
 
+import smoke  # before the kernels are decorated
+from bench_numerics import gpu_seconds
 from sexpgpu.exact import det_gemm, rounded
 from sexpgpu.exact.float64_stage import CHUNK, float64_product, float64_total, widened
 from sexpgpu.exact.pair_sums import pair_sums
 
 
-def milliseconds(fn) -> float:
-    return gpu_seconds(fn, repeat=5) * 1e3
+def milliseconds(fn, repeat: int = 5) -> float:
+    return gpu_seconds(fn, repeat=repeat) * 1e3
 
 
 def main() -> None:
@@ -30,34 +32,41 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--trace", action="store_true", help="also print the CUDA kernels of one det_gemm call")
+    smoke.add_option(parser)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    device, repeat = "cuda", 5
+    if args.smoke:
+        args.size, repeat, device = 16, 1, "cuda" if smoke.gpu() else "cpu"
     n, dtype = args.size, getattr(torch, args.dtype)
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(n, n, device="cuda", generator=generator).to(dtype)
-    w = torch.randn(n, n, device="cuda", generator=generator).to(dtype)
+    generator = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(n, n, device=device, generator=generator).to(dtype)
+    w = torch.randn(n, n, device=device, generator=generator).to(dtype)
     x64, w64 = x.double(), w.double()
     first = float64_product(x, w)
     done, _ = rounded._settled_product(first, torch.float32)
     rows, cols = (~done).nonzero(as_tuple=True)
     flops = 2 * n**3
     figures = {
-        "cuBLAS float64 x @ w.T, one call": milliseconds(lambda: x64 @ w64.T),
-        "cuBLAS float32 x @ w.T (TF32 off)": milliseconds(lambda: x.float() @ w.float().T),
-        "widening of x and w (float64 copies, norm bounds)": milliseconds(lambda: (widened(x), widened(w))),
-        f"float64 product in chunks of {CHUNK} (addmm)": milliseconds(lambda: float64_total(x64, w64)),
-        "settling the float64 product": milliseconds(lambda: rounded._settled_product(first, torch.float32)),
-        "the pending list (nonzero)": milliseconds(lambda: (~done).nonzero(as_tuple=True)),
+        "cuBLAS float64 x @ w.T, one call": milliseconds(lambda: x64 @ w64.T, repeat),
+        "cuBLAS float32 x @ w.T (TF32 off)": milliseconds(lambda: x.float() @ w.float().T, repeat),
+        "widening of x and w (float64 copies, norm bounds)": milliseconds(lambda: (widened(x), widened(w)), repeat),
+        f"float64 product in chunks of {CHUNK} (addmm)": milliseconds(lambda: float64_total(x64, w64), repeat),
+        "settling the float64 product": milliseconds(lambda: rounded._settled_product(first, torch.float32), repeat),
+        "the pending list (nonzero)": milliseconds(lambda: (~done).nonzero(as_tuple=True), repeat),
         f"pair sums of the {rows.numel()} pending outputs": milliseconds(
-            lambda: pair_sums(x, w, rows, cols, first.x_norm, first.w_norm)),
+            lambda: pair_sums(x, w, rows, cols, first.x_norm, first.w_norm), repeat),
         "exact digits of the same outputs (accumulate_pairs)": milliseconds(
-            lambda: rounded._pair_planes(x, w, rows, cols)),
-        "det_gemm, whole": milliseconds(lambda: det_gemm(x, w)),
+            lambda: rounded._pair_planes(x, w, rows, cols), repeat),
+        "det_gemm, whole": milliseconds(lambda: det_gemm(x, w), repeat),
     }
-    print(f"{torch.cuda.get_device_name()}, {n}^3 {args.dtype} randn; {rounded.last_statistics}")
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU tensors (Triton's interpreter)"
+    print(f"{where}, {n}^3 {args.dtype} randn; {rounded.last_statistics}")
     for name, ms in figures.items():
         print(f"  {name:<56} {ms:9.3f} ms  {flops / ms / 1e9:8.2f} TFLOP/s-equivalent")
-    if args.trace:
+    if args.trace and device == "cpu":
+        smoke.skipped("--trace", "it traces CUDA kernels")
+    elif args.trace:
         print_trace(lambda: det_gemm(x, w))
 
 

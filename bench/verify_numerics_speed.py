@@ -17,7 +17,8 @@ exhaustive checks of tests/numerics/gpu_checks.py vouch for. Checked here, on th
 
 Each check prints PASS or FAIL, and a summary line says ALL PASS or names the failures; then
 bench_numerics.py's GPU table (new, portable build, torch) on 2^28 elements, and the summary
-again. `--smoke` runs the same logic on tiny sizes on the CPU (TRITON_INTERPRET=1).
+again. `--smoke` runs the same checks on tiny sizes, and without a GPU on CPU tensors in
+Triton's interpreter (bench/smoke.py), without the draws, which take the numpy path there.
 """
 
 import argparse
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import smoke  # noqa: E402  (before the kernels are decorated)
 import bench_numerics  # noqa: E402
 
 from sexpgpu import numerics as nx  # noqa: E402
@@ -149,22 +151,23 @@ def main():
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--launch-shapes", action="store_true",
                         help="also GB/s of exp, erf, pow and normal under other block sizes")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes on CPU tensors; run with TRITON_INTERPRET=1")
+    smoke.add_option(parser)
     args = parser.parse_args()
     names = [n for n in args.functions.split(",") if n]
     began = time.time()
     if args.smoke:
-        size.update(device="cpu", chunk=1 << 10, stride=1 << 20, pairs=1 << 11, cpu=1 << 10,
-                    draws=1 << 10)
+        size.update(device="cuda" if smoke.gpu() else "cpu", chunk=1 << 8, stride=1 << 24, pairs=1 << 8,
+                    cpu=1 << 8, draws=1 << 10)
         args.skip_bench = True
     else:
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for name in names:
         exhaustive(name)
     pow_checks()
-    if not args.smoke:  # the draws choose the numpy path for CPU tensors
+    if size["device"] == "cuda":
         draw_checks()
+    else:
+        smoke.skipped("the draws' checks", "on CPU tensors the draws take the numpy path, not the kernels")
     cpu_checks(names)
     print(f"checks took {time.time() - began:.0f}s", flush=True)
     print("ALL PASS" if not failures else f"FAILED: {failures}", flush=True)

@@ -114,6 +114,15 @@ SETTINGS = {setting.name: setting for setting in (
             "objects this large or larger are uploaded in parts", _integer(1, S3_MAX_PART)),
     Setting("SEXPGPU_S3_WORKERS", "an integer from 1 to 64", "4",
             "parallel S3 part transfers", _integer(1, 64)),
+    Setting("SEXPGPU_S3_TIMEOUT", "seconds, from 1 to 86400", "120",
+            "how long one S3 request (a listing page, an object or a part of one, each way) may wait for its "
+            "answer, its attempts included; then the command stops with E-S3-001", _seconds(1, 86400)),
+    Setting("SEXPGPU_S3_ATTEMPTS", "an integer from 1 to 10", "3",
+            "attempts of one S3 request (botocore's standard retries); each may wait SEXPGPU_S3_TIMEOUT divided "
+            "by this, and at most 10 s to connect", _integer(1, 10)),
+    Setting("SEXPGPU_S3_NOTICE", "seconds, from 0.1 to 3600", "10",
+            "after this long without an answer from S3, and again at each such interval, a line on stderr says "
+            "what the command is waiting for", _seconds(0.1, 3600)),
     Setting("SEXPGPU_DEBUG", "0, 1", "0",
             "`1` shows the Python traceback of an internal error", _one_of("0", "1")),
     Setting("SEXPGPU_TEST_CHECKPOINT_KILL_AT", "a crash point name (docs/checkpoints.md)", "(none)",

@@ -1,7 +1,7 @@
 """bench/exact_calls.py's timing under Triton's interpreter: each outermost exact library call is
 one group, labelled by its operands' shapes and strides, holding the Triton kernels it
-launched; a call inside another adds nothing of its own. (The step itself is timed on a GPU:
-an interpreted gpt-tiny step is slow, so the whole command runs once, on gpt-tiny.)"""
+launched; a call inside another adds nothing of its own. (The whole command runs in
+tests/bench/test_bench_smoke.py, on the tiniest model: an interpreted gpt-tiny step is slow.)"""
 
 from __future__ import annotations
 
@@ -57,13 +57,3 @@ def test_bad_arguments_exit_with_status_2(capsys):
             exact_calls.main(argv)
         assert stopped.value.code == 2 and said in capsys.readouterr().err
 
-
-@pytest.mark.slow
-def test_the_command_times_a_whole_step_of_the_tiny_model(capsys):
-    """`bench/exact_calls.py` as documented, without a GPU: gpt-tiny, one interpreted step."""
-    if torch.cuda.is_available():  # pragma: no cover - there it times gpt-50m, compiled
-        pytest.skip("a GPU is present: the command takes gpt-50m there")
-    exact_calls.main(["--rows", "3"])
-    printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("gpt-tiny, one exact step") and "under Triton's interpreter" in printed[0]
-    assert len(printed) == 5 and all("strides" in line for line in printed[2:])

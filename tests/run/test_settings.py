@@ -40,6 +40,10 @@ def check_tiny(capsys) -> tuple[int, str]:
     ("SEXPGPU_S3_PART_SIZE", str(5 * MIB - 1), "5242880 (5 MiB)"),
     ("SEXPGPU_S3_PART_SIZE", str(5 * 1024 * MIB + 1), "5368709120 (5 GiB)"),
     ("SEXPGPU_S3_WORKERS", "0", "1 to 64"),
+    ("SEXPGPU_S3_TIMEOUT", "0.5", "seconds, from 1 to 86400"),
+    ("SEXPGPU_S3_TIMEOUT", "forever", "seconds, from 1 to 86400"),
+    ("SEXPGPU_S3_ATTEMPTS", "0", "1 to 10"),
+    ("SEXPGPU_S3_NOTICE", "nan", "seconds, from 0.1 to 3600"),
     ("SEXPGPU_CPU_THREADS", "many", "1 to 1024"),
     ("SEXPGPU_CHOICES", "s3://", "fresh, or a path"),
     ("SEXPGPU_DEBUG", "yes", "0, 1"),
@@ -56,6 +60,7 @@ def test_a_bad_setting_stops_a_cpu_command_with_the_allowed_values(clean_environ
     ("SEXPGPU_OPTIMIZE", "Off"), ("SEXPGPU_DETERMINISTIC", "1"), ("SEXPGPU_NODE_GRADIENTS", "f32"),
     ("SEXPGPU_CHOICES", "fresh"), ("SEXPGPU_CHOICES", "s3://bucket/run/step-10"), ("SEXPGPU_S3_PART_SIZE", str(5 * MIB)),
     ("SEXPGPU_CPU_THREADS", "2"), ("SEXPGPU_DEBUG", "0"), ("SEXPGPU_PATTERNS", " OFF "),
+    ("SEXPGPU_S3_TIMEOUT", "30"), ("SEXPGPU_S3_ATTEMPTS", "1"), ("SEXPGPU_S3_NOTICE", "0.5"),
 ])
 def test_allowed_values_pass(clean_environment, capsys, name, text):
     clean_environment.setenv(name, text)

@@ -31,6 +31,7 @@ from sexpgpu.run.rundir import claimed, default_run_dir, run_dir_errors
 from sexpgpu.run.setup import build_run, checkpoint_root
 from sexpgpu.run.world import World, joined, process_device
 from sexpgpu.run import checkpointing
+from sexpgpu.store import s3_waiting_lines_to
 
 
 # Settings that change a run's bits by design (determinism.md, "What the run's configuration decides").
@@ -198,13 +199,14 @@ def _train(experiment, built, state, run_dir, options, err, chosen, group) -> Ru
     trainer.nonfinite = nonfinite_stop(root)
     last_checkpoint = None
     try:
-        while state.step < run.steps:
-            record = trainer.step(state)
-            group.check_parameters(state.step, record["digest"])
-            with group.settled(f"writing step {state.step}"):
-                if group.first:
-                    last_checkpoint = _after_step(trainer, built, state, record, metrics, progress, root,
-                                                  options) or last_checkpoint
+        with s3_waiting_lines_to(progress.note):  # a stalled S3 request says so beside the progress
+            while state.step < run.steps:
+                record = trainer.step(state)
+                group.check_parameters(state.step, record["digest"])
+                with group.settled(f"writing step {state.step}"):
+                    if group.first:
+                        last_checkpoint = _after_step(trainer, built, state, record, metrics, progress, root,
+                                                      options) or last_checkpoint
     except KeyboardInterrupt:
         progress.finish()
         metrics.close()

@@ -24,6 +24,7 @@ from sexpgpu.store.describe import describe_checkpoint, format_checkpoint
 from sexpgpu.store.identity import BIT_KEYS, check_same_experiment
 from sexpgpu.store.loads import LoadPin, load_parameter, verify_load_pin
 from sexpgpu.store.s3_objects import TransferSettings
+from sexpgpu.store.s3_waits import lines_to as s3_waiting_lines_to
 
 __all__ = [
     "BIT_KEYS",
@@ -45,6 +46,7 @@ __all__ = [
     "read_record",
     "recorded_pins",
     "resolve_checkpoint",
+    "s3_waiting_lines_to",
     "verify_load_pin",
     "write_checkpoint",
 ]

@@ -77,8 +77,8 @@ def _write_new(writer, step: int, files: dict[str, safetensors_io.Encoded], expe
         marker = json.dumps({"format": FORMAT, "step": step, EXPERIMENT_FILE: {"sha256": sha, "bytes": len(text)}},
                             sort_keys=True).encode() + b"\n"
         path = writer.commit(marker)
-    except BaseException:
-        writer.abort()
+    except BaseException as error:
+        writer.abort(error)
         raise
     crash_points.reached("committed")
     return path

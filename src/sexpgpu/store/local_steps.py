@@ -87,7 +87,7 @@ class Writer:
                 _remove(uncommitted)
         return self.final
 
-    def abort(self) -> None:
+    def abort(self, error: BaseException | None = None) -> None:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 

@@ -7,11 +7,16 @@ Messages name buckets and keys, never credentials: SexpgpuError redacts every me
 
 Large objects go up as multipart uploads and come down as parallel ranged reads. Parts are
 `TransferSettings.part_size` bytes (S3 takes at least 5 MiB for every part but the last).
+
+Every request goes through `_request`, which bounds its wait and says what it waits for
+(s3_waits.py): an endpoint that stops answering stops the command with E-S3-001, never
+silently holds it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from sexpgpu import settings as transfer_settings
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store.digests import BackgroundSha256, chunks, sha256_of
+from sexpgpu.store.s3_waits import Patience, Stalled, answer
 from sexpgpu.store.uris import MissingFile, split_s3
 
 MIB = 1024 * 1024
@@ -53,31 +59,51 @@ class ObjectChanged(Exception):
 _clients: dict[tuple, object] = {}
 
 
-def client():
-    """A boto3 S3 client for the current AWS environment, made once per distinct environment."""
-    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+def client(patience: Patience | None = None):
+    """A boto3 S3 client for the current AWS environment and the request bounds (s3_waits.py),
+    made once for each distinct pair."""
+    patience = patience or Patience.from_env()
+    key = (tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))), patience)
     if key not in _clients:
         import boto3
         from botocore.config import Config
 
         session = boto3.session.Session()
-        _clients[key] = session.client("s3", config=Config(connect_timeout=10, read_timeout=120))
+        _clients[key] = session.client("s3", config=Config(**patience.client_config()))
     return _clients[key]
 
 
+def _request(uri: str, doing: str, call, part: str = ""):
+    """call(client) as one S3 request about `uri`: its wait bounded, its errors coded. `part`
+    (" (part 3 of 5)") says which piece of the object the request moves."""
+    patience = Patience.from_env()
+    s3 = client(patience)
+    with s3_errors(uri, doing, part):
+        return answer(lambda: call(s3), _endpoint(), f"{doing} {uri}{part}", patience)
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether `error` says the endpoint did not answer: a clean-up request would wait as long."""
+    return isinstance(error, SexpgpuError) and error.code == "E-S3-001"
+
+
 @contextmanager
-def s3_errors(uri: str, doing: str):
+def s3_errors(uri: str, doing: str, part: str = ""):
     """Turn botocore's exceptions about `uri` into SexpgpuError, MissingFile or ObjectChanged."""
     import botocore.exceptions as bx
 
+    started = time.monotonic()
     try:
         yield
     except bx.NoCredentialsError:
         raise SexpgpuError("E-S3-002", f"no AWS credentials were found for {doing} {uri}.",
                            hint="Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role.") from None
-    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError, bx.ConnectionClosedError) as error:
-        raise SexpgpuError("E-S3-001", f"cannot reach the S3 endpoint {_endpoint()} for {doing} {uri}: {str(error)}.",
-                           hint="Check AWS_ENDPOINT_URL, the network, and that the store is running.") from None
+    except (Stalled, bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
+            bx.ConnectionClosedError) as error:
+        raise SexpgpuError("E-S3-001", f"cannot reach the S3 endpoint {_endpoint()} for {doing} {uri}{part}: "
+                           f"{str(error)}; waited {time.monotonic() - started:.1f} s.",
+                           hint="Check AWS_ENDPOINT_URL, the network, and that the store is running. "
+                                "SEXPGPU_S3_TIMEOUT sets how long a request may wait (docs/settings.md).") from None
     except bx.ClientError as error:
         _raise_client_error(error, uri, doing)
     except bx.BotoCoreError as error:
@@ -110,30 +136,35 @@ def _endpoint() -> str:
 def get_bytes(uri: str, doing: str) -> bytes:
     """A small object's whole content."""
     bucket, key = split_s3(uri)
-    with s3_errors(uri, doing):
-        return client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    return _request(uri, doing, lambda s3: s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
-def get_range(uri: str, start: int, stop: int, doing: str, etag: str | None = None) -> tuple[bytes, int, str]:
+def get_range(uri: str, start: int, stop: int, doing: str, etag: str | None = None,
+              part: str = "") -> tuple[bytes, int, str]:
     """Bytes [start, stop) of an object, its total size and its ETag.
 
     With `etag`, raises ObjectChanged if the object is no longer that version.
     """
     bucket, key = split_s3(uri)
     extra = {"IfMatch": etag} if etag else {}
-    with s3_errors(uri, doing):
+
+    def head(s3):
+        found = s3.head_object(Bucket=bucket, Key=key, **extra)
+        return b"", found["ContentLength"], found["ETag"]
+
+    def read(s3):
         if stop <= start:
-            head = client().head_object(Bucket=bucket, Key=key, **extra)
-            return b"", head["ContentLength"], head["ETag"]
+            return head(s3)
         try:
-            reply = client().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **extra)
+            reply = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{stop - 1}", **extra)
         except Exception as error:
             if _code(error) != "InvalidRange":
                 raise
-            head = client().head_object(Bucket=bucket, Key=key, **extra)
-            return b"", head["ContentLength"], head["ETag"]
+            return head(s3)
         total = int(reply["ContentRange"].rsplit("/", 1)[1]) if "ContentRange" in reply else reply["ContentLength"]
         return reply["Body"].read(), total, reply["ETag"]
+
+    return _request(uri, doing, read, part)
 
 
 def _code(error) -> str:
@@ -150,13 +181,14 @@ def get_object(uri: str, doing: str, settings: TransferSettings) -> tuple[bytear
     data[: len(first)] = first
     ranges = [(s, min(s + settings.part_size, total)) for s in range(len(first), total, settings.part_size)]
 
-    def fetch(span):
-        part, _, _ = get_range(uri, span[0], span[1], doing, etag)
-        data[span[0] : span[1]] = part
+    def fetch(numbered):
+        number, (start, stop) = numbered
+        part, _, _ = get_range(uri, start, stop, doing, etag, f" (part {number} of {len(ranges) + 1})")
+        data[start:stop] = part
 
     try:
         with ThreadPoolExecutor(max_workers=settings.workers) as pool:
-            list(pool.map(fetch, ranges))
+            list(pool.map(fetch, enumerate(ranges, 2)))
     except ObjectChanged:
         raise SexpgpuError("E-S3-004", f"{uri} was replaced while it was being read; read it again.") from None
     if len(data) != total:
@@ -173,50 +205,54 @@ def put_object(uri: str, buffers, nbytes: int, doing: str, settings: TransferSet
     if nbytes < settings.multipart_threshold:
         body = b"".join(bytes(b) for b in buffers)
         bucket, key = split_s3(uri)
-        with s3_errors(uri, doing):
-            reply = client().put_object(Bucket=bucket, Key=key, Body=body)
+        reply = _request(uri, doing, lambda s3: s3.put_object(Bucket=bucket, Key=key, Body=body))
         return reply["ETag"], sha256_of(body)
     transfer_settings.check_part_count(nbytes, settings.part_size)
-    return _put_multipart(uri, buffers, doing, settings, on_part)
+    return _put_multipart(uri, buffers, -(-nbytes // settings.part_size), doing, settings, on_part)
 
 
-def _put_multipart(uri, buffers, doing, settings, on_part) -> tuple[str, str]:
+def _put_multipart(uri, buffers, count, doing, settings, on_part) -> tuple[str, str]:
     bucket, key = split_s3(uri)
-    with s3_errors(uri, doing):
-        upload_id = client().create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    upload_id = _request(uri, doing, lambda s3: s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"])
     try:
-        etags, digest = _upload_parts(uri, buffers, doing, settings, upload_id, on_part)
-        parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, 1)]
-        with s3_errors(uri, doing):
-            reply = client().complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        etags, digest = _upload_parts(uri, buffers, count, doing, settings, upload_id, on_part)
+        parts = {"Parts": [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, 1)]}
+        reply = _request(uri, doing, lambda s3: s3.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload=parts))
         return reply["ETag"], digest
-    except BaseException:
-        _abort_quietly(bucket, key, upload_id)
+    except BaseException as error:
+        if not unreachable(error):
+            _abort_quietly(uri, upload_id)
         raise
 
 
-def _upload_parts(uri, buffers, doing, settings, upload_id, on_part):
+def _upload_parts(uri, buffers, count, doing, settings, upload_id, on_part):
     bucket, key = split_s3(uri)
 
     def upload(number_and_body):
         number, body = number_and_body
-        with s3_errors(uri, doing):
-            return client().upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"]
+        return _request(uri, doing, lambda s3: s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"],
+            f" (part {number} of {count})")
 
     with BackgroundSha256() as digest, ThreadPoolExecutor(max_workers=settings.workers) as pool:
         futures = []
-        for number, body in enumerate(_parts(buffers, settings.part_size), 1):
-            digest.update(body)
-            # Hold at most twice the workers' parts in memory.
-            while sum(not f.done() for f in futures) >= 2 * settings.workers:
-                next(f for f in futures if not f.done()).result()
-            futures.append(pool.submit(upload, (number, body)))
-        etags = []
-        for count, future in enumerate(futures, 1):
-            etags.append(future.result())
-            if on_part:
-                on_part(count)
+        try:
+            for number, body in enumerate(_parts(buffers, settings.part_size), 1):
+                digest.update(body)
+                # Hold at most twice the workers' parts in memory.
+                while sum(not f.done() for f in futures) >= 2 * settings.workers:
+                    next(f for f in futures if not f.done()).result()
+                futures.append(pool.submit(upload, (number, body)))
+            etags = []
+            for done, future in enumerate(futures, 1):
+                etags.append(future.result())
+                if on_part:
+                    on_part(done)
+        except BaseException:
+            for future in futures:  # the parts not yet started: the upload is given up
+                future.cancel()
+            raise
         return etags, digest.hexdigest()
 
 
@@ -236,9 +272,11 @@ def _parts(buffers, part_size: int):
         yield b"".join(pending)
 
 
-def _abort_quietly(bucket: str, key: str, upload_id: str) -> None:
+def _abort_quietly(uri: str, upload_id: str) -> None:
+    bucket, key = split_s3(uri)
     try:
-        client().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        _request(uri, "abandoning the upload of", lambda s3: s3.abort_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload_id))
     except Exception:
         pass  # The upload is never completed either way; S3 lifecycle rules reclaim its parts.
 
@@ -247,9 +285,15 @@ def list_keys(prefix_uri: str, doing: str) -> list[str]:
     """Every key under a prefix, as s3:// URIs, sorted."""
     bucket, prefix = split_s3(prefix_uri)
     keys = []
-    with s3_errors(prefix_uri, doing):
-        for page in client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            keys += [f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", [])]
+    pages = None
+
+    def next_page(s3):
+        nonlocal pages
+        pages = pages or iter(s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix))
+        return next(pages, None)  # each page one request, each bounded
+
+    while (page := _request(prefix_uri, doing, next_page)) is not None:
+        keys += [f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", [])]
     return sorted(keys)
 
 
@@ -257,5 +301,4 @@ def delete_keys(uris: list[str], doing: str) -> None:
     """Delete objects, in the order given (callers put a commit marker first)."""
     for uri in uris:
         bucket, key = split_s3(uri)
-        with s3_errors(uri, doing):
-            client().delete_object(Bucket=bucket, Key=key)
+        _request(uri, doing, lambda s3: s3.delete_object(Bucket=bucket, Key=key))

@@ -48,7 +48,9 @@ class Writer:
         s3_objects.put_object(join(self.final, MARKER), [marker], len(marker), "committing", self.settings)
         return self.final
 
-    def abort(self) -> None:
+    def abort(self, error: BaseException | None = None) -> None:
+        if error is not None and s3_objects.unreachable(error):
+            return  # the deletes would wait as long; without a marker the objects are not a checkpoint
         try:
             s3_objects.delete_keys(self.written, "removing an unfinished checkpoint at")
         except Exception:
