@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
+from sexpgpu import settings
 from sexpgpu.backends.select import computes_exact, probe_for
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.stacking import stack_training
@@ -46,14 +47,14 @@ class ChoiceSettings:
         return {"choices": self.choices, "deterministic": self.deterministic, "node_gradients": self.node_gradients}
 
 
-def choice_settings(flag_choices: str | None, flag_deterministic: bool, environ=os.environ) -> ChoiceSettings:
-    """The command line wins over the environment. The values themselves are validated with
-    the other settings; here only their meaning is read."""
-    gradients = environ.get("SEXPGPU_NODE_GRADIENTS")
+def choice_settings(flag_choices: str | None, flag_deterministic: bool, environ=None) -> ChoiceSettings:
+    """The command line wins over the environment, whose settings are read as every setting
+    is (settings.py: a blank one is unset)."""
+    gradients = settings.value("SEXPGPU_NODE_GRADIENTS", environ)
     return ChoiceSettings(
-        choices=flag_choices or environ.get("SEXPGPU_CHOICES") or None,
-        deterministic=flag_deterministic or environ.get("SEXPGPU_DETERMINISTIC") == "1",
-        node_gradients=gradients if gradients in ("bf16", "f32") else DEFAULT_NODE_GRADIENTS,
+        choices=flag_choices or settings.value("SEXPGPU_CHOICES", environ),
+        deterministic=flag_deterministic or settings.value("SEXPGPU_DETERMINISTIC", environ) == "1",
+        node_gradients=gradients or DEFAULT_NODE_GRADIENTS,
         node_gradients_set=gradients is not None,
     )
 

@@ -17,6 +17,7 @@ import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+from sexpgpu import settings
 from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
@@ -42,7 +43,7 @@ def run_flags(device: str, choices: ChoiceSettings) -> dict:
     the flags that change bits (none yet), the settings in the environment that do, and the
     choice settings."""
     return {"device": device, "bits": {},
-            "environment": {name: os.environ[name] for name in BIT_SETTINGS if name in os.environ},
+            "environment": settings.recorded(BIT_SETTINGS),
             "choices": choices.to_json()}
 
 
