@@ -80,7 +80,7 @@ def test_a_cpu_run_records_its_choices_everywhere_and_states_its_level(sexpgpu, 
     assert line(out, "choices").startswith("stacking 1, no recomputation")
     recorded = choices_of(tmp_path / "r/experiment.json")
     assert recorded == choices_of(tmp_path / "r/step-3/experiment.json") == choices_of(tmp_path / "r/step-6/experiment.json")
-    assert recorded["stacking"] == 1 and recorded["strict"] is False and recorded["node_gradients"] == "bf16"
+    assert recorded["stacking"] == 1 and recorded["strict"] is False and recorded["node_gradients"] is None
     annotation = json.loads((tmp_path / "r/lowering.json").read_text())
     assert annotation["metadata"]["choices"] == recorded and annotation["text"] == out.rstrip("\n")
     code, shown, _ = sexpgpu("checkpoint", tmp_path / "r/step-3")
@@ -144,12 +144,29 @@ def test_a_pin_this_machine_cannot_take_stops_before_the_first_step(sexpgpu, tin
     assert not (tmp_path / "mine/metrics.jsonl").exists()
 
 
-def test_the_node_gradients_setting_must_match_a_pin(sexpgpu, tiny, tmp_path, monkeypatch):
-    sexpgpu("run", tiny, "--run-dir", tmp_path / "theirs", device=FakeDevice())
-    monkeypatch.setenv("SEXPGPU_NODE_GRADIENTS", "f32")
-    code, _, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "mine", "--choices", tmp_path / "theirs/step-3",
-                           device=FakeDevice())
-    assert code == 2 and "E-CHOICE-001" in err and "gradients between nodes were bf16" in err
+@pytest.mark.parametrize("setting, recorded_dtype, device", [
+    ("bf16", None, FakeDevice()), ("f32", None, FakeDevice()),
+    # a checkpoint of an older sexpgpu, which recorded its setting on one node too
+    ("f32", "bf16", FakeDevice()), ("bf16", "f32", FakeDevice()), ("f32", "bf16", None),
+], ids=["bf16", "f32", "f32-old-bf16", "bf16-old-f32", "interpreter-f32-old-bf16"])
+def test_a_one_node_resume_takes_its_checkpoint_under_either_node_gradients_setting(
+        sexpgpu, tiny, tmp_path, monkeypatch, setting, recorded_dtype, device):
+    """Gradients go between nodes only on several nodes: one node records null, and its resume
+    is pinned (level 2) whatever SEXPGPU_NODE_GRADIENTS says, to the same bits."""
+    sexpgpu("run", tiny, "--run-dir", tmp_path / "whole", device=device)
+    sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=device)
+    assert choices_of(tmp_path / "r/step-3/experiment.json")["node_gradients"] is None
+    if recorded_dtype is not None:
+        rewrite_record(tmp_path / "r/step-3", lambda record: record["choices"].update(node_gradients=recorded_dtype))
+    shutil.rmtree(tmp_path / "r/step-6")
+    monkeypatch.setenv("SEXPGPU_NODE_GRADIENTS", setting)
+    code, out, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", "--resume", tmp_path / "r/step-3", device=device)
+    assert code == 0, err
+    if device is not None:
+        assert line(out, "determinism").startswith("2: pinned to the choices of the checkpoint resumed from")
+    assert choices_of(tmp_path / "r/step-6/experiment.json")["node_gradients"] is None
+    assert "no gradients between nodes" in line(out, "choices") or device is None
+    assert metrics(tmp_path / "r") == metrics(tmp_path / "whole")
 
 
 def test_the_cpu_interpreter_refuses_a_stacked_pin(sexpgpu, tiny, tmp_path):
@@ -237,7 +254,7 @@ def test_deterministic_takes_the_last_column_and_measures_nothing(sexpgpu, tiny,
         runs.append(metrics(tmp_path / name))
     recorded = choices_of(tmp_path / "a/step-6/experiment.json")
     assert (recorded["strict"], recorded["stacking"], recorded["recompute"], recorded["node_gradients"]) == \
-        (True, 1, 9.0, "f32")
+        (True, 1, 9.0, None)  # none go between nodes on one node
     assert set(recorded["products"].values()) == {"ordinary"} and recorded["convolutions"] == {}
     assert runs[0] == runs[1]
 

@@ -118,8 +118,10 @@ def choices_line(choices: Choices) -> str:
     recompute = "no recomputation" if choices.recompute is None else f"recompute {choices.recompute:.2f} flops a byte"
     products = choices.products or {}
     others = sum(1 for name in products.values() if name != "ordinary")
+    # none: one node (or a pass, which sends none)
+    gradients = f"gradients between nodes {choices.node_gradients}" if choices.node_gradients else \
+        "no gradients between nodes"
     text = (f"stacking {choices.stacking}, {recompute}, {len(choices.convolutions)} convolution engines, "
-            f"{len(products)} long products ({others} not ordinary), gradients between nodes "
-            f"{choices.node_gradients or 'unrecorded'}")
+            f"{len(products)} long products ({others} not ordinary), {gradients}")
     text += "; --deterministic" if choices.strict else ""
     return f"{text}; on {choices.device}"

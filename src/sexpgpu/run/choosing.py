@@ -22,6 +22,8 @@ from sexpgpu.plan.choices import (
     decide,
     decide_strictly,
     exact_stacking,
+    node_gradients,
+    node_gradients_refused,
     take_pinned,
 )
 from sexpgpu.plan.levels import How, Spread, choices_line, determinism_line, spread_clause
@@ -134,8 +136,8 @@ def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_
     # each process stacks its own share of the microbatches; on several GPUs the measured
     # product and engine choices are rules (plan/choices.py)
     situation = Situation(probe, program.training, program.stackable, program.training.microbatches // world.size,
-                          settings.node_gradients, gpus=world.size, first_step_inputs=first_step_inputs,
-                          passes=tuple(program.passes.values()))
+                          settings.node_gradients, gpus=world.size, nodes=world.nodes,
+                          first_step_inputs=first_step_inputs, passes=tuple(program.passes.values()))
     if settings.deterministic:
         chosen = Chosen(decide_strictly(situation), How("strict"), situation.notes)
     elif pinned is not None:
@@ -214,17 +216,17 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned, world: World =
     of its own to choose (the CPU interpreter). A pinned record must ask for nothing else,
     unless the run is exact, where no choice changes a bit and a pin has nothing to hold."""
     device = built.backend_facts["name"]
-    gradients = "f32" if settings.deterministic else settings.node_gradients
+    gradients = node_gradients(world.nodes, settings.node_gradients, settings.deterministic)
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
     if computes_exact(built.backend):
         return exact_chosen(built, choices, world)
     if pinned is not None:
         record, source = pinned
-        reasons = [(key, reason) for key, wrong, reason in (
-            ("stacking", record.stacking != 1, f"stacking {record.stacking}: the CPU interpreter runs unstacked"),
-            ("node_gradients", record.node_gradients not in (None, gradients),
-             f"gradients between nodes were {record.node_gradients}, and SEXPGPU_NODE_GRADIENTS says {gradients}"),
-        ) if wrong]
+        reasons = [(key, reason) for key, reason in (
+            ("stacking", f"stacking {record.stacking}: the CPU interpreter runs unstacked" if record.stacking != 1
+             else None),
+            ("node_gradients", node_gradients_refused(world.nodes, settings.node_gradients, record.node_gradients)),
+        ) if reason]
         if reasons:
             key, reason = reasons[0]
             raise SexpgpuError("E-CHOICE-001", f"this run is pinned to the choices of {source} and cannot take its "
