@@ -285,9 +285,43 @@ def test_a_choices_source_without_choices_is_E_CHOICE_003(sexpgpu, tiny, tmp_pat
 
 
 def test_unset_home_runs_and_says_so(sexpgpu, tiny, tmp_path, monkeypatch):
+    """determinism.md, "A run loses level 1": with no cache nothing measured is remembered, so
+    the level line claims no cache, only this run's own bits."""
     monkeypatch.delenv("HOME")
     code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=FakeDevice())
     assert code == 0 and "HOME is unset" in line(out, "choosing")
+    assert line(out, "determinism").startswith(
+        "1 within this run only: HOME is unset, so there is no ~/.cache/sexpgpu, so what it measured is not "
+        "remembered and another run on this machine may measure and choose otherwise (3 against this one)")
+
+
+def unwritable_cache(home: Path) -> Path:
+    """A cache no process can write, root included: its lock is a directory."""
+    (home / ".cache/sexpgpu/.lock").mkdir(parents=True, exist_ok=True)
+    return home / ".cache/sexpgpu"
+
+
+def test_a_cache_that_cannot_be_written_loses_level_1_and_says_so(sexpgpu, tiny, tmp_path, home):
+    cache = unwritable_cache(home)
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=FakeDevice())
+    level = line(out, "determinism")
+    assert code == 0 and level.startswith(f"1 within this run only: the cache {cache}/")
+    assert "cannot be written, so what it measured is not remembered" in level and "~/.cache/sexpgpu;" not in level
+    # a resume that chooses again cannot promise this machine repeats it either
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r2", "--resume", tmp_path / "r/step-3",
+                           "--choices", "fresh", device=FakeDevice())
+    assert code == 0 and line(out, "determinism").startswith("3: this resume chose again (--choices fresh)")
+    assert line(out, "determinism").endswith("another resume here may choose otherwise")
+
+
+def test_a_cache_that_cannot_be_written_but_holds_every_choice_keeps_level_1(sexpgpu, tiny, tmp_path, home):
+    code, _, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "a", device=FakeDevice(product_seconds=SPLIT))
+    assert code == 0
+    (home / ".cache/sexpgpu/.lock").unlink()
+    unwritable_cache(home)
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "b", device=FakeDevice(product_seconds=SPLIT))
+    assert code == 0 and "chosen now" not in out
+    assert line(out, "determinism").startswith("1: this machine repeats these bits with this binary and ~/.cache/sexpgpu")
 
 
 def test_a_damaged_cache_is_ignored_and_said(sexpgpu, tiny, tmp_path, home):

@@ -148,7 +148,7 @@ def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_
         cache = open_cache(probe.device_facts(), program.training, generators)
         choices = decide(situation, cache)
         notes = situation.notes + cache.notes + _cache_notes(cache)
-        chosen = Chosen(choices, _own_or_rechosen(settings, resumed_record), notes)
+        chosen = Chosen(choices, replace(_own_or_rechosen(settings, resumed_record), forgets=cache.forgets), notes)
     chosen.patterns = _patterns(probe, situation)
     return chosen
 
