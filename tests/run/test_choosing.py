@@ -266,6 +266,23 @@ def test_deterministic_refuses_a_record(sexpgpu, tiny, tmp_path):
     assert code == 2 and "error E-CHOICE-002" in err
 
 
+@pytest.mark.parametrize("flags, variables", [
+    (["--deterministic", "--choices", "fresh"], {}),
+    (["--deterministic"], {"SEXPGPU_CHOICES": "fresh"}),
+    (["--choices", "fresh"], {"SEXPGPU_DETERMINISTIC": "1"}),
+    ([], {"SEXPGPU_DETERMINISTIC": "1", "SEXPGPU_CHOICES": " FRESH "}),
+], ids=["flags", "deterministic-flag", "choices-flag", "variables"])
+@pytest.mark.parametrize("device", [FakeDevice(), None], ids=["device", "interpreter"])
+def test_deterministic_refuses_fresh_choices(sexpgpu, tiny, tmp_path, monkeypatch, flags, variables, device):
+    """Fixed rules cannot also be chosen afresh: E-CHOICE-002 before any step, however asked."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", *flags, device=device)
+    assert code == 2 and "error E-CHOICE-002: --deterministic takes fixed rules for every choice, so it cannot " \
+                         "also choose them afresh here (--choices fresh)." in err
+    assert not (tmp_path / "r/metrics.jsonl").exists()
+
+
 @pytest.mark.parametrize("setting, refused", [("bf16", True), ("f32", False)])
 def test_deterministic_refuses_bf16_between_nodes(sexpgpu, tiny, tmp_path, monkeypatch, setting, refused):
     monkeypatch.setenv("SEXPGPU_NODE_GRADIENTS", setting)

@@ -163,11 +163,15 @@ def _patterns(probe, situation: Situation) -> str:
 
 
 def _refuse_contradictions(settings: ChoiceSettings) -> None:
+    """--deterministic takes fixed rules: no record to pin to, none to choose afresh, and f32
+    between nodes (determinism.md, "Pinning a run to recorded choices")."""
     if not settings.deterministic:
         return
-    if settings.choices not in (None, FRESH):
+    if settings.choices is not None:
+        taking = "choose them afresh here (--choices fresh)" if settings.choices == FRESH else \
+            f"take the recorded choices of {settings.choices}"
         raise SexpgpuError("E-CHOICE-002", f"--deterministic takes fixed rules for every choice, so it cannot also "
-                                           f"take the recorded choices of {settings.choices}.",
+                                           f"{taking}.",
                            hint="Leave out --choices (and SEXPGPU_CHOICES), or --deterministic "
                                 "(and SEXPGPU_DETERMINISTIC).")
     if settings.node_gradients_set and settings.node_gradients == "bf16":
