@@ -301,6 +301,18 @@ def test_a_choices_source_without_choices_is_E_CHOICE_003(sexpgpu, tiny, tmp_pat
         assert code == 2 and "error E-CHOICE-003" in err
 
 
+@pytest.mark.parametrize("how", ["flag", "variable"])
+@pytest.mark.parametrize("device", [FakeDevice(), None], ids=["device", "interpreter"])
+def test_a_choices_path_that_does_not_exist_is_E_CHOICE_004_naming_it(sexpgpu, tiny, tmp_path, monkeypatch, how, device):
+    missing = tmp_path / "runs/a/step-10"
+    flags = ["--choices", missing] if how == "flag" else []
+    if how == "variable":
+        monkeypatch.setenv("SEXPGPU_CHOICES", str(missing))
+    code, _, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", *flags, device=device)
+    assert code == 2 and f"error E-CHOICE-004: --choices names {missing}, which does not exist." in err
+    assert "JSON" not in err and not (tmp_path / "r/metrics.jsonl").exists()
+
+
 def test_unset_home_runs_and_says_so(sexpgpu, tiny, tmp_path, monkeypatch):
     """determinism.md, "A run loses level 1": with no cache nothing measured is remembered, so
     the level line claims no cache, only this run's own bits."""

@@ -271,18 +271,23 @@ def interpreter_chosen(built, choices: Choices) -> Chosen:
     return Chosen(choices, How("interpreter"))
 
 
+_RECORDS_HINT = ("Give a checkpoint directory, an s3://…/step-<n> prefix, an experiment.json, a lowering "
+                 "annotation, or fresh.")
+
+
 def read_pinned(source: str) -> Choices:
     """The `choices` of a checkpoint (a step directory or s3://…/step-<n>), an experiment.json,
     or a lowering annotation's metadata."""
     if source.startswith("s3://") or os.path.isdir(source):
         return choices_from_json(read_record(source).get("choices"), source)
+    if not os.path.lexists(source):
+        raise SexpgpuError("E-CHOICE-004", f"--choices names {source}, which does not exist.", hint=_RECORDS_HINT)
     try:
         with open(source, encoding="utf-8") as handle:
             content = json.load(handle)
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise SexpgpuError("E-CHOICE-003", f"--choices {source}: cannot be read as JSON ({error}).",
-                           hint="Give a checkpoint directory, an s3://…/step-<n> prefix, an experiment.json, "
-                                "a lowering annotation, or fresh.") from None
+                           hint=_RECORDS_HINT) from None
     if not isinstance(content, dict):
         content = {}
     metadata = content.get("metadata") if isinstance(content.get("metadata"), dict) else {}
