@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
-from sexpgpu import settings
+from sexpgpu import settings as environment_settings  # `settings` below is a ChoiceSettings
 from sexpgpu.backends.select import computes_exact, probe_for
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.stacking import stack_training
@@ -52,10 +52,10 @@ class ChoiceSettings:
 def choice_settings(flag_choices: str | None, flag_deterministic: bool, environ=None) -> ChoiceSettings:
     """The command line wins over the environment, whose settings are read as every setting
     is (settings.py: a blank one is unset)."""
-    gradients = settings.value("SEXPGPU_NODE_GRADIENTS", environ)
+    gradients = environment_settings.value("SEXPGPU_NODE_GRADIENTS", environ)
     return ChoiceSettings(
-        choices=flag_choices or settings.value("SEXPGPU_CHOICES", environ),
-        deterministic=flag_deterministic or settings.value("SEXPGPU_DETERMINISTIC", environ) == "1",
+        choices=flag_choices or environment_settings.value("SEXPGPU_CHOICES", environ),
+        deterministic=flag_deterministic or environment_settings.value("SEXPGPU_DETERMINISTIC", environ) == "1",
         node_gradients=gradients or DEFAULT_NODE_GRADIENTS,
         node_gradients_set=gradients is not None,
     )
