@@ -43,10 +43,11 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+# Numbers are ASCII: Python's int() and float() also take other scripts' digits ('١', '１').
 def _integer(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         digits = text.strip().replace("_", "")
-        if not digits.isdigit() or len(digits) > 30 or not low <= int(digits) <= high:
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 30 or not low <= int(digits) <= high:
             raise ValueError
         return int(digits)
 
@@ -55,8 +56,10 @@ def _integer(low: int, high: int) -> Callable[[str], int]:
 
 def _seconds(low: float, high: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
+        if not text.isascii():
+            raise ValueError
         seconds = float(text)
-        if not low <= seconds <= high:
+        if not low <= seconds <= high:  # nan is in no range
             raise ValueError
         return seconds
 
@@ -139,7 +142,8 @@ MAX_NAME = max(len(name) for name in SETTINGS)
 
 
 def value(name: str, environ=None):
-    """The parsed value of a known setting, or None when it is unset or empty."""
+    """The parsed value of a known setting, or None when it is unset or blank (empty, or only
+    whitespace): for every setting, a blank value is an unset one."""
     environ = os.environ if environ is None else environ
     setting = SETTINGS[name]
     text = environ.get(name, "")
@@ -150,6 +154,27 @@ def value(name: str, environ=None):
     except ValueError:
         raise SexpgpuError("E-CONFIG-001", f"{name} is '{_shown(text)}': expected {setting.allowed}.",
                            hint=f"Unset it for the default ({setting.default}); docs/settings.md lists every setting.") from None
+
+
+def recorded(names, environ=None) -> dict[str, str]:
+    """The settings among `names` that are set, each as its parsed value's text: what a run
+    records of them, so that `OFF`, ` off ` and `off` are one value and a blank one none."""
+    return {name: str(found) for name in names if (found := value(name, environ)) is not None}
+
+
+def as_recorded(record: dict) -> dict:
+    """A record of settings as `recorded` writes it now; one written raw by an older sexpgpu
+    may hold `Off` or a blank value. A value no setting takes is kept as it is."""
+    now = {}
+    for name, text in record.items():
+        if name not in SETTINGS or not isinstance(text, str):
+            now[name] = text
+            continue
+        try:
+            now.update(recorded([name], {name: text}))
+        except SexpgpuError:  # kept, so that a resume's E-CKPT-002 names it
+            now[name] = text
+    return now
 
 
 def resolved(name: str, environ=None) -> str:

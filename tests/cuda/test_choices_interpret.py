@@ -220,3 +220,19 @@ def test_a_pinned_stacked_runs_products_are_the_keys_its_lowered_steps_look_up()
     lowered = {step.product.key() for graph in stacked.graphs for step in backend.lowered(graph).steps
                if getattr(step, "product", None)}
     assert lowered and lowered <= set(products)
+
+
+def test_the_backends_own_level_line_claims_the_cache_only_where_it_can_remember(monkeypatch, tmp_path):
+    """`sexpgpu check --device cuda` prints the backend's own level line: level 1 with
+    ~/.cache/sexpgpu where a run could remember its measurements, else this run's only."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert CudaBackend(device="cpu").facts()["determinism"].startswith(
+        "1: this machine repeats these bits with this binary and ~/.cache/sexpgpu")
+    monkeypatch.delenv("HOME")
+    assert CudaBackend(device="cpu").facts()["determinism"].startswith(
+        "1 within this run only: HOME is unset, so there is no ~/.cache/sexpgpu, so what it measured is not remembered")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home/.cache").write_text("a file where the cache's folder belongs")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert CudaBackend(device="cpu").facts()["determinism"].startswith(
+        f"1 within this run only: {tmp_path}/home/.cache/sexpgpu cannot be written, so what it measured")

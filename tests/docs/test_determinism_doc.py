@@ -22,6 +22,13 @@ def test_the_page_quotes_the_level_1_line_of_a_device_run():
     assert line.startswith("1: ") and f"{'determinism':<20}{line}" in PAGE
 
 
+def test_the_page_quotes_the_level_line_of_a_run_that_remembers_nothing():
+    line = determinism_line(How("own", forgets="REASON"), "compute_90 with 132 multiprocessors")
+    row = next(row for row in PAGE.splitlines() if row.startswith("| the run's own, with HOME unset"))
+    quoted = row.split("`")[1]
+    assert quoted.endswith("; ...") and line.startswith(quoted.removesuffix("; ...")), (quoted, line)
+
+
 def test_the_pages_that_cite_it_find_it():
     for page in ("errors.md", "checkpoints.md"):
         assert "docs/determinism.md" in (ROOT / "docs" / page).read_text()

@@ -3,16 +3,20 @@
     PYTHONPATH=src python tests/fuzz/fuzz_cli.py --cases 50000 --jobs 2
     PYTHONPATH=src python tests/fuzz/fuzz_cli.py --show 4711 > case.sexp   # one case's file
     PYTHONPATH=src python tests/fuzz/fuzz_cli.py --cases 5000 --failures-out fuzz-failures/
+    PYTHONPATH=src python tests/fuzz/fuzz_cli.py --kind records --cases 2000   # record files
+    PYTHONPATH=src python tests/fuzz/fuzz_cli.py --kind environment --cases 322  # every setting
 
 It prints the summary the test prints, then one line for each distinct failure (its class, the
 exception or message, the mutations, and the index of its smallest case), and with
---failures-out writes every failing case's file there, named by index and class. The cases are
-those of the test: the same seed and index give the same file.
+--failures-out writes every failing case's files there, named by index and class. The cases are
+those of the test: the same kind, seed and index give the same files and environment. The
+environment kind starts the test S3 server (tests/s3server.py) for its AWS_* cases.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import re
 import sys
@@ -20,22 +24,39 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fuzz_harness import Failure, Limits, Outcome, Summary, Worker, fuzz, worker_directory  # noqa: E402
-from fuzz_mutators import Case, Plan, load_seeds, make_case, tokens  # noqa: E402
+from fuzz_harness import KINDS, Failure, Limits, Outcome, S3Target, Summary, Worker, fuzz, worker_directory  # noqa: E402
+from fuzz_mutators import Case, Plan, load_seeds, tokens  # noqa: E402
 
 
-def cases_for(job: int, jobs: int, start: int, count: int, plan: Plan):
+def cases_for(job: int, jobs: int, start: int, count: int, plan: Plan, kind: str = "files"):
     seeds, runnable = load_seeds()
-    return (make_case(index, seeds, runnable, plan) for index in range(start + job, start + count, jobs))
+    return (KINDS[kind](index, seeds, runnable, plan) for index in range(start + job, start + count, jobs))
 
 
-def run_jobs(start: int, count: int, jobs: int, plan: Plan, limits: Limits) -> Summary:
+@contextlib.contextmanager
+def s3_target(kind: str):
+    """The test S3 server and a bucket for the environment kind's S3 cases; None for the others."""
+    if kind != "environment":
+        yield None
+        return
+    from s3server import S3Server
+
+    server = S3Server.start()
+    try:
+        yield S3Target(server.environment(), server.new_bucket())
+    finally:
+        server.stop()
+
+
+def run_jobs(start: int, count: int, jobs: int, plan: Plan, limits: Limits, kind: str = "files",
+             s3: S3Target | None = None) -> Summary:
     """`jobs` workers side by side, each taking every jobs-th case."""
     summaries = [Summary() for _ in range(jobs)]
 
     def work(job):
-        summaries[job] = fuzz(cases_for(job, jobs, start, count, plan), limits)
+        summaries[job] = fuzz(cases_for(job, jobs, start, count, plan, kind), limits, s3=s3)
 
     threads = [threading.Thread(target=work, args=(job,)) for job in range(jobs)]
     for thread in threads:
@@ -102,6 +123,8 @@ def describe_failures(failures: list[Failure]) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kind", choices=tuple(KINDS), default="files",
+                        help="experiment files (default), record files, or environment values")
     parser.add_argument("--cases", type=int, default=5000)
     parser.add_argument("--start", type=int, default=0, help="the first case index")
     parser.add_argument("--jobs", type=int, default=2)
@@ -119,20 +142,26 @@ def main(argv=None) -> int:
     plan = Plan(args.seed, args.run_every)
     if args.show is not None:
         seeds, runnable = load_seeds()
-        case = make_case(args.show, seeds, runnable, plan)
-        print(f"; case {case.index}: {case.command} of {case.seed} after {', '.join(case.mutations)}", file=sys.stderr)
-        sys.stdout.buffer.write(case.data())
+        case = KINDS[args.kind](args.show, seeds, runnable, plan)
+        variables = "".join(f"; {name}={value!r}" for name, value in case.environ)
+        print(f"; case {case.index}: {case.command} of {case.seed} after {', '.join(case.mutations)}{variables}",
+              file=sys.stderr)
+        # a record case's record file; else the experiment file
+        sys.stdout.buffer.write(case.files[0][1] if case.files else case.data())
         return 0
     limits = Limits(check_seconds=args.time_limit, max_hangs=args.max_hangs)
-    summary = run_jobs(args.start, args.cases, args.jobs, plan, limits)
+    with s3_target(args.kind) as s3:
+        summary = run_jobs(args.start, args.cases, args.jobs, plan, limits, args.kind, s3)
     print(summary.format())
     for line in describe_failures(summary.failures):
         print(line)
     if args.failures_out:
         args.failures_out.mkdir(parents=True, exist_ok=True)
         for failure in summary.failures:
-            name = f"{failure.case.index:07d}-{failure.case.command}-{failure.outcome.label}.sexp"
-            (args.failures_out / name).write_bytes(failure.case.data())
+            stem = f"{failure.case.index:07d}-{failure.case.command}-{failure.outcome.label}"
+            (args.failures_out / f"{stem}.sexp").write_bytes(failure.case.data())
+            for name, data in failure.case.files:
+                (args.failures_out / f"{stem}-{name}").write_bytes(data)
     if args.minimize:
         write_minimized(summary.failures, args.minimize, args.time_limit)
     return 1 if summary.failures else 0

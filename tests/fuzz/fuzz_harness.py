@@ -3,8 +3,10 @@
 The worker is a long-lived child (multiprocessing's forkserver: a clean, single-threaded parent
 with the CLI already imported, so a new worker costs a fork, and no thread pool of the test
 process is inherited half-alive). It takes a case, writes it to `case.sexp` in its own
-directory, calls `main(["check", "case.sexp"])` (and for a run case then `main(["run", ...])`
-for two steps on the CPU) and sends back the outcome. A case that does not answer within its
+directory with any other file the case reads (a record file), sets the case's environment
+variables, calls `main(["check", "case.sexp"])` (and for a run case then `main(["run", ...])`
+for two steps on the CPU, its checkpoints on the test S3 server for a case that says so) and
+sends back the outcome, the environment restored. A case that does not answer within its
 time limit is a hang: the worker is killed and a new one takes the next case. A worker that
 dies is a crash.
 
@@ -30,15 +32,21 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-from fuzz_mutators import EXAMPLES, Case
+from fuzz_environment import make_environment_case
+from fuzz_mutators import EXAMPLES, Case, make_case
+from fuzz_records import make_record_case
 
 CASE_FILE = "case.sexp"
+# The kinds of case, each made by a function (index, seeds, runnable, plan) -> Case: mutated
+# experiment files, record files (fuzz_records.py), environment values (fuzz_environment.py).
+KINDS = {"files": make_case, "records": make_record_case, "environment": make_environment_case}
 # Areas whose errors are about the file's text, so they carry its line and column.
 PLACED_AREAS = frozenset({"READ", "FORM", "GRAPH", "SHAPE", "DTYPE"})
 # Areas `check` covers: a `run` of a file that `check` accepted must not fail with one of these.
 CHECK_AREAS = PLACED_AREAS | {"SELECT"}
-_ERROR_LINE = re.compile(r"^(?:(?P<file>.*?):(?P<line>\d+):(?P<column>\d+): )?error (?P<code>E-(?P<area>[A-Z]+)-\d{3}): ",
+_ERROR_LINE = re.compile(r"^(?:(?P<file>.*?):(?P<line>\d+):(?P<column>\d+): )?error (?P<code>E-(?P<area>[A-Z][A-Z0-9]*)-\d{3}): ",
                          re.M)
 # Control characters a message must show escaped: C0 but newline and tab, DEL, C1.
 _RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -121,21 +129,54 @@ def _call_main(main, argv: list[str]) -> tuple[object, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
-def _execute(main, case: Case) -> Outcome:
+class S3Target(NamedTuple):
+    """Where a case that writes to S3 writes: the test server's AWS_* environment and a bucket."""
+    environment: dict
+    bucket: str
+
+
+# With these, a request that an AWS_* value sends elsewhere than the test server (a blank
+# endpoint is AWS's own) goes to a proxy where nothing listens, and fails at once on loopback.
+OFF_LOOPBACK = {"HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
+                "NO_PROXY": "127.0.0.1,localhost", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def _execute(main, case: Case, s3: S3Target | None = None) -> Outcome:
     started = time.process_time()
-    outcome = _judge_case(main, case)
+    with _environment(case, s3):
+        outcome = _judge_case(main, case, s3)
     return dataclasses.replace(outcome, cpu_seconds=time.process_time() - started)
 
 
-def _judge_case(main, case: Case) -> Outcome:
+@contextlib.contextmanager
+def _environment(case: Case, s3: S3Target | None):
+    """The case's variables set (on the test server's AWS_* environment for an S3 case), and
+    the environment as it was afterwards."""
+    kept = dict(os.environ)
+    try:
+        if case.s3 and s3 is not None:
+            for name in [name for name in os.environ if name.startswith("AWS_")]:
+                del os.environ[name]
+            os.environ.update({**s3.environment, **OFF_LOOPBACK})
+        os.environ.update(dict(case.environ))
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(kept)
+
+
+def _judge_case(main, case: Case, s3: S3Target | None) -> Outcome:
     Path(CASE_FILE).write_bytes(case.data())
+    for name, data in case.files:
+        Path(name).write_bytes(data)
     status, out, err = _call_main(main, ["check", CASE_FILE])
     checked = classify(status, err, out)
     if case.command == "check":
         return checked
     run_dir = f"run-{case.index}"
+    destination = ["--checkpoint-to", f"s3://{s3.bucket}/case-{case.index}"] if case.s3 and s3 is not None else []
     try:
-        status, out, err = _call_main(main, ["run", CASE_FILE, "--device", "cpu", "--run-dir", run_dir])
+        status, out, err = _call_main(main, ["run", CASE_FILE, "--device", "cpu", "--run-dir", run_dir, *destination])
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     return judge_run(checked, classify(status, err, out))
@@ -148,7 +189,7 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def serve(connection, workdir: str) -> None:
+def serve(connection, workdir: str, s3: S3Target | None = None) -> None:
     """The worker's loop: a case in, an Outcome out, until the pipe closes."""
     os.environ.pop("SEXPGPU_DEBUG", None)  # with it set, main re-raises internal errors
     os.chdir(workdir)
@@ -161,7 +202,7 @@ def serve(connection, workdir: str) -> None:
             case = connection.recv()
         except EOFError:
             return
-        connection.send(_execute(main, case))
+        connection.send(_execute(main, case, s3))
 
 
 def _context():
@@ -175,8 +216,9 @@ def _context():
 class Worker:
     """One worker process and its directory; replaced after a hang or a crash."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, s3: S3Target | None = None):
         self.workdir = workdir
+        self.s3 = s3
         self.process = None
         self.connection = None
         self.served = 0
@@ -184,7 +226,7 @@ class Worker:
     def _start(self) -> None:
         context = _context()
         self.connection, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, str(self.workdir)), daemon=True)
+        self.process = context.Process(target=serve, args=(child, str(self.workdir), self.s3), daemon=True)
         self.process.start()
         child.close()
         self.served = 0
@@ -306,12 +348,12 @@ def worker_directory(parent: Path | None = None):
         yield Path(directory)
 
 
-def fuzz(cases, limits: Limits = Limits(), workdir: Path | None = None) -> Summary:
+def fuzz(cases, limits: Limits = Limits(), workdir: Path | None = None, s3: S3Target | None = None) -> Summary:
     """Run the cases one after another in one worker and count their outcomes."""
     summary = Summary()
     started = time.monotonic()
     with worker_directory(workdir) as directory:
-        worker = Worker(directory)
+        worker = Worker(directory, s3)
         try:
             for case in cases:
                 time_limit = limits.run_seconds if case.command == "run" else limits.check_seconds

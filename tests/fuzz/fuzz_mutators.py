@@ -497,6 +497,9 @@ class Case:
     seed: str               # the seed file's name
     mutations: tuple[str, ...]
     text: str               # surrogateescape-decoded: encode with it to get the file's bytes
+    files: tuple[tuple[str, bytes], ...] = ()  # other files the case reads (a record file), by name
+    environ: tuple[tuple[str, str], ...] = ()  # variables set for the case's commands
+    s3: bool = False        # whether its run writes checkpoints to the test S3 server
 
     def data(self) -> bytes:
         return self.text.encode("utf-8", "surrogateescape")

@@ -50,9 +50,9 @@ def program(tmp_path):
     return tiny_program(tmp_path)
 
 
-def situation(program, device, gradients="bf16", gpus=1, stackable=None) -> Situation:
+def situation(program, device, gradients="bf16", gpus=1, stackable=None, nodes=1) -> Situation:
     return Situation(device, program.training, program.stackable if stackable is None else stackable,
-                     program.training.microbatches, gradients, gpus=gpus)
+                     program.training.microbatches, gradients, gpus=gpus, nodes=nodes)
 
 
 @pytest.fixture
@@ -171,8 +171,34 @@ def test_a_model_without_convolutions_records_none(program):
 
 @pytest.mark.parametrize("setting", ["bf16", "f32"])
 def test_gradients_between_nodes_are_the_setting_and_strict_is_f32(program, setting):
-    assert decide(situation(program, FakeDevice(), setting), Forgetful()).node_gradients == setting
-    assert decide_strictly(situation(program, FakeDevice(), setting)).node_gradients == "f32"
+    assert decide(situation(program, FakeDevice(), setting, gpus=2, nodes=2), Forgetful()).node_gradients == setting
+    assert decide_strictly(situation(program, FakeDevice(), setting, gpus=2, nodes=2)).node_gradients == "f32"
+
+
+@pytest.mark.parametrize("setting", ["bf16", "f32"])
+def test_one_node_sends_no_gradients_between_nodes_and_records_null(program, setting):
+    """determinism.md's record: `"node_gradients": null` on one node, whatever the setting."""
+    for gpus in (1, 4):
+        assert decide(situation(program, FakeDevice(), setting, gpus=gpus), Forgetful()).to_json()["node_gradients"] is None
+        assert decide_strictly(situation(program, FakeDevice(), setting, gpus=gpus)).node_gradients is None
+
+
+@pytest.mark.parametrize("setting", ["bf16", "f32"])
+@pytest.mark.parametrize("recorded_dtype", [None, "bf16", "f32"])  # a dtype: an older sexpgpu's record of one node
+def test_one_node_takes_a_record_of_any_gradients_between_nodes(program, setting, recorded_dtype):
+    record = recorded(program, FakeDevice(), node_gradients=recorded_dtype)
+    assert take_pinned(situation(program, FakeDevice(), setting), record, "their run").node_gradients is None
+
+
+def test_several_nodes_take_the_recorded_gradients_or_the_setting_where_none_is_recorded(program):
+    record = recorded(program, FakeDevice(), node_gradients="f32")
+    assert take_pinned(situation(program, FakeDevice(), "f32", gpus=2, nodes=2), record, "x").node_gradients == "f32"
+    one_node = replace(record, node_gradients=None)
+    assert take_pinned(situation(program, FakeDevice(), "bf16", gpus=2, nodes=2), one_node, "x").node_gradients == "bf16"
+    with pytest.raises(SexpgpuError) as raised:
+        take_pinned(situation(program, FakeDevice(), "bf16", gpus=2, nodes=2), record, "their run")
+    assert raised.value.code == "E-CHOICE-001"
+    assert "its node_gradients: gradients between nodes were f32, and SEXPGPU_NODE_GRADIENTS says bf16" in str(raised.value)
 
 
 def test_the_record_has_the_specs_shape(program):
@@ -330,8 +356,6 @@ SPLIT = {"ordinary": 1.0, "split-k 2": 0.5}
      "this device does not offer 'split-k 2'"),
     ("a product the record has none for", FakeDevice(product_seconds={"ordinary": 1.0, "split-k 2": 0.5}),
      {"products": {}}, "has no recorded implementation"),
-    ("gradients in another dtype", FakeDevice(product_seconds=SPLIT), {"node_gradients": "f32"},
-     "gradients between nodes were f32, and SEXPGPU_NODE_GRADIENTS says bf16"),
 ])
 def test_a_pin_this_machine_cannot_take_stops_with_E_CHOICE_001(program, case, device, change, reason):
     record = recorded(program, FakeDevice(product_seconds={"ordinary": 1.0, "split-k 2": 0.5}), **change)

@@ -80,7 +80,7 @@ def test_a_cpu_run_records_its_choices_everywhere_and_states_its_level(sexpgpu, 
     assert line(out, "choices").startswith("stacking 1, no recomputation")
     recorded = choices_of(tmp_path / "r/experiment.json")
     assert recorded == choices_of(tmp_path / "r/step-3/experiment.json") == choices_of(tmp_path / "r/step-6/experiment.json")
-    assert recorded["stacking"] == 1 and recorded["strict"] is False and recorded["node_gradients"] == "bf16"
+    assert recorded["stacking"] == 1 and recorded["strict"] is False and recorded["node_gradients"] is None
     annotation = json.loads((tmp_path / "r/lowering.json").read_text())
     assert annotation["metadata"]["choices"] == recorded and annotation["text"] == out.rstrip("\n")
     code, shown, _ = sexpgpu("checkpoint", tmp_path / "r/step-3")
@@ -144,12 +144,29 @@ def test_a_pin_this_machine_cannot_take_stops_before_the_first_step(sexpgpu, tin
     assert not (tmp_path / "mine/metrics.jsonl").exists()
 
 
-def test_the_node_gradients_setting_must_match_a_pin(sexpgpu, tiny, tmp_path, monkeypatch):
-    sexpgpu("run", tiny, "--run-dir", tmp_path / "theirs", device=FakeDevice())
-    monkeypatch.setenv("SEXPGPU_NODE_GRADIENTS", "f32")
-    code, _, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "mine", "--choices", tmp_path / "theirs/step-3",
-                           device=FakeDevice())
-    assert code == 2 and "E-CHOICE-001" in err and "gradients between nodes were bf16" in err
+@pytest.mark.parametrize("setting, recorded_dtype, device", [
+    ("bf16", None, FakeDevice()), ("f32", None, FakeDevice()),
+    # a checkpoint of an older sexpgpu, which recorded its setting on one node too
+    ("f32", "bf16", FakeDevice()), ("bf16", "f32", FakeDevice()), ("f32", "bf16", None),
+], ids=["bf16", "f32", "f32-old-bf16", "bf16-old-f32", "interpreter-f32-old-bf16"])
+def test_a_one_node_resume_takes_its_checkpoint_under_either_node_gradients_setting(
+        sexpgpu, tiny, tmp_path, monkeypatch, setting, recorded_dtype, device):
+    """Gradients go between nodes only on several nodes: one node records null, and its resume
+    is pinned (level 2) whatever SEXPGPU_NODE_GRADIENTS says, to the same bits."""
+    sexpgpu("run", tiny, "--run-dir", tmp_path / "whole", device=device)
+    sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=device)
+    assert choices_of(tmp_path / "r/step-3/experiment.json")["node_gradients"] is None
+    if recorded_dtype is not None:
+        rewrite_record(tmp_path / "r/step-3", lambda record: record["choices"].update(node_gradients=recorded_dtype))
+    shutil.rmtree(tmp_path / "r/step-6")
+    monkeypatch.setenv("SEXPGPU_NODE_GRADIENTS", setting)
+    code, out, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", "--resume", tmp_path / "r/step-3", device=device)
+    assert code == 0, err
+    if device is not None:
+        assert line(out, "determinism").startswith("2: pinned to the choices of the checkpoint resumed from")
+    assert choices_of(tmp_path / "r/step-6/experiment.json")["node_gradients"] is None
+    assert "no gradients between nodes" in line(out, "choices") or device is None
+    assert metrics(tmp_path / "r") == metrics(tmp_path / "whole")
 
 
 def test_the_cpu_interpreter_refuses_a_stacked_pin(sexpgpu, tiny, tmp_path):
@@ -237,7 +254,7 @@ def test_deterministic_takes_the_last_column_and_measures_nothing(sexpgpu, tiny,
         runs.append(metrics(tmp_path / name))
     recorded = choices_of(tmp_path / "a/step-6/experiment.json")
     assert (recorded["strict"], recorded["stacking"], recorded["recompute"], recorded["node_gradients"]) == \
-        (True, 1, 9.0, "f32")
+        (True, 1, 9.0, None)  # none go between nodes on one node
     assert set(recorded["products"].values()) == {"ordinary"} and recorded["convolutions"] == {}
     assert runs[0] == runs[1]
 
@@ -247,6 +264,23 @@ def test_deterministic_refuses_a_record(sexpgpu, tiny, tmp_path):
     code, _, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "mine", "--deterministic", "--choices",
                            tmp_path / "theirs/experiment.json", device=FakeDevice())
     assert code == 2 and "error E-CHOICE-002" in err
+
+
+@pytest.mark.parametrize("flags, variables", [
+    (["--deterministic", "--choices", "fresh"], {}),
+    (["--deterministic"], {"SEXPGPU_CHOICES": "fresh"}),
+    (["--choices", "fresh"], {"SEXPGPU_DETERMINISTIC": "1"}),
+    ([], {"SEXPGPU_DETERMINISTIC": "1", "SEXPGPU_CHOICES": " FRESH "}),
+], ids=["flags", "deterministic-flag", "choices-flag", "variables"])
+@pytest.mark.parametrize("device", [FakeDevice(), None], ids=["device", "interpreter"])
+def test_deterministic_refuses_fresh_choices(sexpgpu, tiny, tmp_path, monkeypatch, flags, variables, device):
+    """Fixed rules cannot also be chosen afresh: E-CHOICE-002 before any step, however asked."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    code, _, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", *flags, device=device)
+    assert code == 2 and "error E-CHOICE-002: --deterministic takes fixed rules for every choice, so it cannot " \
+                         "also choose them afresh here (--choices fresh)." in err
+    assert not (tmp_path / "r/metrics.jsonl").exists()
 
 
 @pytest.mark.parametrize("setting, refused", [("bf16", True), ("f32", False)])
@@ -267,10 +301,56 @@ def test_a_choices_source_without_choices_is_E_CHOICE_003(sexpgpu, tiny, tmp_pat
         assert code == 2 and "error E-CHOICE-003" in err
 
 
+@pytest.mark.parametrize("how", ["flag", "variable"])
+@pytest.mark.parametrize("device", [FakeDevice(), None], ids=["device", "interpreter"])
+def test_a_choices_path_that_does_not_exist_is_E_CHOICE_004_naming_it(sexpgpu, tiny, tmp_path, monkeypatch, how, device):
+    missing = tmp_path / "runs/a/step-10"
+    flags = ["--choices", missing] if how == "flag" else []
+    if how == "variable":
+        monkeypatch.setenv("SEXPGPU_CHOICES", str(missing))
+    code, _, err = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", *flags, device=device)
+    assert code == 2 and f"error E-CHOICE-004: --choices names {missing}, which does not exist." in err
+    assert "JSON" not in err and not (tmp_path / "r/metrics.jsonl").exists()
+
+
 def test_unset_home_runs_and_says_so(sexpgpu, tiny, tmp_path, monkeypatch):
+    """determinism.md, "A run loses level 1": with no cache nothing measured is remembered, so
+    the level line claims no cache, only this run's own bits."""
     monkeypatch.delenv("HOME")
     code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=FakeDevice())
     assert code == 0 and "HOME is unset" in line(out, "choosing")
+    assert line(out, "determinism").startswith(
+        "1 within this run only: HOME is unset, so there is no ~/.cache/sexpgpu, so what it measured is not "
+        "remembered and another run on this machine may measure and choose otherwise (3 against this one)")
+
+
+def unwritable_cache(home: Path) -> Path:
+    """A cache no process can write, root included: its lock is a directory."""
+    (home / ".cache/sexpgpu/.lock").mkdir(parents=True, exist_ok=True)
+    return home / ".cache/sexpgpu"
+
+
+def test_a_cache_that_cannot_be_written_loses_level_1_and_says_so(sexpgpu, tiny, tmp_path, home):
+    cache = unwritable_cache(home)
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=FakeDevice())
+    level = line(out, "determinism")
+    assert code == 0 and level.startswith(f"1 within this run only: the cache {cache}/")
+    assert "cannot be written, so what it measured is not remembered" in level and "~/.cache/sexpgpu;" not in level
+    # a resume that chooses again cannot promise this machine repeats it either
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r2", "--resume", tmp_path / "r/step-3",
+                           "--choices", "fresh", device=FakeDevice())
+    assert code == 0 and line(out, "determinism").startswith("3: this resume chose again (--choices fresh)")
+    assert line(out, "determinism").endswith("another resume here may choose otherwise")
+
+
+def test_a_cache_that_cannot_be_written_but_holds_every_choice_keeps_level_1(sexpgpu, tiny, tmp_path, home):
+    code, _, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "a", device=FakeDevice(product_seconds=SPLIT))
+    assert code == 0
+    (home / ".cache/sexpgpu/.lock").unlink()
+    unwritable_cache(home)
+    code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "b", device=FakeDevice(product_seconds=SPLIT))
+    assert code == 0 and "chosen now" not in out
+    assert line(out, "determinism").startswith("1: this machine repeats these bits with this binary and ~/.cache/sexpgpu")
 
 
 def test_a_damaged_cache_is_ignored_and_said(sexpgpu, tiny, tmp_path, home):

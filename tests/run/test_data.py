@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import zipfile
+
 import numpy as np
 import pytest
 
@@ -42,6 +45,9 @@ def test_record_file_fields_and_batches(tmp_path):
     ({"x": np.zeros((3, 2), np.float32), "y": np.zeros(4, np.int32)}, "different numbers of records"),
     ({"x": np.zeros((3, 2), np.float64)}, "float64"),
     ({"x": np.float32(1)}, "scalar"),
+    ({"x": np.zeros((10, 0), np.float32), "y": np.zeros(10, np.int32)}, "shape (10, 0): an axis of size 0"),
+    ({"x": np.zeros((0, 2), np.float32)}, "holds no records"),
+    ({"x": np.array([None, {}], dtype=object)}, "dtype object"),
 ])
 def test_bad_record_files_are_refused(tmp_path, arrays, message):
     path = tmp_path / "bad.npz"
@@ -49,6 +55,48 @@ def test_bad_record_files_are_refused(tmp_path, arrays, message):
     with pytest.raises(SexpgpuError) as error:
         RecordSource(str(path), shuffle=False, seed=0)
     assert error.value.code == "E-DATA-002" and message in error.value.message
+
+
+def _npz(members) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for name, data in members:
+            archive.writestr(name, data)
+    return out.getvalue()
+
+
+def _npy(array: np.ndarray, shape=None) -> bytes:
+    """An .npy file of the array, its header declaring `shape` instead of the array's."""
+    header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False,
+              "shape": array.shape if shape is None else shape}
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue() + array.tobytes()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "not a readable .npz file"),
+    (_npz([]), "holds no tensors"),
+    (_npz([("x.npy", _npy(np.zeros((3, 2), np.float32))), ("readme.txt", b"hi")]), "'readme.txt', which is not an .npy"),
+    (_npz([("x.npy", _npy(np.zeros((3, 2), np.float32), shape=(2**40, 2)))]),
+     "declares shape (1099511627776, 2) of float32, 8796093022208 bytes, and holds 24"),
+    (_npy(np.zeros((3, 2), np.float32)), "not a readable .npz file"),  # an .npy, not an archive of them
+], ids=["empty", "no-members", "other-member", "huge-shape", "npy-not-npz"])
+def test_damaged_npz_files_are_refused_before_their_data_is_read(tmp_path, content, message):
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content)
+    with pytest.raises(SexpgpuError) as error:
+        RecordSource(str(path), shuffle=False, seed=0)
+    assert error.value.code == "E-DATA-002" and message in error.value.message
+
+
+def test_fortran_order_and_big_endian_fields_read_as_numpy_does(tmp_path):
+    path = tmp_path / "r.npz"
+    x = np.asfortranarray(np.arange(12, dtype=">f4").reshape(6, 2))
+    np.savez(path, x=x, y=np.arange(6, dtype=">i4"))
+    source = RecordSource(str(path), shuffle=False, seed=0)
+    assert source.fields["x"].dtype == "f32" and source.fields["y"].dtype == "i32"
+    assert np.array_equal(source.batch(0, 6)["x"], np.load(path)["x"]) and source.batch(0, 6)["x"].dtype == np.float32
 
 
 def test_missing_record_file(tmp_path):

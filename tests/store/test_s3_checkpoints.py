@@ -161,6 +161,36 @@ def test_missing_credentials_are_E_S3_002(s3, monkeypatch):
     assert caught.value.code == "E-S3-002" and "credentials" in caught.value.message
 
 
+@pytest.mark.parametrize("name, value, named", [
+    ("AWS_ENDPOINT_URL", "notaurl", "Invalid endpoint: notaurl"),
+    ("AWS_ENDPOINT_URL_S3", " ", "Invalid endpoint"),
+    ("AWS_MAX_ATTEMPTS", "many", "'many'"),
+    ("AWS_PROFILE", "no-such-profile", "no-such-profile"),
+    ("AWS_RETRY_MODE", "sometimes", "sometimes"),
+    ("AWS_CREDENTIAL_EXPIRATION", "-1", "TypeError"),  # not a date: fails when the credentials are first used
+    ("AWS_SECRET_ACCESS_KEY", "", "missing: AWS_SECRET_ACCESS_KEY"),
+])
+def test_an_aws_configuration_that_sets_up_no_client_is_E_S3_005(s3, monkeypatch, name, value, named):
+    """botocore refuses its configuration with exceptions of many kinds (ValueError, its own,
+    dateutil's, TypeError): each is E-S3-005, before any request."""
+    with monkeypatch.context() as patch:
+        patch.setenv(name, value)
+        for attempt in (lambda: write(s3.uri("run"), 1), lambda: resolve_checkpoint("latest", s3.uri("run"))):
+            with pytest.raises(SexpgpuError) as caught:
+                attempt()
+            assert caught.value.code == "E-S3-005" and named in caught.value.message, caught.value.message
+            assert_no_secret(caught.value)
+    assert s3.keys() == []
+
+
+def test_an_endpoint_that_is_not_a_url_stops_the_command_with_status_2(s3, monkeypatch, capsys):
+    from sexpgpu.cli.main import main
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "notaurl")
+    assert main(["checkpoint", s3.uri("run/step-1")]) == 2
+    assert "error E-S3-005: the AWS configuration cannot set up an S3 client" in capsys.readouterr().err
+
+
 @pytest.fixture
 def forbidden_bucket(monkeypatch):
     """A server that checks credentials, a bucket, and a user whose keys may do nothing."""

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print(allocation_failed_on_host(error, "while the command ran").render(), file=sys.stderr)
         return 2
     except Exception as error:  # an internal bug: say so in one paragraph, traceback on request
-        if os.environ.get("SEXPGPU_DEBUG", "").strip() == "1":  # checked before any command ran
+        if _debugging():
             raise
         print(f"internal error in sexpgpu {__version__}: {type(error).__name__}: {redact(str(error))}. This is a bug; "
               "run again with SEXPGPU_DEBUG=1 for the traceback and report it.", file=sys.stderr)
@@ -231,6 +231,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a filter ended by SIGPIPE
+
+
+def _debugging() -> bool:
+    """SEXPGPU_DEBUG=1. Its value was checked before any command ran; an internal error in that
+    check itself is reported without the traceback rather than hidden by another error."""
+    try:
+        return settings.value("SEXPGPU_DEBUG") == "1"
+    except SexpgpuError:
+        return False
 
 
 def _drop_stdout() -> None:

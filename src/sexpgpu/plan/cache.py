@@ -19,7 +19,8 @@ file or the new one. A writer holds an advisory lock while it reads the file
 afresh and adds its entry, and the first entry for a key stays: two runs that measure the same
 thing at once both take the first one remembered (`.lock` in the cache directory), so they and every later run agree. A file that cannot be read as this shape is ignored, and the run says
 so; an unset HOME or a cache that cannot be written is said too, and the run goes on: it only
-loses level 1 against a later run, whose measurement may choose otherwise.
+loses level 1 against a later run, whose measurement may choose otherwise. `ChoiceCache.forgets`
+says why, and the determinism line says so (plan/levels.py) instead of naming the cache.
 """
 
 from __future__ import annotations
@@ -40,10 +41,29 @@ FORMAT = 1
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+HOME_UNSET = "HOME is unset, so there is no ~/.cache/sexpgpu"
+
+
 def cache_root() -> str | None:
     """~/.cache/sexpgpu, or None when HOME is unset (determinism.md: the run then says so)."""
     home = os.environ.get("HOME")
     return os.path.join(home, ".cache", "sexpgpu") if home else None
+
+
+def cache_forgets() -> str:
+    """Why a run here would not remember what it measures, as far as can be told without
+    writing: HOME unset, or the cache (or the nearest folder above it that exists) not a folder
+    this process may write; '' when it would. A run says what actually happened
+    (`ChoiceCache.forgets`): a cache it cannot write costs nothing when every choice is in it."""
+    root = cache_root()
+    if root is None:
+        return HOME_UNSET
+    existing = root
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not (os.path.isdir(existing) and os.access(existing, os.W_OK | os.X_OK)):
+        return f"{root} cannot be written"
+    return ""
 
 
 def graph_hash(graphs) -> str:
@@ -95,6 +115,7 @@ class ChoiceCache:
     notes: list = field(default_factory=list)
     taken: list = field(default_factory=list)  # the keys found in the cache
     made: list = field(default_factory=list)  # the keys chosen now (measured, or a fixed value)
+    forgets: str = ""  # why something chosen now is not remembered (HOME unset, a failed write); '' when all is
     _files: dict = field(default_factory=dict)
 
     def path(self, file: str) -> str:
@@ -132,8 +153,8 @@ class ChoiceCache:
                 entries[digest] = {"identity": self._identity(file), "key": key, "value": value}
                 _write_atomically(self.path(file), {"format": FORMAT, "entries": entries})
         except OSError as error:
-            self._note(f"the cache {self.path(file)} cannot be written ({error.strerror or error}): "
-                       "nothing measured now is remembered")
+            self.forgets = f"the cache {self.path(file)} cannot be written"
+            self._note(f"{self.forgets} ({error.strerror or error}): nothing measured now is remembered")
         return value
 
     def _identity(self, file: str) -> dict:
@@ -167,8 +188,8 @@ def open_cache(facts: DeviceFacts, training, generators=()) -> ChoiceCache:
     root = cache_root()
     cache = ChoiceCache(root, identity(facts, training, generators), engine_identity(facts))
     if root is None:
-        cache.notes.append("HOME is unset, so there is no ~/.cache/sexpgpu: every choice is measured now "
-                           "and nothing is remembered")
+        cache.forgets = HOME_UNSET
+        cache.notes.append(f"{HOME_UNSET}: every choice is measured now and nothing is remembered")
     return cache
 
 

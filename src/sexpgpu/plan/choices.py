@@ -45,7 +45,7 @@ class Choices:
     recompute: float | None  # None where no fusion planner runs (the CPU interpreter)
     convolutions: dict = field(default_factory=dict)  # role, shape and dtype -> cuDNN engine
     products: dict | None = field(default_factory=dict)  # ProductShape.key() -> implementation; None: not recorded
-    node_gradients: str | None = DEFAULT_NODE_GRADIENTS
+    node_gradients: str | None = DEFAULT_NODE_GRADIENTS  # None on one node, where none are sent
 
     def to_json(self) -> dict:
         return {key: getattr(self, key) for key in RECORD_KEYS}
@@ -78,6 +78,7 @@ class Situation:
     microbatches: int
     node_gradients: str  # SEXPGPU_NODE_GRADIENTS
     gpus: int = 1
+    nodes: int = 1  # gradients go between nodes only when there are several
     first_step_inputs: Callable[[], dict] = dict  # the first step's inputs, for a measurement at that step
     notes: list = field(default_factory=list)  # what the report says of how the choices were made
     free_bytes: int | None = None  # asked once, with the degrees offered
@@ -312,10 +313,29 @@ def _check_convolutions(situation: Situation, engines) -> str | None:
     return None
 
 
-def _check_node_gradients(situation: Situation, dtype) -> str | None:
-    if dtype is None or dtype == situation.node_gradients:
+# --- gradients between nodes ---------------------------------------------------------------
+# Only a run on several nodes sends any: one on one node records null and takes any record,
+# whatever SEXPGPU_NODE_GRADIENTS says (a checkpoint of an older sexpgpu records its setting).
+
+def node_gradients(nodes: int, setting: str, strict: bool = False) -> str | None:
+    """The dtype of the gradients a run sends between nodes: None on one node; f32 under
+    --deterministic; else SEXPGPU_NODE_GRADIENTS."""
+    if nodes == 1:
         return None
-    return (f"gradients between nodes were {dtype}, and SEXPGPU_NODE_GRADIENTS says {situation.node_gradients}")
+    return "f32" if strict else setting
+
+
+def node_gradients_refused(nodes: int, setting: str, recorded) -> str | None:
+    """Why a run cannot take recorded gradients between nodes (E-CHOICE-001), or None."""
+    if nodes == 1 or recorded is None or recorded == setting:
+        return None
+    return f"gradients between nodes were {recorded}, and SEXPGPU_NODE_GRADIENTS says {setting}"
+
+
+def _node_gradients_taken(situation: Situation, recorded) -> str | None:
+    """What a pinned run sends: the record's, which the pin checked; the setting where the
+    record has none (a run on one node recorded null); nothing on one node."""
+    return node_gradients(situation.nodes, recorded or situation.node_gradients)
 
 
 def _is_throughput(value) -> bool:
@@ -332,8 +352,9 @@ DECISIONS = (
     Decision("recompute", _make_recompute, "cost", _fixed("recompute"), _fixed(STRICT_RECOMPUTE), _check_recompute),
     # remembered per convolution inside `make` (the "engines" entries of choices.json)
     Decision("convolutions", _make_convolutions, "", _fixed(""), _strict_convolutions, _check_convolutions),
-    Decision("node_gradients", lambda situation: situation.node_gradients, "", _fixed(""), _fixed("f32"),
-             _check_node_gradients),
+    Decision("node_gradients", lambda situation: node_gradients(situation.nodes, situation.node_gradients), "",
+             _fixed(""), lambda situation: node_gradients(situation.nodes, situation.node_gradients, strict=True),
+             lambda situation, dtype: node_gradients_refused(situation.nodes, situation.node_gradients, dtype)),
 )
 
 
@@ -387,7 +408,8 @@ def take_pinned(situation: Situation, recorded: Choices, source: str) -> Choices
                                     "that can take the recorded choices.")
         situation.decided[decision.key] = recorded.value(decision.key)
     products = recorded.products if recorded.products is not None else _strict_products(situation)
-    return replace(recorded, device=situation.probe.device_facts().line(), products=products)
+    return replace(recorded, device=situation.probe.device_facts().line(), products=products,
+                   node_gradients=_node_gradients_taken(situation, recorded.node_gradients))
 
 
 def _record(situation: Situation, values: dict, strict: bool) -> Choices:

@@ -17,9 +17,14 @@ class How:
     mode: str  # one of LINES' keys
     source: str = ""  # the record pinned to, or why a resume chose again
     recorded_device: str = ""  # the device line of the pinned record
+    forgets: str = ""  # why the choices made now are not remembered (plan/cache.py); '' when they are
 
 
 def _own(how: How, device: str) -> str:
+    if how.forgets:  # determinism.md, "A run loses level 1"
+        return (f"1 within this run only: {how.forgets}, so what it measured is not remembered and another run on "
+                "this machine may measure and choose otherwise (3 against this one); 2 pinned to these choices with "
+                "--choices")
     return (f"1: this machine repeats these bits with this binary and {CACHE}; another is 3, "
             "or 2 pinned to these choices with --choices")
 
@@ -39,9 +44,10 @@ def _pinned(how: How, device: str) -> str:
 
 
 def _rechosen(how: How, device: str) -> str:
+    again = (f"{how.forgets}, so what it measured is not remembered and another resume here may choose otherwise"
+             if how.forgets else f"this machine repeats the resumed bits with {CACHE} (1)")
     return (f"3: this resume chose again ({how.source}): its choices were made on another machine than the "
-            "steps before it may have been, so the same distribution, not the same bits; this machine repeats "
-            f"the resumed bits with {CACHE} (1)")
+            f"steps before it may have been, so the same distribution, not the same bits; {again}")
 
 
 def _interpreter(how: How, device: str) -> str:
@@ -118,8 +124,10 @@ def choices_line(choices: Choices) -> str:
     recompute = "no recomputation" if choices.recompute is None else f"recompute {choices.recompute:.2f} flops a byte"
     products = choices.products or {}
     others = sum(1 for name in products.values() if name != "ordinary")
+    # none: one node (or a pass, which sends none)
+    gradients = f"gradients between nodes {choices.node_gradients}" if choices.node_gradients else \
+        "no gradients between nodes"
     text = (f"stacking {choices.stacking}, {recompute}, {len(choices.convolutions)} convolution engines, "
-            f"{len(products)} long products ({others} not ordinary), gradients between nodes "
-            f"{choices.node_gradients or 'unrecorded'}")
+            f"{len(products)} long products ({others} not ordinary), {gradients}")
     text += "; --deterministic" if choices.strict else ""
     return f"{text}; on {choices.device}"

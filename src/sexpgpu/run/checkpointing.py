@@ -88,12 +88,13 @@ def recorded_environment(environment: dict) -> dict:
 
 
 def _patterns_recorded(recorded: dict) -> dict:
-    """A checkpoint's record with SEXPGPU_PATTERNS: one written before the setting was always
-    recorded ran no pattern graph (there were none), as a run under `off` does."""
+    """A checkpoint's record with its settings as a run records them now (settings.as_recorded)
+    and SEXPGPU_PATTERNS: one written before the setting was always recorded ran no pattern
+    graph (there were none), as a run under `off` does."""
     environment = recorded.get("environment")
-    if not isinstance(environment, dict) or "SEXPGPU_PATTERNS" in environment:
+    if not isinstance(environment, dict):
         return recorded
-    return dict(recorded, environment=dict(environment, SEXPGPU_PATTERNS="off"))
+    return dict(recorded, environment={"SEXPGPU_PATTERNS": "off", **settings.as_recorded(environment)})
 
 
 def save(built, state: TrainingState, root: str, options) -> str:

@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 
+from sexpgpu import settings as environment_settings  # `settings` below is a ChoiceSettings
 from sexpgpu.backends.select import computes_exact, probe_for
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.stacking import stack_training
@@ -21,6 +22,8 @@ from sexpgpu.plan.choices import (
     decide,
     decide_strictly,
     exact_stacking,
+    node_gradients,
+    node_gradients_refused,
     take_pinned,
 )
 from sexpgpu.plan.levels import How, Spread, choices_line, determinism_line, spread_clause
@@ -46,14 +49,14 @@ class ChoiceSettings:
         return {"choices": self.choices, "deterministic": self.deterministic, "node_gradients": self.node_gradients}
 
 
-def choice_settings(flag_choices: str | None, flag_deterministic: bool, environ=os.environ) -> ChoiceSettings:
-    """The command line wins over the environment. The values themselves are validated with
-    the other settings; here only their meaning is read."""
-    gradients = environ.get("SEXPGPU_NODE_GRADIENTS")
+def choice_settings(flag_choices: str | None, flag_deterministic: bool, environ=None) -> ChoiceSettings:
+    """The command line wins over the environment, whose settings are read as every setting
+    is (settings.py: a blank one is unset)."""
+    gradients = environment_settings.value("SEXPGPU_NODE_GRADIENTS", environ)
     return ChoiceSettings(
-        choices=flag_choices or environ.get("SEXPGPU_CHOICES") or None,
-        deterministic=flag_deterministic or environ.get("SEXPGPU_DETERMINISTIC") == "1",
-        node_gradients=gradients if gradients in ("bf16", "f32") else DEFAULT_NODE_GRADIENTS,
+        choices=flag_choices or environment_settings.value("SEXPGPU_CHOICES", environ),
+        deterministic=flag_deterministic or environment_settings.value("SEXPGPU_DETERMINISTIC", environ) == "1",
+        node_gradients=gradients or DEFAULT_NODE_GRADIENTS,
         node_gradients_set=gradients is not None,
     )
 
@@ -133,8 +136,8 @@ def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_
     # each process stacks its own share of the microbatches; on several GPUs the measured
     # product and engine choices are rules (plan/choices.py)
     situation = Situation(probe, program.training, program.stackable, program.training.microbatches // world.size,
-                          settings.node_gradients, gpus=world.size, first_step_inputs=first_step_inputs,
-                          passes=tuple(program.passes.values()))
+                          settings.node_gradients, gpus=world.size, nodes=world.nodes,
+                          first_step_inputs=first_step_inputs, passes=tuple(program.passes.values()))
     if settings.deterministic:
         chosen = Chosen(decide_strictly(situation), How("strict"), situation.notes)
     elif pinned is not None:
@@ -145,7 +148,7 @@ def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_
         cache = open_cache(probe.device_facts(), program.training, generators)
         choices = decide(situation, cache)
         notes = situation.notes + cache.notes + _cache_notes(cache)
-        chosen = Chosen(choices, _own_or_rechosen(settings, resumed_record), notes)
+        chosen = Chosen(choices, replace(_own_or_rechosen(settings, resumed_record), forgets=cache.forgets), notes)
     chosen.patterns = _patterns(probe, situation)
     return chosen
 
@@ -160,11 +163,15 @@ def _patterns(probe, situation: Situation) -> str:
 
 
 def _refuse_contradictions(settings: ChoiceSettings) -> None:
+    """--deterministic takes fixed rules: no record to pin to, none to choose afresh, and f32
+    between nodes (determinism.md, "Pinning a run to recorded choices")."""
     if not settings.deterministic:
         return
-    if settings.choices not in (None, FRESH):
+    if settings.choices is not None:
+        taking = "choose them afresh here (--choices fresh)" if settings.choices == FRESH else \
+            f"take the recorded choices of {settings.choices}"
         raise SexpgpuError("E-CHOICE-002", f"--deterministic takes fixed rules for every choice, so it cannot also "
-                                           f"take the recorded choices of {settings.choices}.",
+                                           f"{taking}.",
                            hint="Leave out --choices (and SEXPGPU_CHOICES), or --deterministic "
                                 "(and SEXPGPU_DETERMINISTIC).")
     if settings.node_gradients_set and settings.node_gradients == "bf16":
@@ -213,17 +220,17 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned, world: World =
     of its own to choose (the CPU interpreter). A pinned record must ask for nothing else,
     unless the run is exact, where no choice changes a bit and a pin has nothing to hold."""
     device = built.backend_facts["name"]
-    gradients = "f32" if settings.deterministic else settings.node_gradients
+    gradients = node_gradients(world.nodes, settings.node_gradients, settings.deterministic)
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
     if computes_exact(built.backend):
         return exact_chosen(built, choices, world)
     if pinned is not None:
         record, source = pinned
-        reasons = [(key, reason) for key, wrong, reason in (
-            ("stacking", record.stacking != 1, f"stacking {record.stacking}: the CPU interpreter runs unstacked"),
-            ("node_gradients", record.node_gradients not in (None, gradients),
-             f"gradients between nodes were {record.node_gradients}, and SEXPGPU_NODE_GRADIENTS says {gradients}"),
-        ) if wrong]
+        reasons = [(key, reason) for key, reason in (
+            ("stacking", f"stacking {record.stacking}: the CPU interpreter runs unstacked" if record.stacking != 1
+             else None),
+            ("node_gradients", node_gradients_refused(world.nodes, settings.node_gradients, record.node_gradients)),
+        ) if reason]
         if reasons:
             key, reason = reasons[0]
             raise SexpgpuError("E-CHOICE-001", f"this run is pinned to the choices of {source} and cannot take its "
@@ -264,18 +271,23 @@ def interpreter_chosen(built, choices: Choices) -> Chosen:
     return Chosen(choices, How("interpreter"))
 
 
+_RECORDS_HINT = ("Give a checkpoint directory, an s3://…/step-<n> prefix, an experiment.json, a lowering "
+                 "annotation, or fresh.")
+
+
 def read_pinned(source: str) -> Choices:
     """The `choices` of a checkpoint (a step directory or s3://…/step-<n>), an experiment.json,
     or a lowering annotation's metadata."""
     if source.startswith("s3://") or os.path.isdir(source):
         return choices_from_json(read_record(source).get("choices"), source)
+    if not os.path.lexists(source):
+        raise SexpgpuError("E-CHOICE-004", f"--choices names {source}, which does not exist.", hint=_RECORDS_HINT)
     try:
         with open(source, encoding="utf-8") as handle:
             content = json.load(handle)
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise SexpgpuError("E-CHOICE-003", f"--choices {source}: cannot be read as JSON ({error}).",
-                           hint="Give a checkpoint directory, an s3://…/step-<n> prefix, an experiment.json, "
-                                "a lowering annotation, or fresh.") from None
+                           hint=_RECORDS_HINT) from None
     if not isinstance(content, dict):
         content = {}
     metadata = content.get("metadata") if isinstance(content.get("metadata"), dict) else {}

@@ -45,7 +45,7 @@ def run_flags(device: str, choices: ChoiceSettings) -> dict:
     the flags that change bits (none yet), the settings in the environment that do, and the
     choice settings."""
     return {"device": device, "bits": {},
-            "environment": {name: os.environ[name] for name in BIT_SETTINGS if name in os.environ},
+            "environment": settings.recorded(BIT_SETTINGS),
             "choices": choices.to_json()}
 
 

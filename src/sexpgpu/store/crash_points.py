@@ -1,6 +1,6 @@
 """A test seam: stop or slow a checkpoint writer at a named point.
 
-The writers call `reached(point)` at each point below. Two environment variables, for tests
+The writers call `reached(point)` at each point below. Two settings (settings.py), for tests
 only, act on it:
 
 - `SEXPGPU_TEST_CHECKPOINT_KILL_AT=<point>`: the process sends itself SIGKILL there, which is
@@ -19,10 +19,12 @@ import os
 import signal
 import time
 
+from sexpgpu import settings
+
 
 def reached(point: str) -> None:
-    pause = os.environ.get("SEXPGPU_TEST_CHECKPOINT_SLEEP")
+    pause = settings.value("SEXPGPU_TEST_CHECKPOINT_SLEEP")
     if pause:
-        time.sleep(float(pause))
-    if os.environ.get("SEXPGPU_TEST_CHECKPOINT_KILL_AT") == point:
+        time.sleep(pause)
+    if settings.value("SEXPGPU_TEST_CHECKPOINT_KILL_AT") == point:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 CHUNK_BYTES = 32 * 1024 * 1024
@@ -57,8 +58,11 @@ def file_sha256(path: str) -> tuple[str, int]:
     """The SHA-256 and size of a local file, reading it in chunks."""
     total = 0
     with open(path, "rb", buffering=0) as file, BackgroundSha256() as digest:
+        size = os.fstat(file.fileno()).st_size
         while True:
-            block = bytearray(CHUNK_BYTES)
+            # no larger than what is left (and a byte, to see the end): a whole chunk zeroed
+            # for a small file took longer than hashing it
+            block = bytearray(min(CHUNK_BYTES, max(size - total, 0) + 1))
             count = file.readinto(block)
             if not count:
                 return digest.hexdigest(), total

@@ -56,21 +56,65 @@ class ObjectChanged(Exception):
     """An If-Match precondition failed: the object was replaced while we read it."""
 
 
+# The client of the AWS environment last asked for, and botocore's loader of its data files
+# (the S3 model, the endpoint rules) for the search path last asked for: one each, as each
+# holds megabytes, and a process that moves between environments (a test suite, the fuzzer)
+# would otherwise keep one for each. The loader is shared by the clients made for other
+# environments: loading its files again took most of the time of making one.
 _clients: dict[tuple, object] = {}
+_loaders: dict[object, object] = {}
 
 
 def client(patience: Patience | None = None):
     """A boto3 S3 client for the current AWS environment and the request bounds (s3_waits.py),
-    made once for each distinct pair."""
+    made again when either changes."""
     patience = patience or Patience.from_env()
     key = (tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))), patience)
-    if key not in _clients:
-        import boto3
-        from botocore.config import Config
+    return _latest(_clients, key, lambda: _new_client(patience))
 
-        session = boto3.session.Session()
-        _clients[key] = session.client("s3", config=Config(**patience.client_config()))
-    return _clients[key]
+
+def _latest(cache: dict, key, make):
+    """cache[key], made if need be, and kept alone. Another thread may make it too: each
+    returns its own, never a KeyError."""
+    found = cache.get(key)
+    if found is None:
+        found = make()
+        cache.clear()
+        cache[key] = found
+    return found
+
+
+def _new_client(patience: Patience):
+    """A client, its credentials resolved now: E-S3-005 when the AWS configuration (the AWS_*
+    variables, ~/.aws/config and credentials) cannot make one.
+
+    botocore checks that configuration as it builds a client and its credentials, and says what
+    is wrong with whatever exception its parser of the moment raises: ValueError for an endpoint
+    that is not a URL or a count that is not a number, dateutil's ParserError or OverflowError
+    for a credential expiry, its own BotoCoreError subclasses for the rest. All of them come from
+    the configuration, so all are caught here. Credentials are resolved here too, where an
+    expiry that is not a date fails, rather than at the first request; none found at all is
+    left to the request (E-S3-002)."""
+    import boto3
+    import botocore.loaders
+    import botocore.session
+    from botocore.config import Config
+
+    try:
+        core = botocore.session.Session()
+        path = core.get_config_variable("data_path")
+        core.register_component("data_loader", _latest(_loaders, path, lambda: botocore.loaders.create_loader(path)))
+        session = boto3.session.Session(botocore_session=core)
+        made = session.client("s3", config=Config(**patience.client_config()))
+        credentials = session.get_credentials()
+        if credentials is not None:
+            credentials.get_frozen_credentials()
+    except Exception as error:  # noqa: BLE001 - see above: every kind here is a configuration error
+        raise SexpgpuError("E-S3-005", f"the AWS configuration cannot set up an S3 client: {type(error).__name__}: "
+                                       f"{error}.",
+                           hint="Check the AWS_* variables (AWS_ENDPOINT_URL is a URL such as http://host:9000), "
+                                "AWS_PROFILE and the files in ~/.aws.") from None
+    return made
 
 
 def _request(uri: str, doing: str, call, part: str = ""):

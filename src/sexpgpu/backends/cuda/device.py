@@ -14,6 +14,7 @@ import ctypes
 import os
 
 from sexpgpu.backends.cuda.fusion import FusionPolicy
+from sexpgpu.plan.cache import cache_forgets
 from sexpgpu.plan.levels import How, determinism_line
 from sexpgpu.plan.patterns import patterns_text
 
@@ -78,7 +79,8 @@ def facts(device, policy: FusionPolicy) -> dict:
     found = device_facts(device, policy)
     return {
         "name": f"cuda {found['gpu']} (torch {torch.__version__}, SEXPGPU_OPTIMIZE={policy.level})",
-        "determinism": determinism_line(How("own"), found["device"]),
+        # what a run that chooses here would state (`sexpgpu check` prints it); a run states what happened
+        "determinism": determinism_line(How("own", forgets=cache_forgets()), found["device"]),
         "choices": (
             f"stacking 1, recompute {policy.budget:.2f} flops a byte, 0 convolution engines; "
             f"on {found['device']}, {found['versions']}, patterns {patterns_text(policy.patterns)}"
