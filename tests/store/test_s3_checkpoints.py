@@ -164,9 +164,7 @@ def test_missing_credentials_are_E_S3_002(s3, monkeypatch):
 @pytest.mark.parametrize("name, value, named", [
     ("AWS_ENDPOINT_URL", "notaurl", "Invalid endpoint: notaurl"),
     ("AWS_ENDPOINT_URL_S3", " ", "Invalid endpoint"),
-    ("AWS_MAX_ATTEMPTS", "many", "'many'"),
     ("AWS_PROFILE", "no-such-profile", "no-such-profile"),
-    ("AWS_RETRY_MODE", "sometimes", "sometimes"),
     ("AWS_CREDENTIAL_EXPIRATION", "-1", "TypeError"),  # not a date: fails when the credentials are first used
     ("AWS_SECRET_ACCESS_KEY", "", "missing: AWS_SECRET_ACCESS_KEY"),
 ])
@@ -181,6 +179,15 @@ def test_an_aws_configuration_that_sets_up_no_client_is_E_S3_005(s3, monkeypatch
             assert caught.value.code == "E-S3-005" and named in caught.value.message, caught.value.message
             assert_no_secret(caught.value)
     assert s3.keys() == []
+
+
+def test_the_aws_retry_variables_are_not_read(s3, monkeypatch):
+    """SEXPGPU_S3_ATTEMPTS bounds the attempts (docs/checkpoints.md): values botocore would refuse
+    in AWS_MAX_ATTEMPTS and AWS_RETRY_MODE change nothing."""
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "many")
+    monkeypatch.setenv("AWS_RETRY_MODE", "sometimes")
+    path = write(s3.uri("run"), 1)
+    assert resolve_checkpoint("latest", s3.uri("run")) == path
 
 
 def test_an_endpoint_that_is_not_a_url_stops_the_command_with_status_2(s3, monkeypatch, capsys):
