@@ -68,13 +68,16 @@ def npy_with_header(header: str, data: bytes, version: tuple[int, int] = (1, 0))
 
 
 def zip_bytes(members, compression: int = zipfile.ZIP_STORED) -> bytes:
-    """A zip archive of (name, bytes) members, duplicates kept."""
+    """A zip archive of (name, bytes) members, duplicates kept; dated 1980-01-01, so that the
+    bytes are a function of the case (writestr dates a member by the clock)."""
     out = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns of a duplicate name, which is the point
         with zipfile.ZipFile(out, "w", compression) as archive:
             for name, data in members:
-                archive.writestr(name, data)
+                member = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                member.compress_type = compression
+                archive.writestr(member, data)
     return out.getvalue()
 
 
