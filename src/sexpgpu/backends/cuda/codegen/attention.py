@@ -237,9 +237,25 @@ def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, LEAD0,
 
 
 @triton.jit
-def _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
-                 E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+def _query_rows(Q, G, LSE, rows, row_mask, lead, batch, head, sq0, sq1, sqt, sqe, sg0, sg1, sgt, sge, TQ,
+                E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """(q, dO, lse) of a block of queries, for the programs that walk the key blocks."""
+    e = tl.arange(0, BLOCK_E)
+    ev = tl.arange(0, BLOCK_EV)
+    q = _load_operand(Q + batch * sq0 + head * sq1 + rows[:, None] * sqt + e[None, :] * sqe,
+                      row_mask[:, None] & (e[None, :] < E), BF16, NATIVE)
+    g = _load_operand(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge,
+                      row_mask[:, None] & (ev[None, :] < EV), BF16, NATIVE)
+    return q, g, tl.load(LSE + lead * TQ + rows, mask=row_mask, other=0.0)
+
+
+@triton.jit
+def _p_and_score_grad(q, g, lse, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
+                      E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    """(P, dP = dO v^T, k) over a block of queries and the key block at start_n: the one place
+    score_delta and backward_q form them, so that both take the same dP."""
     cols = start_n + tl.arange(0, BLOCK_N)
     e = tl.arange(0, BLOCK_E)
     ev = tl.arange(0, BLOCK_EV)
@@ -249,7 +265,16 @@ def _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske
     p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
     value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
                             seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
-    return delta + tl.reduce(p * _dot(g, value_t, BF16, NATIVE), 1, add)
+    return p, _dot(g, value_t, BF16, NATIVE), key
+
+
+@triton.jit
+def _delta_block(q, g, lse, delta, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
+                 E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    p, dp, _ = _p_and_score_grad(q, g, lse, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK,
+                                 scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+    return delta + tl.reduce(p * dp, 1, add)
 
 
 @triton.jit
@@ -260,14 +285,9 @@ def score_delta(Q, K, V, G, LSE, DELTA, sq0, sq1, sqt, sqe, sk0, sk1, skt, ske, 
     start_m = tl.program_id(0) * BLOCK_M
     lead, batch, head = _program_head(HEADS, LEAD0)
     rows = start_m + tl.arange(0, BLOCK_M)
-    e = tl.arange(0, BLOCK_E)
-    ev = tl.arange(0, BLOCK_EV)
     row_mask = rows < TQ
-    q = _load_operand(Q + batch * sq0 + head * sq1 + rows[:, None] * sqt + e[None, :] * sqe,
-                      row_mask[:, None] & (e[None, :] < E), BF16, NATIVE)
-    g = _load_operand(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge,
-                      row_mask[:, None] & (ev[None, :] < EV), BF16, NATIVE)
-    lse = tl.load(LSE + lead * TQ + rows, mask=row_mask, other=0.0)
+    q, g, lse = _query_rows(Q, G, LSE, rows, row_mask, lead, batch, head, sq0, sq1, sqt, sqe, sg0, sg1, sgt, sge,
+                            TQ, E, EV, BLOCK_E, BLOCK_EV, BF16, NATIVE)
     k_base, v_base = batch * sk0 + head * sk1, batch * sv0 + head * sv1
     delta = tl.full([BLOCK_M], 0.0, tl.float32)
     stop = _keys_seen(TK, start_m, BLOCK_M, CAUSAL)
@@ -356,16 +376,9 @@ def backward_kv(Q, K, V, G, LSE, DELTA, DK, DV, DS, sq0, sq1, sqt, sqe, sk0, sk1
 def _q_block(q, g, lse, delta, dq, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK, scale,
              E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
              BLOCK_N: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
-    cols = start_n + tl.arange(0, BLOCK_N)
-    e = tl.arange(0, BLOCK_E)
-    ev = tl.arange(0, BLOCK_EV)
-    seen = cols < TK
-    key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
-                        seen[:, None] & (e[None, :] < E), BF16, NATIVE)
-    p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
-    value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
-                            seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
-    ds = p * (_dot(g, value_t, BF16, NATIVE) - delta[:, None])
+    p, dp, key = _p_and_score_grad(q, g, lse, start_n, rows, K, V, k_base, v_base, skt, ske, svt, sve, TQ, TK,
+                                   scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
+    ds = p * (dp - delta[:, None])
     return dq + _dot(_operand(ds, BF16, NATIVE), key, BF16, NATIVE)
 
 
@@ -378,14 +391,9 @@ def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, sk
     start_m = tl.program_id(0) * BLOCK_M
     lead, batch, head = _program_head(HEADS, LEAD0)
     rows = start_m + tl.arange(0, BLOCK_M)
-    e = tl.arange(0, BLOCK_E)
-    ev = tl.arange(0, BLOCK_EV)
     row_mask = rows < TQ
-    q = _load_operand(Q + batch * sq0 + head * sq1 + rows[:, None] * sqt + e[None, :] * sqe,
-                      row_mask[:, None] & (e[None, :] < E), BF16, NATIVE)
-    g = _load_operand(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge,
-                      row_mask[:, None] & (ev[None, :] < EV), BF16, NATIVE)
-    lse = tl.load(LSE + lead * TQ + rows, mask=row_mask, other=0.0)
+    q, g, lse = _query_rows(Q, G, LSE, rows, row_mask, lead, batch, head, sq0, sq1, sqt, sqe, sg0, sg1, sgt, sge,
+                            TQ, E, EV, BLOCK_E, BLOCK_EV, BF16, NATIVE)
     delta = tl.load(DELTA + lead * TQ + rows, mask=row_mask, other=0.0)
     k_base, v_base = batch * sk0 + head * sk1, batch * sv0 + head * sv1
     dq = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
@@ -401,6 +409,7 @@ def backward_q(Q, K, V, G, LSE, DELTA, DQ, sq0, sq1, sqt, sqe, sk0, sk1, skt, sk
                           scale, E, EV, BLOCK_E, BLOCK_EV, BLOCK_N, BF16, NATIVE, CAUSAL)
             start_n += BLOCK_N
     dq = dq * scale
+    e = tl.arange(0, BLOCK_E)
     pointers = DQ + batch * sdq0 + head * sdq1 + rows[:, None] * sdqt + e[None, :] * sdqe
     mask = row_mask[:, None] & (e[None, :] < E)
     _store_result(pointers, dq, mask, OUT_BF16)
