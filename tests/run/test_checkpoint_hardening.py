@@ -77,6 +77,33 @@ def test_latest_names_an_uncommitted_newest_step_and_replaces_it_on_s3(tmp_path,
     assert same_bits(read_checkpoint(s3.uri("ckpt", "step-4")).tensors, uninterrupted)
 
 
+# -- A damaged later checkpoint --------------------------------------------------------------
+
+
+def test_a_resume_replaces_a_damaged_later_checkpoint_and_says_so(tmp_path, capsys):
+    file, run_dir = tiny_file(tmp_path), tmp_path / "run"
+    assert run(capsys, file, run_dir)[0] == 0
+    uninterrupted = read_checkpoint(str(run_dir / "step-4")).tensors
+    model = run_dir / "step-4" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:100])
+    status, _, err = run(capsys, file, run_dir, "--resume", run_dir / "step-2")
+    assert status == 0, err
+    assert f"{run_dir / 'step-4'} is damaged: model.safetensors has 100 bytes" in err and "replaced" in err
+    status, out, err = sexpgpu(capsys, "checkpoint", "--verify", run_dir / "step-4")
+    assert status == 0 and out.startswith("OK"), err
+    assert same_bits(read_checkpoint(str(run_dir / "step-4")).tensors, uninterrupted)
+
+
+def test_a_resume_replaces_a_damaged_later_checkpoint_on_s3(tmp_path, capsys, s3):
+    file, run_dir = tiny_file(tmp_path, to=s3.uri("ckpt")), tmp_path / "run"
+    assert run(capsys, file, run_dir)[0] == 0
+    s3.client.put_object(Bucket=s3.bucket, Key="ckpt/step-4/model.safetensors", Body=b"cut")
+    status, _, err = run(capsys, file, run_dir, "--resume", s3.uri("ckpt", "step-2"))
+    assert status == 0, err
+    assert "damaged" in err and "replaced" in err
+    assert sexpgpu(capsys, "checkpoint", "--verify", s3.uri("ckpt", "step-4"))[0] == 0
+
+
 # -- A record whose tensors do not fit the model -------------------------------------------
 
 

@@ -18,7 +18,8 @@ import safetensors.torch
 import checkpoint_child
 from store_samples import BF16, sample_record, sample_tensors, same_tensors
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, write_checkpoint
+from sexpgpu.store import local_steps
+from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, verify_checkpoint, write_checkpoint
 
 
 def write(root, step, big_bytes=0, **kwargs):
@@ -126,8 +127,10 @@ def corrupt_marker(path):
     (path / "COMMITTED").write_text("not json")
 
 
-@pytest.mark.parametrize("damage", [corrupt_truncate, corrupt_flip_a_tensor_bit, corrupt_experiment,
-                                    corrupt_remove_a_file, corrupt_marker])
+DAMAGES = [corrupt_truncate, corrupt_flip_a_tensor_bit, corrupt_experiment, corrupt_remove_a_file, corrupt_marker]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_damage_is_found_by_the_digests_and_nothing_is_changed(tmp_path, damage):
     path = write(tmp_path, 1)
     damage(tmp_path / "step-1")
@@ -163,6 +166,55 @@ def test_a_different_checkpoint_at_the_same_step_is_never_overwritten(tmp_path):
         write_checkpoint(str(tmp_path), 4, other, sample_record(4), bf16=BF16)
     assert caught.value.code == "E-CKPT-004"
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_checkpoint_at_the_step_is_replaced_and_said_so(tmp_path, damage):
+    path = write(tmp_path, 4)
+    damage(tmp_path / "step-4")
+    notes = []
+    assert write(tmp_path, 4, note=notes.append) == path
+    assert verify_checkpoint(path).step == 4
+    assert same_tensors(read_checkpoint(path).tensors, sample_tensors(4))
+    assert sorted(os.listdir(tmp_path)) == ["step-4"]  # the damaged one set aside, then deleted
+    (line,) = notes
+    assert path in line and "damaged" in line and "replaced" in line
+
+
+def test_a_damaged_checkpoint_with_other_tensors_is_replaced_too(tmp_path):
+    other = sample_tensors(4)
+    other["param/encoder/b"] = other["param/encoder/b"] + 1
+    path = write_checkpoint(str(tmp_path), 4, other, sample_record(4), bf16=BF16)
+    corrupt_truncate(tmp_path / "step-4")
+    assert write(tmp_path, 4) == path
+    assert same_tensors(read_checkpoint(path).tensors, sample_tensors(4))
+
+
+def test_a_writer_commits_over_a_committed_checkpoint_only_when_told_to_replace_it(tmp_path):
+    write(tmp_path, 1)
+    before = snapshot(tmp_path)
+    writer = local_steps.Writer(str(tmp_path), 1)
+    with pytest.raises(SexpgpuError) as caught:
+        writer.commit(b"{}")
+    assert caught.value.code == "E-CKPT-004"
+    writer.abort()
+    assert snapshot(tmp_path) == before
+    local_steps.Writer(str(tmp_path), 1, replacing=True).commit(b"{}")
+    assert sorted(os.listdir(tmp_path)) == ["step-1"] and os.listdir(tmp_path / "step-1") == ["COMMITTED"]
+
+
+@pytest.mark.parametrize("point", ["file:model.safetensors", "commit"])
+def test_a_crash_while_replacing_a_damaged_checkpoint_leaves_it_as_it_was(tmp_path, point):
+    write(tmp_path, 1)
+    path = write(tmp_path, 2)
+    corrupt_truncate(tmp_path / "step-2")
+    damaged = snapshot(tmp_path / "step-2")
+    killed = checkpoint_child.run(tmp_path, 2, 2, env={"SEXPGPU_TEST_CHECKPOINT_KILL_AT": point})
+    assert killed.returncode == -signal.SIGKILL
+    assert snapshot(tmp_path / "step-2") == damaged  # never half replaced
+    assert write(tmp_path, 2) == path
+    assert same_tensors(read_checkpoint(path).tensors, sample_tensors(2))
+    assert sorted(os.listdir(tmp_path)) == ["step-1", "step-2"]
 
 
 def test_a_full_disk_is_E_DISK_001_and_leaves_what_exists_alone(tmp_path):

@@ -12,7 +12,8 @@ import checkpoint_child
 from s3server import SECRET_KEY, S3Server, free_port
 from store_samples import BF16, sample_record, sample_tensors, same_tensors
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, write_checkpoint
+from sexpgpu.store import s3_steps
+from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, verify_checkpoint, write_checkpoint
 
 MIB = 1024 * 1024
 FILES = ["COMMITTED", "experiment.json", "model.safetensors", "optimizer.safetensors"]
@@ -106,6 +107,54 @@ def test_a_different_checkpoint_at_the_same_step_is_not_overwritten(s3):
         write_checkpoint(s3.uri("run"), 1, other, sample_record(1), bf16=BF16)
     assert caught.value.code == "E-CKPT-004"
     assert s3.client.get_object(Bucket=s3.bucket, Key="run/step-1/model.safetensors")["ETag"] == before
+
+
+def truncate_object(s3, key):
+    body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body[:-3])
+
+
+DAMAGES = {
+    "truncated": lambda s3: truncate_object(s3, "run/step-1/model.safetensors"),
+    "missing": lambda s3: s3.client.delete_object(Bucket=s3.bucket, Key="run/step-1/optimizer.safetensors"),
+    "unreadable record": lambda s3: s3.client.put_object(Bucket=s3.bucket, Key="run/step-1/COMMITTED", Body=b"{"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES)
+def test_a_damaged_checkpoint_at_the_step_is_replaced_and_said_so(s3, damage):
+    path = write(s3.uri("run"), 1)
+    damage(s3)
+    notes = []
+    assert write(s3.uri("run"), 1, note=notes.append) == path
+    assert verify_checkpoint(path).step == 1
+    assert same_tensors(read_checkpoint(path).tensors, sample_tensors(1))
+    assert s3.keys() == [f"run/step-1/{name}" for name in FILES]
+    (line,) = notes
+    assert path in line and "damaged" in line and "replaced" in line
+
+
+def test_a_writer_clears_a_committed_checkpoint_only_when_told_to_replace_it(s3):
+    write(s3.uri("run"), 1)
+    before = s3.keys()
+    with pytest.raises(SexpgpuError) as caught:
+        s3_steps.Writer(s3.uri("run"), 1)
+    assert caught.value.code == "E-CKPT-004" and s3.keys() == before
+    s3_steps.Writer(s3.uri("run"), 1, replacing=True)
+    assert s3.keys() == []
+
+
+def test_a_damaged_checkpoint_is_uncommitted_before_it_is_rewritten(s3):
+    root = s3.uri("run")
+    write(root, 0)
+    write(root, 1)
+    truncate_object(s3, "run/step-1/model.safetensors")
+    killed = checkpoint_child.run(root, 1, 1, env={"SEXPGPU_TEST_CHECKPOINT_KILL_AT": "file:model.safetensors"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # Its marker went first: what is left of step 1 is not a checkpoint, and latest is step 0.
+    assert resolve_checkpoint("latest", root) == s3.uri("run/step-0")
+    write(root, 1)
+    assert same_tensors(read_checkpoint(resolve_checkpoint("latest", root)).tensors, sample_tensors(1))
 
 
 @pytest.mark.parametrize("point", ["start", "mid:model.safetensors", "file:optimizer.safetensors", "commit"])

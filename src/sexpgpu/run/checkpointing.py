@@ -97,7 +97,8 @@ def _patterns_recorded(recorded: dict) -> dict:
     return dict(recorded, environment={"SEXPGPU_PATTERNS": "off", **settings.as_recorded(environment)})
 
 
-def save(built, state: TrainingState, root: str, options) -> str:
+def save(built, state: TrainingState, root: str, options, note=None) -> str:
+    """Write the state's checkpoint under `root`; `note` is told of a damaged one it replaced."""
     from sexpgpu.store import write_checkpoint
 
     keep = built.experiment.run.checkpoint.keep if built.experiment.run.checkpoint else None
@@ -106,7 +107,8 @@ def save(built, state: TrainingState, root: str, options) -> str:
     if stop is not None:  # a checkpoint holds only finite values: the last one written stays the last good one
         stop.check_checkpoint(state.step, host)
     bf16 = [f"param/{path}" for path, spec in built.program.params.items() if spec.dtype == "bf16"]
-    return write_checkpoint(root, state.step, host, checkpoint_record(built, state, options), keep=keep, bf16=bf16)
+    return write_checkpoint(root, state.step, host, checkpoint_record(built, state, options), keep=keep, bf16=bf16,
+                            note=note)
 
 
 def resume_state(built, options, run_dir: str) -> Resumed:

@@ -237,7 +237,7 @@ def _after_step(trainer, built, state, record, metrics, progress, root, options)
     if not checkpointing.due(run, state.step):
         return None
     metrics.sync()
-    written = checkpointing.save(built, state, root, options)
+    written = checkpointing.save(built, state, root, options, note=progress.note)
     progress.note(f"checkpoint step {state.step} -> {written}")
     return written
 

@@ -15,6 +15,7 @@ See docs/checkpoints.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,22 +46,27 @@ def _steps_module(path: str):
 
 
 def write_checkpoint(dest_root: str, step: int, tensors: dict[str, np.ndarray], experiment: dict,
-                     keep: int | None = None, bf16=()) -> str:
+                     keep: int | None = None, bf16=(), note: Callable[[str], None] | None = None) -> str:
     """Write `<dest_root>/step-<step>/` atomically and return its path.
 
     `bf16` names float32 tensors that hold bf16 values (low 16 bits zero); they are stored
     as BF16. With `keep=K`, once this checkpoint is committed, older ones beyond the K newest
-    (this one included) are deleted. A committed checkpoint at this step is never replaced:
-    if it holds the same tensor bytes it is kept and its path returned, else E-CKPT-004.
+    (this one included) are deleted. A committed checkpoint at this step has its files
+    verified against their recorded digests first: if they verify and hold the same tensor
+    bytes it is kept and its path returned; if they verify and hold others, E-CKPT-004; if
+    it is damaged it is replaced, atomically, and `note` is told.
     """
     _check_arguments(step, experiment, keep)
     steps = _steps_module(dest_root)
     files = _encode_files(tensors, bf16)
     existing = steps.committed_steps(dest_root).get(step)
-    if existing is not None:
+    damage = _damage(existing) if existing is not None else None
+    if existing is not None and damage is None:
         path = _same_or_refuse(existing, files)
     else:
-        path = _write_new(steps.Writer(dest_root, step), step, files, experiment)
+        path = _write_new(steps.Writer(dest_root, step, replacing=existing is not None), step, files, experiment)
+        if damage is not None and note is not None:
+            note(f"{damage.message.rstrip('.')}; it was replaced by this run's step {step}, written anew")
     if keep is not None:
         _retain(steps, dest_root, step, keep)
     steps.remove_partials(dest_root, step)
@@ -111,14 +117,23 @@ def _experiment_text(experiment: dict, step: int, digests: dict) -> bytes:
     return json.dumps(record, indent=2, sort_keys=True, allow_nan=False).encode() + b"\n"
 
 
-def _same_or_refuse(existing: str, files: dict[str, safetensors_io.Encoded]) -> str:
-    steps = _steps_module(existing)
+def _damage(path: str) -> SexpgpuError | None:
+    """The E-CKPT-001 that a committed checkpoint's files on disk give against their recorded
+    digests, or None when every file verifies."""
     try:
-        recorded = json.loads(steps.read_small(join(existing, EXPERIMENT_FILE))).get("tensors")
-    except (MissingFile, ValueError, AttributeError, RecursionError):
-        recorded = None
+        for _ in _verified_files(path, read_record(path)):
+            pass
+    except SexpgpuError as error:
+        if error.code != "E-CKPT-001":
+            raise
+        return error
+    return None
+
+
+def _same_or_refuse(existing: str, files: dict[str, safetensors_io.Encoded]) -> str:
+    """A verified checkpoint is kept when its tensor files are ours, byte for byte."""
     ours = {name: {"sha256": _digest(enc), "bytes": enc.nbytes} for name, enc in files.items()}
-    if recorded == ours:
+    if read_record(existing)["tensors"] == ours:
         return existing
     raise SexpgpuError("E-CKPT-004", f"a different checkpoint is already committed at {existing}; it was left as it is.",
                        hint="Resume from it, or write this run's checkpoints somewhere else.")
@@ -179,22 +194,28 @@ def _missing_step(spec: str) -> SexpgpuError:
 
 def read_checkpoint(path: str) -> Checkpoint:
     """Read and verify a committed checkpoint: every file must match its recorded digest."""
-    steps = _steps_module(path)
     record = read_record(path)
     tensors, dtypes = {}, {}
-    for name, expected in sorted(record["tensors"].items()):
-        file = join(path, name)
-        try:
-            data, sha = steps.read_whole(file)
-        except MissingFile:
-            raise corrupt(path, f"{name} is missing") from None
-        _check_digest(path, name, data, sha, expected)
+    for name, data in _verified_files(path, record):
         header = _parse(path, name, data)
         prefix = PARAM_PREFIX if name == MODEL_FILE else ""
         for key, array in safetensors_io.decode_all(header, data).items():
             tensors[prefix + key] = array
             dtypes[prefix + key] = header.entries[key].dtype
     return Checkpoint(record["step"], dict(sorted(tensors.items())), record, path, dtypes)
+
+
+def _verified_files(path: str, record: dict):
+    """(name, bytes) of each tensor file the record names, once it matches its recorded byte
+    count and SHA-256 (E-CKPT-001 if not)."""
+    steps = _steps_module(path)
+    for name, expected in sorted(record["tensors"].items()):
+        try:
+            data, sha = steps.read_whole(join(path, name))
+        except MissingFile:
+            raise corrupt(path, f"{name} is missing") from None
+        _check_digest(path, name, data, sha, expected)
+        yield name, data
 
 
 def read_record(path: str) -> dict:

@@ -42,11 +42,16 @@ def disk_errors(path: str, doing: str, nbytes: int | None = None):
 
 
 class Writer:
-    """One checkpoint being written. `write` each file, then `commit`; `abort` on failure."""
+    """One checkpoint being written. `write` each file, then `commit`; `abort` on failure.
 
-    def __init__(self, root: str, step: int):
+    With `replacing`, a committed checkpoint at the step (a damaged one: the caller checked)
+    is renamed away when this one takes its name, and deleted once this one is durable;
+    otherwise one found at the commit is E-CKPT-004."""
+
+    def __init__(self, root: str, step: int, replacing: bool = False):
         self.final = os.path.join(root, f"step-{step}")
         self.root = root
+        self.replacing = replacing
         with disk_errors(root, "create a checkpoint in"):
             os.makedirs(root, exist_ok=True)
             self.temp = tempfile.mkdtemp(prefix=f".step-{step}.partial-", dir=root)
@@ -76,15 +81,16 @@ class Writer:
         crash_points.reached("commit")
         with disk_errors(self.final, "commit"):
             _fsync_dir(self.temp)
-            if is_committed(self.final):
+            if is_committed(self.final) and not self.replacing:
                 raise SexpgpuError("E-CKPT-004", f"{self.final} appeared while this checkpoint was written; it was left as it is.")
-            # A step-<n> without its marker is an interrupted write, not a checkpoint: it is
-            # renamed away before ours takes its name, and only deleted once ours is durable.
-            uncommitted = _set_aside(self.final) if os.path.lexists(self.final) else None
+            # What is at step-<n> now (an interrupted write without its marker, or a damaged
+            # checkpoint being replaced) is renamed away before ours takes its name, and only
+            # deleted once ours is durable: a crash in between leaves no step-<n> at all.
+            previous = _set_aside(self.final) if os.path.lexists(self.final) else None
             os.rename(self.temp, self.final)
             _fsync_dir(self.root)
-            if uncommitted:
-                _remove(uncommitted)
+            if previous:
+                _remove(previous)
         return self.final
 
     def abort(self, error: BaseException | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import crash_points, s3_objects
 from sexpgpu.store.s3_objects import TransferSettings
 from sexpgpu.store.uris import MissingFile, join, split_s3
@@ -19,16 +20,22 @@ _STEP_KEY = re.compile(r"(.*/)?step-(0|[1-9][0-9]*)/(.+)")
 
 
 class Writer:
-    """One checkpoint being uploaded. `write` each file, then `commit`; `abort` on failure."""
+    """One checkpoint being uploaded. `write` each file, then `commit`; `abort` on failure.
 
-    def __init__(self, root: str, step: int, settings: TransferSettings | None = None):
+    With `replacing`, a committed checkpoint at the step (a damaged one: the caller checked)
+    is uncommitted, its marker deleted first, before anything is uploaded; otherwise one found
+    there is E-CKPT-004."""
+
+    def __init__(self, root: str, step: int, settings: TransferSettings | None = None, replacing: bool = False):
         self.final = join(root, f"step-{step}")
         self.settings = settings or TransferSettings.from_env()
         self.written: list[str] = []
         # Objects left by an earlier, uncommitted attempt at this step are not a checkpoint;
         # clear them so that none outlives this one.
         stale = s3_objects.list_keys(self.final + "/", "clearing an unfinished checkpoint at")
-        s3_objects.delete_keys(stale, "clearing an unfinished checkpoint at")
+        if join(self.final, MARKER) in stale and not replacing:
+            raise SexpgpuError("E-CKPT-004", f"{self.final} is already committed; it was left as it is.")
+        _delete_marker_first(self.final, stale, "clearing an unfinished checkpoint at")
         crash_points.reached("start")
 
     def write(self, name: str, buffers, nbytes: int) -> str:
@@ -102,10 +109,13 @@ def is_committed(uri: str) -> bool:
 
 
 def remove_step(uri: str) -> None:
-    keys = s3_objects.list_keys(uri.rstrip("/") + "/", "deleting")
+    _delete_marker_first(uri, s3_objects.list_keys(uri.rstrip("/") + "/", "deleting"), "deleting")
+
+
+def _delete_marker_first(uri: str, keys: list[str], doing: str) -> None:
+    """Delete a step's objects, its marker first: a crash midway leaves no checkpoint that counts."""
     marker = join(uri, MARKER)
-    ordered = [k for k in keys if k == marker] + [k for k in keys if k != marker]
-    s3_objects.delete_keys(ordered, "deleting")
+    s3_objects.delete_keys([k for k in keys if k == marker] + [k for k in keys if k != marker], doing)
 
 
 def remove_partials(root: str, up_to_step: int) -> None:
