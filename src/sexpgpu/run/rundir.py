@@ -8,8 +8,14 @@ holds another run's files, before it writes anything (E-RUN-001). A local checkp
 destination other than the run directory is claimed the same way. Every destination the run
 will write is tried before the first step: the run directory (E-RUN-003), a local checkpoint
 directory (E-DISK-001/002) and an S3 prefix (E-S3-001..004), so that a bad one costs no
-training. The lock file is never deleted: a process that opened it just before a deletion
-would lock a file no one else sees.
+training.
+
+A run refused before its first step (a bad resume, choices it cannot take, a destination
+that fails) leaves nothing it made (`Made`): the files it created (run.lock among them), then
+the directories it created, parents included, if empty. A directory that was there before
+keeps what it held. A lock file is deleted only by the process holding its lock, and a
+process that locks one checks that the file it locked still bears the name (`still_named`):
+one that opened it just before the deletion would otherwise hold a file no one else sees.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sexpgpu.errors import SexpgpuError
@@ -53,18 +59,64 @@ class Claim:
         os.close(self.fd)
 
 
-def default_run_dir(run_name: str) -> str:
+@dataclass
+class Made:
+    """What a run has made before its first step, and the directories it holds. Until `keep`
+    (the first step begins), `undo` removes what it made: the files it created, then the
+    directories it created, innermost first and only while empty (another run may have begun
+    in one). `release` lets go of the locks, after any undo: a lock file is deleted while held."""
+
+    directories: list[str] = field(default_factory=list)  # outermost first
+    files: list[str] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    kept: bool = False
+
+    def directory(self, path: str) -> None:
+        """Before `path` is created with its parents: note those that do not exist yet."""
+        missing, place = [], os.path.abspath(path)
+        while not os.path.lexists(place) and place != os.path.dirname(place):
+            missing.append(place)
+            place = os.path.dirname(place)
+        self.directories += [made for made in reversed(missing) if made not in self.directories]
+
+    def file(self, path: str) -> None:
+        """Before `path` is written: note it, unless it is there already (then it is not ours)."""
+        if not os.path.lexists(path):
+            self.files.append(path)
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def undo(self) -> None:
+        if self.kept:
+            return
+        for path in reversed(self.files):
+            with suppress(OSError):
+                os.unlink(path)
+        for path in reversed(self.directories):
+            with suppress(OSError):  # not empty: something else is in it now
+                os.rmdir(path)
+
+    def release(self) -> None:
+        for held in self.claims:
+            held.release()
+
+
+def default_run_dir(run_name: str, made: Made | None = None) -> str:
     """A new folder under runs/, created here so that two runs started in the same second get
     two folders. The run's name is made one plain path component: it cannot leave runs/."""
+    made = made or Made()
     base = os.path.join(RUNS_FOLDER, f"{safe_component(run_name)}-{time.strftime('%Y%m%d-%H%M%S')}")
     with run_dir_errors(base, "create"):
+        made.directory(RUNS_FOLDER)
         os.makedirs(RUNS_FOLDER, exist_ok=True)
         for candidate in _numbered(base):
             try:
                 os.mkdir(candidate)
-                return candidate
             except FileExistsError:
-                pass
+                continue
+            made.directories.append(os.path.abspath(candidate))
+            return candidate
 
 
 def unused_sibling(directory: str) -> str:
@@ -127,38 +179,77 @@ def run_dir_errors(path: str, doing: str):
 
 
 @contextmanager
-def claimed(run_dir: str, checkpoint_root: str, fresh: bool, writes_checkpoints: bool):
-    """Hold the run directory (and a separate local checkpoint directory) for the block."""
-    claims = [claim(run_dir, fresh, RUN_DIRECTORY)]
+def claimed(run_dir: str, checkpoint_root: str, fresh: bool, writes_checkpoints: bool, made: Made):
+    """Hold the run directory (and a separate local checkpoint directory) for the block; if
+    the block raises before `made.keep()`, remove what the run made (`Made`)."""
     try:
+        claim(run_dir, fresh, RUN_DIRECTORY, made)
         if writes_checkpoints and not is_s3(checkpoint_root) and not same_place(run_dir, checkpoint_root):
-            claims.append(claim(checkpoint_root, fresh, CHECKPOINT_DIRECTORY))
+            claim(checkpoint_root, fresh, CHECKPOINT_DIRECTORY, made)
         if writes_checkpoints and is_s3(checkpoint_root):
             check_s3_destination(checkpoint_root, fresh)
-        yield claims[0]
+        yield
+    except BaseException:
+        made.undo()
+        raise
     finally:
-        for held in claims:
-            held.release()
+        made.release()
 
 
-def claim(directory: str, fresh: bool, kind: DirectoryKind) -> Claim:
+def claim(directory: str, fresh: bool, kind: DirectoryKind, made: Made) -> None:
+    """Lock `directory`'s run.lock for the run (into `made.claims`), creating what is missing."""
     if fresh and os.path.isdir(directory):
         _refuse_while_held(directory)  # reads only: a refused run writes nothing
         _refuse_another_runs_files(directory, kind.flag)
     with kind.errors(directory, "create or write in"):
+        made.directory(directory)
         os.makedirs(directory, exist_ok=True)
         _try_writing(directory)
-        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _locked(directory, kind, made)
+    if fresh:
+        _refuse_another_runs_files(directory, kind.flag)  # again: a run may have started since the first look
+    with kind.errors(directory, "write in"):
+        _record_holder(fd)
+
+
+def _locked(directory: str, kind: DirectoryKind, made: Made) -> int:
+    """An fd on `directory`'s run.lock holding its exclusive lock, in `made.claims`; the file
+    is this run's to delete (in `made.files`) only when this run created it."""
+    path = os.path.join(directory, LOCK_NAME)
+    while True:
+        with kind.errors(directory, "create or write in"):
+            fd, created = _open_lock(path)
+        try:
+            _lock(fd, fcntl.LOCK_EX, directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        if still_named(fd, path):
+            made.claims.append(Claim(directory, fd))
+            made.files += [path] if created else []
+            return fd
+        os.close(fd)  # deleted by a refused run after we opened it: lock the file that bears the name now
+
+
+def _open_lock(path: str) -> tuple[int, bool]:
+    """An fd on the lock file, and whether this call created it."""
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            pass
+        with suppress(FileNotFoundError):  # deleted in between: create it then
+            return os.open(path, os.O_RDWR), False
+
+
+def still_named(fd: int, path: str) -> bool:
+    """Whether the file open at `fd` is still the one `path` names."""
     try:
-        _lock(fd, fcntl.LOCK_EX, directory)
-        if fresh:
-            _refuse_another_runs_files(directory, kind.flag)  # again: a run may have started since the first look
-        with kind.errors(directory, "write in"):
-            _record_holder(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return Claim(directory, fd)
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _refuse_while_held(directory: str) -> None:

@@ -28,8 +28,8 @@ from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.progress import Progress
 from sexpgpu.run.report import lowering_report
-from sexpgpu.run.rundir import (checkpoints_to_record, claimed, default_run_dir, recorded_checkpoints, run_dir_errors,
-                                same_place, unused_sibling)
+from sexpgpu.run.rundir import (Made, checkpoints_to_record, claimed, default_run_dir, recorded_checkpoints,
+                                run_dir_errors, same_place, unused_sibling)
 from sexpgpu.run.setup import build_run, checkpoint_root
 from sexpgpu.run.stopping import Stop, stop_of
 from sexpgpu.run.world import World, joined, process_device
@@ -90,7 +90,8 @@ def execute(experiment, options: RunOptions) -> RunResult:
     with joined(world, kind) as group:
         built = build_run(experiment, kind or options.device, gpu=group.gpu)
         group.check_same("the run and its settings", _started_as(built, options))
-        run_dir = group.from_first(lambda: options.run_dir or default_run_dir(experiment.run.name),
+        made = Made()  # what a run refused before its first step removes again (rundir.py)
+        run_dir = group.from_first(lambda: options.run_dir or default_run_dir(experiment.run.name, made),
                                    "sharing the run directory")
         # a resume finds the checkpoints where the run directory says the run wrote them
         root = group.from_first(lambda: checkpoint_root(experiment.run, options, run_dir,
@@ -100,7 +101,7 @@ def execute(experiment, options: RunOptions) -> RunResult:
             with group.settled("setting the run up"):
                 if group.first:
                     held.enter_context(claimed(run_dir, root, fresh=not options.resume,
-                                               writes_checkpoints=experiment.run.checkpoint is not None))
+                                               writes_checkpoints=experiment.run.checkpoint is not None, made=made))
                 resumed = checkpointing.resume_state(built, options, root) if options.resume else None
                 chosen = choose(built, options.choices, resumed.record if resumed is not None else None,
                                 lambda: _first_step_inputs(built), world)
@@ -113,10 +114,13 @@ def execute(experiment, options: RunOptions) -> RunResult:
                 report += "\n" + resumed.annotation
             with group.settled("writing the run's files"):
                 if group.first:
+                    for name in ("experiment.json", "report.txt", "lowering.json"):
+                        made.file(os.path.join(run_dir, name))
                     with run_dir_errors(run_dir, "write the run's files in"):
                         _write_run_files(Places(run_dir, root), experiment, built, options, report)
                         _write_json(os.path.join(run_dir, "lowering.json"), lowering_annotation(report, chosen))
                     print(report, file=out, flush=True)
+            made.keep()  # from the first step on, what the run wrote is its record
             return _train(experiment, built, resumed, Places(run_dir, root), options, err, chosen, group)
 
 
