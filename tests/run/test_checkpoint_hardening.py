@@ -104,6 +104,31 @@ def test_a_resume_replaces_a_damaged_later_checkpoint_on_s3(tmp_path, capsys, s3
     assert sexpgpu(capsys, "checkpoint", "--verify", s3.uri("ckpt", "step-4"))[0] == 0
 
 
+# -- Where a resume looks -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_resume_latest_finds_the_checkpoints_where_the_run_directory_records_them(tmp_path, capsys, request, where):
+    destination = request.getfixturevalue("s3").uri("ckpt") if where == "s3" else str(tmp_path / "ckpt")
+    file, run_dir = tiny_file(tmp_path), tmp_path / "run"
+    assert run(capsys, file, run_dir, "--checkpoint-to", destination)[0] == 0
+    assert json.loads((run_dir / "experiment.json").read_text())["checkpoints"] == destination
+    status, out, err = run(capsys, file, run_dir, "--resume", "latest")  # no --checkpoint-to: the record says where
+    assert status == 0, err
+    assert f"{destination}/step-4 at step 4" in out
+
+
+def test_a_missing_step_names_the_checkpoint_root_searched_not_the_working_directory(tmp_path, capsys, monkeypatch):
+    file, run_dir = tiny_file(tmp_path), tmp_path / "run"
+    assert run(capsys, file, run_dir)[0] == 0
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    status, _, err = run(capsys, file, run_dir, "--resume", "step-7")
+    assert status == 2 and "E-CKPT-003" in err
+    assert f"{run_dir / 'step-7'}" in err and f"{run_dir} has committed steps [2, 4]" in err
+    assert str(tmp_path / "elsewhere") not in err
+
+
 # -- A record whose tensors do not fit the model -------------------------------------------
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sexpgpu.cli.main import main
 from sexpgpu.store import read_checkpoint
 
 from test_cli import EXAMPLES, ROOT, sexpgpu
@@ -181,3 +183,71 @@ def test_ctrl_c_stops_cleanly_and_says_where(tmp_path):
     assert "Traceback" not in stderr
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps)
+
+
+def long_tiny(folder: Path, every: int) -> Path:
+    """tiny-adam with 8 hidden units and more steps than any test waits for, a checkpoint every `every`."""
+    text = (EXAMPLES / "tiny-adam.sexp").read_text()
+    text = text.replace('"data/spirals.npz"', f'"{EXAMPLES}/data/spirals.npz"').replace(":hidden 64", ":hidden 8")
+    text = text.replace(":steps 200", ":steps 1000000").replace(":checkpoint 100", f":checkpoint {every}")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"long-{every}.sexp"
+    path.write_text(text)
+    return path
+
+
+def logged_steps(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def stopped(process: subprocess.Popen, condition, signum: int, timeout: float = 300) -> str:
+    """Send `signum` once `condition()` holds; the process's stderr once it has ended."""
+    deadline = time.monotonic() + timeout
+    while not condition() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()[1]
+    process.send_signal(signum)
+    return process.communicate(timeout=120)[1]
+
+
+def test_ctrl_c_after_a_resume_names_the_checkpoint_it_resumed_from(tmp_path):
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "checkpoints"
+    where = ["--device", "cpu", "--run-dir", str(run_dir), "--checkpoint-to", str(checkpoints)]
+    first = start(["run", str(long_tiny(tmp_path, 2)), *where], env={"SEXPGPU_TEST_CHECKPOINT_KILL_AT": "committed"})
+    assert first.wait(timeout=300) == -signal.SIGKILL and committed_steps(checkpoints) == [2]
+    # The same run (a checkpoint interval changes no bit), with no checkpoint before it is stopped.
+    resumed = start(["run", str(long_tiny(tmp_path, 1000000)), *where, "--resume", "latest"])
+    stderr = stopped(resumed, lambda: logged_steps(run_dir) > 3, signal.SIGINT)
+    assert resumed.returncode == 130, stderr
+    assert "No checkpoint was written" not in stderr and "step 0" not in stderr
+    assert f"The last checkpoint is {checkpoints / 'step-2'}" in stderr
+    assert f"--checkpoint-to {checkpoints} --resume latest" in stderr
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start(["run", str(long_tiny(tmp_path, 2)), "--device", "cpu", "--run-dir", str(run_dir)])
+    stderr = stopped(process, lambda: committed_steps(run_dir), signal.SIGTERM)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "stopped by SIGTERM after step" in stderr and "--resume latest" in stderr and "Traceback" not in stderr
+    assert logged_steps(run_dir) >= 2
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_told_a_command_that_works(tmp_path, capsys):
+    run_dir, file = tmp_path / "run", long_tiny(tmp_path, 1000000)
+    process = start(["run", str(file), "--device", "cpu", "--run-dir", str(run_dir)])
+    stderr = stopped(process, lambda: logged_steps(run_dir) > 0, signal.SIGINT)
+    assert process.returncode == 130, stderr
+    advised = stderr.rsplit("start the run again with: ", 1)[1].strip()
+    # Neither continuing nor starting afresh in the same directory can work: it holds no checkpoint.
+    for extra, code in ((["--resume", "latest"], "E-CKPT-003"), ([], "E-RUN-001")):
+        assert main(["run", str(file), "--device", "cpu", "--run-dir", str(run_dir), *extra]) == 2
+        refused = capsys.readouterr().err
+        assert code in refused
+    # E-RUN-001 says so, and names the same way out as the message at Ctrl-C.
+    assert "--resume latest" not in refused and "holds no checkpoint" in refused
+    assert f"another --run-dir, such as {run_dir}-2," in refused
+    assert advised.startswith("sexpgpu run ") and f"--run-dir {run_dir}-2" in advised
+    file.write_text(file.read_text().replace(":steps 1000000", ":steps 3"))  # the advice, not a million steps
+    assert main(shlex.split(advised)[1:]) == 0, capsys.readouterr().err

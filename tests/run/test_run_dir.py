@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sexpgpu.cli.main import main
-from sexpgpu.run.rundir import safe_component
+from sexpgpu.run.rundir import safe_component, still_named
 
 from test_cli import EXAMPLES, ROOT, sexpgpu
 from test_resume import start
@@ -193,3 +193,85 @@ def test_a_safe_component_is_one_plain_name():
     assert safe_component("/etc/passwd") == "_etc_passwd"
     assert safe_component("tiny-adam") == "tiny-adam"
     assert safe_component("..") == "_."
+
+
+def stacked_choices(tmp_path: Path, capsys) -> Path:
+    """A choices record the CPU interpreter cannot take (a stacking of 2): E-CHOICE-001 at setup."""
+    assert run(capsys, tiny(tmp_path), "--run-dir", tmp_path / "theirs")[0] == 0
+    experiment = json.loads((tmp_path / "theirs" / "experiment.json").read_text())
+    experiment["choices"]["stacking"] = 2
+    (tmp_path / "stacked.json").write_text(json.dumps(experiment))
+    return tmp_path / "stacked.json"
+
+
+REFUSALS = {  # flags that refuse a run before its first step, and the code they refuse it with
+    "nothing to resume": (lambda tmp_path, capsys: ["--resume", "latest"], "E-CKPT-003"),
+    "choices it cannot take": (lambda tmp_path, capsys: ["--choices", stacked_choices(tmp_path, capsys)],
+                               "E-CHOICE-001"),
+    "checkpoints through a file": (lambda tmp_path, capsys: ["--checkpoint-to", tmp_path / "notes.txt" / "ckpt"],
+                                   "E-DISK-002"),
+    "a separate checkpoint directory": (lambda tmp_path, capsys: ["--checkpoint-to", tmp_path / "new" / "ckpt",
+                                                                  "--resume", "latest"], "E-CKPT-003"),
+}
+
+
+@pytest.mark.parametrize("refusal", REFUSALS.values(), ids=REFUSALS)
+def test_a_run_refused_before_its_first_step_leaves_no_directory_it_made(tmp_path, capsys, refusal):
+    flags, code = refusal
+    (tmp_path / "notes.txt").write_text("notes\n")
+    extra = flags(tmp_path, capsys)
+    status, err = run(capsys, tiny(tmp_path), "--run-dir", tmp_path / "new" / "run", *extra)
+    assert status == 2 and code in err
+    assert not (tmp_path / "new").exists()  # the run directory, its parent and any checkpoint directory made
+
+
+def test_a_run_refused_before_its_first_step_leaves_no_default_run_directory(tmp_path, capsys, monkeypatch):
+    file = tiny(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    status, err = run(capsys, file, "--resume", "latest")
+    assert status == 2 and "E-CKPT-003" in err
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs" / "older").mkdir(parents=True)
+    assert run(capsys, file, "--resume", "latest")[0] == 2
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["older"]
+
+
+def test_a_refused_run_leaves_an_s3_run_no_directory(tmp_path, capsys, s3):
+    status, err = run(capsys, tiny(tmp_path), "--run-dir", tmp_path / "run", "--checkpoint-to", "s3://no-such-bucket-x/r")
+    assert status == 2 and "E-S3-003" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("refusal", REFUSALS.values(), ids=REFUSALS)
+def test_a_refused_run_leaves_a_directory_that_was_there_as_it_was(tmp_path, capsys, refusal):
+    flags, code = refusal
+    (tmp_path / "notes.txt").write_text("notes\n")
+    extra = flags(tmp_path, capsys)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "plan.txt").write_text("a plan\n")
+    status, err = run(capsys, tiny(tmp_path), "--run-dir", tmp_path / "mine", *extra)
+    assert status == 2 and code in err
+    assert snapshot(tmp_path / "mine") == {"plan.txt": b"a plan\n"}  # no run.lock either
+
+
+def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run(capsys, tiny(tmp_path), "--run-dir", run_dir)[0] == 0
+    before = snapshot(run_dir)
+    status, err = run(capsys, tiny(tmp_path, seed=7), "--run-dir", run_dir, "--resume", "latest")
+    assert status == 2 and "E-CKPT-002" in err
+    assert snapshot(run_dir) == before
+
+
+def test_a_lock_is_held_only_on_the_file_that_still_bears_its_name(tmp_path):
+    path = tmp_path / "run.lock"
+    path.write_text("")
+    early = os.open(path, os.O_RDWR)  # opened just before a refused run deleted the file it made
+    try:
+        assert still_named(early, str(path))
+        path.unlink()
+        assert not still_named(early, str(path))
+        path.write_text("")  # the next run's
+        assert not still_named(early, str(path))
+    finally:
+        os.close(early)

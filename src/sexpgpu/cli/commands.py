@@ -20,7 +20,7 @@ def run(args) -> int:
                          checkpoint_to=args.checkpoint_to, allow_layout_change=args.allow_layout_change,
                          flags=run_flags(args.device, settings), choices=settings, world=world)
     result = execute(experiment, options)
-    return 130 if result.interrupted else 0
+    return result.stop.exit_status if result.stop else 0
 
 
 def check(args) -> int:

@@ -10,6 +10,7 @@ import sys
 from sexpgpu import __version__
 from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError, redact
+from sexpgpu.run.stopping import sigterm_as_interrupt, stop_of
 
 DESCRIPTION = """\
 SexpGPU trains neural networks from S-expression experiment files. A run's bits are a
@@ -205,15 +206,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        for warning in settings.check_environment():
-            print(warning, file=sys.stderr)
-        return _dispatch(args)
+        with sigterm_as_interrupt():  # SIGTERM stops a command as Ctrl-C does (run/stopping.py)
+            for warning in settings.check_environment():
+                print(warning, file=sys.stderr)
+            return _dispatch(args)
     except SexpgpuError as error:
         print(error.render(), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("stopped by Ctrl-C.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        stop = stop_of(interrupt)
+        print(f"stopped by {stop.name}.", file=sys.stderr)
+        return stop.exit_status
     except BrokenPipeError:  # the reader of our output went away (`| head`): stop as a Unix filter does
         _drop_stdout()
         return EXIT_BROKEN_PIPE

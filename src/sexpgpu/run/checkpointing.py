@@ -111,12 +111,11 @@ def save(built, state: TrainingState, root: str, options, note=None) -> str:
                             note=note)
 
 
-def resume_state(built, options, run_dir: str) -> Resumed:
+def resume_state(built, options, root: str) -> Resumed:
+    """The state of the checkpoint `--resume` names (`latest`: the newest under `root`), checked."""
     from sexpgpu.store import (BIT_KEYS, check_same_experiment, check_tensors, read_checkpoint, recorded_pins,
                                resolve_checkpoint, uncommitted_after, verify_load_pin)
-    from sexpgpu.run.setup import checkpoint_root
 
-    root = checkpoint_root(built.experiment.run, options, run_dir)
     path = resolve_checkpoint(options.resume, root)
     checkpoint = read_checkpoint(path)
     check_tensors(checkpoint, expected_tensors(built))

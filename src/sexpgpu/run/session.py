@@ -1,6 +1,7 @@
 """A whole run: compile, report, initialise or resume, train, evaluate, checkpoint.
 
-The run directory holds `experiment.json` (the resolved experiment and flags),
+The run directory holds `experiment.json` (the resolved experiment and flags, and where the
+checkpoints go, which a resume's `latest` searches),
 `report.txt` (the lowering report), `metrics.jsonl`, `run.lock` (rundir.py), and `step-<n>/`
 checkpoints unless the file or the command line sends them elsewhere.
 
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sexpgpu import settings
 from sexpgpu.backends.select import computes_exact
@@ -27,11 +30,14 @@ from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.nonfinite import nonfinite_stop
 from sexpgpu.run.progress import Progress
 from sexpgpu.run.report import lowering_report
-from sexpgpu.run.rundir import claimed, default_run_dir, run_dir_errors
+from sexpgpu.run.rundir import (Made, checkpoints_to_record, claimed, default_run_dir, recorded_checkpoints,
+                                run_dir_errors, same_place, unused_sibling)
 from sexpgpu.run.setup import build_run, checkpoint_root
+from sexpgpu.run.stopping import Stop, stop_of
 from sexpgpu.run.world import World, joined, process_device
 from sexpgpu.run import checkpointing
 from sexpgpu.store import s3_waiting_lines_to
+from sexpgpu.store.uris import parent
 
 
 # Settings that change a run's bits by design (determinism.md, "What the run's configuration decides").
@@ -67,8 +73,15 @@ class RunOptions:
 class RunResult:
     run_dir: str
     final_step: int
-    interrupted: bool
+    stop: Stop | None  # what stopped the run before its last step (Ctrl-C, SIGTERM), or None
     last_checkpoint: str | None
+
+
+class Places(NamedTuple):
+    """Where a run writes: its run directory, and the root of its checkpoints."""
+
+    run_dir: str
+    root: str
 
 
 def execute(experiment, options: RunOptions) -> RunResult:
@@ -80,15 +93,19 @@ def execute(experiment, options: RunOptions) -> RunResult:
     with joined(world, kind) as group:
         built = build_run(experiment, kind or options.device, gpu=group.gpu)
         group.check_same("the run and its settings", _started_as(built, options))
-        run_dir = group.from_first(lambda: options.run_dir or default_run_dir(experiment.run.name),
+        made = Made()  # what a run refused before its first step removes again (rundir.py)
+        run_dir = group.from_first(lambda: options.run_dir or default_run_dir(experiment.run.name, made),
                                    "sharing the run directory")
-        root = checkpoint_root(experiment.run, options, run_dir)
+        # a resume finds the checkpoints where the run directory says the run wrote them
+        root = group.from_first(lambda: checkpoint_root(experiment.run, options, run_dir,
+                                                        recorded_checkpoints(run_dir) if options.resume else None),
+                                "sharing the checkpoint destination")
         with ExitStack() as held:
             with group.settled("setting the run up"):
                 if group.first:
                     held.enter_context(claimed(run_dir, root, fresh=not options.resume,
-                                               writes_checkpoints=experiment.run.checkpoint is not None))
-                resumed = checkpointing.resume_state(built, options, run_dir) if options.resume else None
+                                               writes_checkpoints=experiment.run.checkpoint is not None, made=made))
+                resumed = checkpointing.resume_state(built, options, root) if options.resume else None
                 chosen = choose(built, options.choices, resumed.record if resumed is not None else None,
                                 lambda: _first_step_inputs(built), world)
             chosen = agreed(chosen, group)
@@ -100,12 +117,14 @@ def execute(experiment, options: RunOptions) -> RunResult:
                 report += "\n" + resumed.annotation
             with group.settled("writing the run's files"):
                 if group.first:
+                    for name in ("experiment.json", "report.txt", "lowering.json"):
+                        made.file(os.path.join(run_dir, name))
                     with run_dir_errors(run_dir, "write the run's files in"):
-                        _write_run_files(run_dir, experiment, built, options, report)
+                        _write_run_files(Places(run_dir, root), experiment, built, options, report)
                         _write_json(os.path.join(run_dir, "lowering.json"), lowering_annotation(report, chosen))
                     print(report, file=out, flush=True)
-            state = resumed.state if resumed is not None else built.initial_state()
-            return _train(experiment, built, state, run_dir, options, err, chosen, group)
+            made.keep()  # from the first step on, what the run wrote is its record
+            return _train(experiment, built, resumed, Places(run_dir, root), options, err, chosen, group)
 
 
 def _started_as(built, options) -> bytes:
@@ -119,13 +138,15 @@ def _started_as(built, options) -> bytes:
                        "allow_layout_change": options.allow_layout_change}, sort_keys=True).encode()
 
 
-def _write_run_files(run_dir, experiment, built, options, report) -> None:
+def _write_run_files(places, experiment, built, options, report) -> None:
+    run_dir = places.run_dir
     resolved = {
         "experiment": experiment_to_json(experiment),
         "flags": options.flags,
         "data": built.data_identity,
         "loads": [pin.to_json() for pin in built.load_pins],
         "choices": built.choices,
+        "checkpoints": checkpoints_to_record(places.root, run_dir),
     }
     _write_json(os.path.join(run_dir, "experiment.json"), resolved)
     with open(os.path.join(run_dir, "report.txt"), "w", encoding="utf-8") as handle:
@@ -172,8 +193,9 @@ class _Silent:
         pass
 
 
-def _train(experiment, built, state, run_dir, options, err, chosen, group) -> RunResult:
-    run = experiment.run
+def _train(experiment, built, resumed, places, options, err, chosen, group) -> RunResult:
+    run, run_dir = experiment.run, places.run_dir
+    state = resumed.state if resumed is not None else built.initial_state()
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     if options.resume and group.first:
         torn = truncate_after_step(metrics_path, state.step).note(metrics_path)
@@ -195,9 +217,9 @@ def _train(experiment, built, state, run_dir, options, err, chosen, group) -> Ru
     trainer.across = group.across(trainer.sums, chosen.choices.node_gradients, computes_exact(built.backend))
     progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err) if group.first \
         else _Silent()
-    root = checkpoint_root(run, options, run_dir)
-    trainer.nonfinite = nonfinite_stop(root)
-    last_checkpoint = None
+    trainer.nonfinite = nonfinite_stop(places.root)
+    # until this run writes one, the checkpoint it resumed from is the one to continue from
+    last_checkpoint = resumed.path if resumed is not None else None
     try:
         with s3_waiting_lines_to(progress.note):  # a stalled S3 request says so beside the progress
             while state.step < run.steps:
@@ -205,20 +227,21 @@ def _train(experiment, built, state, run_dir, options, err, chosen, group) -> Ru
                 group.check_parameters(state.step, record["digest"])
                 with group.settled(f"writing step {state.step}"):
                     if group.first:
-                        last_checkpoint = _after_step(trainer, built, state, record, metrics, progress, root,
+                        last_checkpoint = _after_step(trainer, built, state, record, metrics, progress, places.root,
                                                       options) or last_checkpoint
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         progress.finish()
         metrics.close()
+        stop = stop_of(interrupt)
         if group.first:
-            print(_interrupted_message(experiment, state.step, run.steps, last_checkpoint, run_dir), file=err,
+            print(_stopped_message(experiment, options, places, stop, state.step, last_checkpoint), file=err,
                   flush=True)
-        return RunResult(run_dir, state.step, True, last_checkpoint)
+        return RunResult(run_dir, state.step, stop, last_checkpoint)
     progress.finish()
     metrics.close()
     if group.first:
         print(f"done: {state.step} steps; run directory {run_dir}", file=err, flush=True)
-    return RunResult(run_dir, state.step, False, last_checkpoint)
+    return RunResult(run_dir, state.step, None, last_checkpoint)
 
 
 def _after_step(trainer, built, state, record, metrics, progress, root, options) -> str | None:
@@ -247,9 +270,26 @@ def _describe_evaluation(record: dict) -> str:
     return f"step {record['step']}: {values}"
 
 
-def _interrupted_message(experiment, step, total, last_checkpoint, run_dir) -> str:
-    where = f"stopped by Ctrl-C after step {step} of {total}; the metrics log in {run_dir} is complete to that step."
+def _stopped_message(experiment, options, places, stop, step, last_checkpoint) -> str:
+    """Where the run stopped, and a command that continues it: from the last checkpoint (the
+    one it resumed from, if it wrote none), else a fresh start where a fresh run may start."""
+    where = (f"stopped by {stop.name} after step {step} of {experiment.run.steps}; the metrics log in "
+             f"{places.run_dir} is complete to that step.")
     if last_checkpoint:
+        resume = "latest" if same_place(parent(last_checkpoint), places.root) else last_checkpoint
         return (f"{where} The last checkpoint is {last_checkpoint}; continue with: "
-                f"sexpgpu run {experiment.path} {experiment.run.name} --run-dir {run_dir} --resume latest")
-    return f"{where} No checkpoint was written, so a new run starts from step 0."
+                f"{_command(experiment, options, places.run_dir, resume)}")
+    # a fresh run refuses a directory holding this run's files (E-RUN-001): another one, or a new default
+    again = unused_sibling(places.run_dir) if options.run_dir else None
+    return (f"{where} No checkpoint was written, so there is nothing to resume; start the run again with: "
+            f"{_command(experiment, options, again, None)}")
+
+
+def _command(experiment, options, run_dir: str | None, resume: str | None) -> str:
+    """The `sexpgpu run` command line that repeats this run's own flags, in `run_dir`, resuming from `resume`."""
+    words = ["sexpgpu", "run", experiment.path, experiment.run.name]
+    for flag, value, given in (("--run-dir", run_dir, run_dir), ("--device", options.device, options.device != "auto"),
+                               ("--checkpoint-to", options.checkpoint_to, options.checkpoint_to),
+                               ("--resume", resume, resume)):
+        words += [flag, value] if given else []
+    return shlex.join(words + (["--allow-layout-change"] if options.allow_layout_change else []))

@@ -137,10 +137,9 @@ def load_source(experiment, spec) -> str:
     return os.path.normpath(os.path.join(os.path.dirname(experiment.path), source))
 
 
-def checkpoint_root(run, options, run_dir: str) -> str:
-    """Where checkpoints go: the command line's --checkpoint-to, the file's :to, or the run directory."""
-    if options.checkpoint_to:
-        return options.checkpoint_to
-    if run.checkpoint is not None and run.checkpoint.to:
-        return run.checkpoint.to
-    return run_dir
+def checkpoint_root(run, options, run_dir: str, recorded: str | None = None) -> str:
+    """Where checkpoints go: the command line's --checkpoint-to, else where the run directory
+    records that the run being resumed wrote them (`recorded`), else the file's :to, else
+    the run directory."""
+    to = run.checkpoint.to if run.checkpoint is not None else None
+    return next((root for root in (options.checkpoint_to, recorded, to) if root), run_dir)

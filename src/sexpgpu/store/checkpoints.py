@@ -173,12 +173,12 @@ def resolve_checkpoint(spec: str, run_root: str) -> str:
             raise SexpgpuError("E-CKPT-003", f"there is no committed checkpoint under {run_root} to resume from{unfinished}.",
                                hint="Start the run without --resume, or name the directory that holds its checkpoints.")
         return found[-1][1]
-    # A bare step-<n> means the one under the run's root.
+    # A bare step-<n> means the one under the run's root: a missing one is named there.
     candidates = [join(run_root, spec), spec] if local_steps.STEP_NAME.fullmatch(spec) else [spec]
     for candidate in candidates:
         if _steps_module(candidate).is_committed(candidate):
             return candidate
-    raise _missing_step(spec)
+    raise _missing_step(candidates[0])
 
 
 def _missing_step(spec: str) -> SexpgpuError:
