@@ -216,6 +216,8 @@ def test_missing_credentials_are_E_S3_002(s3, monkeypatch):
     ("AWS_PROFILE", "no-such-profile", "no-such-profile"),
     ("AWS_CREDENTIAL_EXPIRATION", "-1", "TypeError"),  # not a date: fails when the credentials are first used
     ("AWS_SECRET_ACCESS_KEY", "", "missing: AWS_SECRET_ACCESS_KEY"),
+    ("AWS_SESSION_TOKEN", "\u00e9", "session token holds a character that is not printable ASCII"),
+    ("AWS_ACCESS_KEY_ID", "key\x7f", "access key id holds a character"),
 ])
 def test_an_aws_configuration_that_sets_up_no_client_is_E_S3_005(s3, monkeypatch, name, value, named):
     """botocore refuses its configuration with exceptions of many kinds (ValueError, its own,

@@ -108,13 +108,22 @@ def _new_client(patience: Patience):
         made = session.client("s3", config=Config(**patience.client_config()))
         credentials = session.get_credentials()
         if credentials is not None:
-            credentials.get_frozen_credentials()
+            _check_header_text(credentials.get_frozen_credentials())
     except Exception as error:  # noqa: BLE001 - see above: every kind here is a configuration error
         raise SexpgpuError("E-S3-005", f"the AWS configuration cannot set up an S3 client: {type(error).__name__}: "
                                        f"{error}.",
                            hint="Check the AWS_* variables (AWS_ENDPOINT_URL is a URL such as http://host:9000), "
                                 "AWS_PROFILE and the files in ~/.aws.") from None
     return made
+
+
+def _check_header_text(frozen) -> None:
+    """Credentials travel in HTTP headers and signatures: a character that is not printable
+    ASCII (the fuzzer's AWS_SESSION_TOKEN=é) failed deep in http.client, at the first request."""
+    parts = {"access key id": frozen.access_key, "secret access key": frozen.secret_key, "session token": frozen.token}
+    for label, text in parts.items():
+        if text and not (text.isascii() and text.isprintable()):
+            raise ValueError(f"the {label} holds a character that is not printable ASCII")
 
 
 def _request(uri: str, doing: str, call, part: str = ""):
