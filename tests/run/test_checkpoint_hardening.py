@@ -118,6 +118,22 @@ def test_resume_latest_finds_the_checkpoints_where_the_run_directory_records_the
     assert f"{destination}/step-4 at step 4" in out
 
 
+def test_the_records_hold_the_world_and_a_checkpoint_without_it_still_resumes(tmp_path, capsys):
+    file, run_dir = tiny_file(tmp_path), tmp_path / "run"
+    assert run(capsys, file, run_dir)[0] == 0
+    one = {"processes": 1, "nodes": 1}
+    assert json.loads((run_dir / "experiment.json").read_text())["world"] == one
+    checkpoint = read_checkpoint(str(run_dir / "step-2"))
+    assert checkpoint.experiment["world"] == one
+    # a checkpoint written before the world was recorded
+    older = {key: value for key, value in checkpoint.experiment.items() if key not in (*RESERVED_KEYS, "world")}
+    write_checkpoint(str(tmp_path / "older"), 2, checkpoint.tensors, older)
+    status, _, err = run(capsys, file, tmp_path / "resumed", "--resume", tmp_path / "older" / "step-2")
+    assert status == 0, err
+    assert same_bits(read_checkpoint(str(tmp_path / "resumed" / "step-4")).tensors,
+                     read_checkpoint(str(run_dir / "step-4")).tensors)
+
+
 def test_a_missing_step_names_the_checkpoint_root_searched_not_the_working_directory(tmp_path, capsys, monkeypatch):
     file, run_dir = tiny_file(tmp_path), tmp_path / "run"
     assert run(capsys, file, run_dir)[0] == 0

@@ -221,6 +221,9 @@ def test_two_nodes_at_f32_agree_with_torchrun_and_a_resume_repeats_their_bits(f3
     report = (f32_world["dir"] / "report.txt").read_text()
     assert "in node order between them, in float32" in line(report, "determinism")
     assert record(f32_world["dir"] / f"step-{STEPS}")["choices"]["device"].endswith(", 4 processes on 2 nodes")
+    # the world as fields, not only inside the device's words: in each checkpoint and the run directory
+    assert record(f32_world["dir"] / f"step-{STEPS}")["world"] == {"processes": 4, "nodes": 2}
+    assert json.loads((f32_world["dir"] / "experiment.json").read_text())["world"] == {"processes": 4, "nodes": 2}
     # the resume from step 3 logs steps 4.. with the bits of the run it continues
     assert steps_of(f32_world["resumed_dir"]) == [entry for entry in ran if entry["step"] > EVERY]
     assert tensor_bits(f32_world["resumed_dir"] / f"step-{STEPS}") == tensor_bits(f32_world["dir"] / f"step-{STEPS}")

@@ -59,7 +59,8 @@ def identity_digest(identity: dict) -> str:
 def checkpoint_record(built, state: TrainingState, options) -> dict:
     """experiment.json of a checkpoint. Its `experiment.resolved`, `selection`, `flags`,
     `environment` and `device` are what a resume compares (store.BIT_KEYS); `microbatches` and
-    `world_size` are its layout (`_check_layout`)."""
+    `world_size` are its layout (`_check_layout`); `world` (processes and nodes) is recorded,
+    not compared, so a checkpoint written before it was still resumes."""
     run = built.experiment.run
     identity = bit_identity(built.experiment, built.data_identity)
     return {
@@ -74,6 +75,7 @@ def checkpoint_record(built, state: TrainingState, options) -> dict:
                           "next_record": state.step * run.microbatches * run.batch},
         "microbatches": run.microbatches,
         "world_size": options.world.size,
+        "world": options.world.to_json(),
         "choices": built.choices,
         "backend": built.backend_facts["name"],
         "loads": [pin.to_json() for pin in built.load_pins],

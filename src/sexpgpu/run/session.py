@@ -147,6 +147,7 @@ def _write_run_files(places, experiment, built, options, report) -> None:
         "loads": [pin.to_json() for pin in built.load_pins],
         "choices": built.choices,
         "checkpoints": checkpoints_to_record(places.root, run_dir),
+        "world": options.world.to_json(),
     }
     _write_json(os.path.join(run_dir, "experiment.json"), resolved)
     with open(os.path.join(run_dir, "report.txt"), "w", encoding="utf-8") as handle:

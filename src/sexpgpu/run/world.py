@@ -88,6 +88,10 @@ class World:
                                hint=f"Give :microbatches a multiple of {self.size}, or start as many processes as "
                                     "divide it.")
 
+    def to_json(self) -> dict:
+        """What a run's records (experiment.json, each checkpoint's) say of its world."""
+        return {"processes": self.size, "nodes": self.nodes}
+
     def described(self, kind: str) -> str:
         """What the recorded device says of the world: '2 GPUs on 1 node', '' for one process."""
         if not self.several:
