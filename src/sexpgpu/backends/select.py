@@ -93,8 +93,9 @@ def probe_for(backend):
 
 def memory_probe(backend):
     """The probe that reports a device backend's free memory (an exact one's too), or None for
-    the CPU interpreter, whose room is the host's (plan/fit.py)."""
-    if getattr(backend, "name", None) != "cuda":
+    the CPU interpreter, whose room is the host's (plan/fit.py), as it is for the CUDA backend
+    on host tensors (under Triton's interpreter)."""
+    if getattr(backend, "name", None) != "cuda" or not str(backend.device).startswith("cuda"):
         return None
     from sexpgpu.backends.cuda.probe import CudaProbe  # torch is optional: loaded with the CUDA backend
 
