@@ -77,7 +77,7 @@ class Run:
         return chosen, seconds
 
     def step_seconds(self, degree: int, steps: int, warmup: int) -> float:
-        from sexpgpu.graph.stacking import stack_training
+        from sexpgpu.graph.training.stacking import stack_training
         from sexpgpu.run.loop import Stacking, Trainer
 
         stacking = Stacking(stack_training(self.built.program.training, degree), degree)

@@ -7,7 +7,7 @@ For each model, in one process, the step time (forward, loss, gradients, AdamW w
 clipping) of each row:
 
 - `ours-f32`, `ours-bf16`: `sexpgpu` on the CUDA backend, the experiment as written and with
-  `:precision bf16` (bf16 products summed in float32; graph/precision.py), with the machine's
+  `:precision bf16` (bf16 products summed in float32; graph/passes/precision.py), with the machine's
   choices made as `sexpgpu run` makes them by default (run/choosing.py's `choose`: each long
   float32 product's implementation timed at the first step);
 - `eager-f32`, `compile-f32`: the model as a PyTorch user writes it today (bench/torch_models.py

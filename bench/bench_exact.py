@@ -12,7 +12,7 @@ Rows, at each size n^3:
   spread 2^+-s        f32 values scaled by 2**e, e uniform in [-s, s): more slices per block
   outlier per row     randn rows with one element 2**60 larger: the rest lie far below it
   whole range         every exponent from 2**-149 to 2**126 in each row: the worst case
-Each exact row also says what det_gemm's fast path did on its last call (rounded.py): the
+Each exact row also says what det_gemm's fast path did on its last call (bounded_gemm.py): the
 first stage (the residue product on int8 tensor cores, or the float64 product) and the share
 of outputs it settled, the outputs refined by pair sums, the tiers it
 computed and the fraction of outputs it sent to the exact accumulator. Then
@@ -33,7 +33,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 import smoke  # before the kernels are decorated
-from sexpgpu.exact import DetLinear, backends, det_gemm, rounded
+from sexpgpu.exact import DetLinear, det_gemm
+from sexpgpu.exact import implementations
+from sexpgpu.exact import bounded_gemm
 
 REPEATS = {1024: 10, 4096: 3, 8192: 2}
 SMOKE_SIZE = 16
@@ -75,7 +77,7 @@ FIRST_STAGES = {"residues": "residue product", "float64": "float64 product"}
 
 
 def fast_path_figures() -> dict:
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     outputs = max(stats.outputs, 1)
     return {"tiers": stats.tiers, "fallback": stats.fallback / outputs, "first_stage": stats.first_stage,
             "first": stats.first_settled / outputs, "pairs": stats.pairs}
@@ -129,7 +131,7 @@ def randn_row(n: int) -> Row:
     cublas_repeats = min(1000, max(3, int(2e12 // (2 * n**3))))
     exact_f32 = tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats))
     figures = fast_path_figures()
-    with rounded.forced("float64"):
+    with bounded_gemm.forced("float64"):
         float64_f32 = tflops(n, seconds_per_call(lambda: det_gemm(x, w), repeats))
     return Row(n, "randn", exact_f32=exact_f32, float64_f32=float64_f32,
                exact_bf16=tflops(n, seconds_per_call(lambda: det_gemm(xb, wb), repeats)),
@@ -165,7 +167,7 @@ def det_linear_figures(batch: int = 4096, width: int = 4096) -> dict:
 
 def previous_default(n: int = 1024) -> float:
     x, w = scaled_randn(n, 1, None), scaled_randn(n, 2, None)
-    with backends.forced("triton"):
+    with implementations.forced("triton"):
         return tflops(n, seconds_per_call(lambda: det_gemm(x, w), 1 if n == SMOKE_SIZE else 3))
 
 
@@ -197,15 +199,15 @@ def main() -> None:
                 json.dump({"cpu": cpu}, f, indent=2)
         if args.cpu:
             return
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.implementations.cuda.matmul.allow_tf32 = False
+    torch.implementations.cudnn.allow_tf32 = False
     started = time.perf_counter()
     linear_size, triton_size = 4096, 1024
     if args.smoke:
         global DEVICE
         DEVICE = "cuda" if smoke.gpu() else "cpu"
         args.sizes, linear_size, triton_size = [SMOKE_SIZE], SMOKE_SIZE, SMOKE_SIZE
-    default = backends.select(torch.device(DEVICE)).name
+    default = implementations.select(torch.device(DEVICE)).name
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU tensors (cuBLAS columns: torch on the CPU)"
     print(f"device: {where}, torch {torch.__version__}, default exact implementation: {default}")
     rows = []

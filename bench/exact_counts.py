@@ -182,7 +182,7 @@ ENTRY_POINTS = {
     "sexpgpu.exact.gemm": ("det_gemm", "det_gemm_partial", "det_combine", "det_finalize", "accumulate_planes"),
     "sexpgpu.exact.batched": ("det_gemm_batched",),
     "sexpgpu.exact.reduce": ("det_sum", "det_sum_partial"),
-    "sexpgpu.exact.rounded": ("rounded_gemm",),
+    "sexpgpu.exact.bounded_gemm": ("rounded_gemm",),
     "sexpgpu.exact.scatter": ("det_scatter_sum", "det_scatter_sum_partial"),
     # the CUDA backend's products written straight into their buffers (backends/exact_ops.py)
     "sexpgpu.exact.queued": ("queued_product",),

@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python bench/profile_exact.py [--size 8192] [--dtype float32|bfloat16] [--smoke]
 
-randn operands of size n^3. The stages are those of rounded.py: the widening of both operands
+randn operands of size n^3. The stages are those of bounded_gemm.py: the widening of both operands
 (float64 copies and norm bounds in one pass), the float64 product (chunked addmm), the settling pass, the pending list, the pair sums and
 their settling, the exact fallback for what is left. Beside them: cuBLAS float64 and float32
 (TF32 off) products of the same size, the floor and the peer. Each figure is the median of
@@ -18,7 +18,8 @@ import torch
 
 import smoke  # before the kernels are decorated
 from bench_numerics import gpu_seconds
-from sexpgpu.exact import det_gemm, rounded
+from sexpgpu.exact import det_gemm
+from sexpgpu.exact import bounded_gemm
 from sexpgpu.exact.float64_stage import CHUNK, float64_product, float64_total, widened
 from sexpgpu.exact.pair_sums import pair_sums
 
@@ -44,7 +45,7 @@ def main() -> None:
     w = torch.randn(n, n, device=device, generator=generator).to(dtype)
     x64, w64 = x.double(), w.double()
     first = float64_product(x, w)
-    done, _ = rounded._settled_product(first, torch.float32)
+    done, _ = bounded_gemm._settled_product(first, torch.float32)
     rows, cols = (~done).nonzero(as_tuple=True)
     flops = 2 * n**3
     figures = {
@@ -52,16 +53,16 @@ def main() -> None:
         "cuBLAS float32 x @ w.T (TF32 off)": milliseconds(lambda: x.float() @ w.float().T, repeat),
         "widening of x and w (float64 copies, norm bounds)": milliseconds(lambda: (widened(x), widened(w)), repeat),
         f"float64 product in chunks of {CHUNK} (addmm)": milliseconds(lambda: float64_total(x64, w64), repeat),
-        "settling the float64 product": milliseconds(lambda: rounded._settled_product(first, torch.float32), repeat),
+        "settling the float64 product": milliseconds(lambda: bounded_gemm._settled_product(first, torch.float32), repeat),
         "the pending list (nonzero)": milliseconds(lambda: (~done).nonzero(as_tuple=True), repeat),
         f"pair sums of the {rows.numel()} pending outputs": milliseconds(
             lambda: pair_sums(x, w, rows, cols, first.x_norm, first.w_norm), repeat),
         "exact digits of the same outputs (accumulate_pairs)": milliseconds(
-            lambda: rounded._pair_planes(x, w, rows, cols), repeat),
+            lambda: bounded_gemm._pair_planes(x, w, rows, cols), repeat),
         "det_gemm, whole": milliseconds(lambda: det_gemm(x, w), repeat),
     }
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU tensors (Triton's interpreter)"
-    print(f"{where}, {n}^3 {args.dtype} randn; {rounded.last_statistics}")
+    print(f"{where}, {n}^3 {args.dtype} randn; {bounded_gemm.last_statistics}")
     for name, ms in figures.items():
         print(f"  {name:<56} {ms:9.3f} ms  {flops / ms / 1e9:8.2f} TFLOP/s-equivalent")
     if args.trace and device == "cpu":

@@ -1,4 +1,4 @@
-"""The op cases every op test shares: each op of graph/ops.py with inputs of chosen dtypes,
+"""The op cases every op test shares: each op of graph/core/ops.py with inputs of chosen dtypes,
 shapes and value kinds, the graph that runs it, and the tolerances between two backends.
 
 A case with a gradient builds `loss = sum(op(inputs) * w)` and its gradients with the graph
@@ -19,9 +19,9 @@ from typing import NamedTuple
 import numpy as np
 
 from sexpgpu.backends.cpu.arith import round_bf16
-from sexpgpu.graph.autodiff import gradients
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.ir import FLOAT_DTYPES
+from sexpgpu.graph.training.autodiff import gradients
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.core.ir import FLOAT_DTYPES
 
 F = "f32"
 B = "bf16"

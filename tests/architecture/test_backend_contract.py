@@ -10,7 +10,7 @@ import pytest
 
 from sexpgpu.backends.contract import Backend, host_input
 from sexpgpu.backends.cpu import Interpreter
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 
 CONTRACT = [name for name, member in inspect.getmembers(Backend) if inspect.isfunction(member) and not name.startswith("_")]
 

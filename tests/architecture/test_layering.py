@@ -24,8 +24,11 @@ ALLOWED = {
     "data": {"errors", "numerics", "store"},
     "backends": {"errors", "settings", "graph", "plan", "numerics", "exact"},
     "store": {"errors", "settings"},
-    "run": {"errors", "settings", "lang", "graph", "plan", "backends", "data", "store", "numerics"},
-    "cli": {"errors", "settings", "lang", "run", "store"},
+    "distributed": {"errors", "settings", "backends"},
+    "run": {"errors", "settings", "lang", "graph", "plan", "backends", "distributed", "data", "store", "numerics"},
+    "tools": {"errors", "settings", "lang", "graph", "plan", "backends", "run", "store"},
+    "ladder": {"errors", "settings", "lang", "plan", "backends", "run", "tools", "store"},
+    "cli": {"errors", "settings", "lang", "distributed", "run", "tools", "ladder", "store"},
 }
 
 

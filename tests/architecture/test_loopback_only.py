@@ -5,7 +5,7 @@ keeps new code from adding a listener that those tests do not see: every socket 
 127.0.0.1, every process group meets through a file (torch's TCPStore listens on every
 interface whatever MASTER_ADDR says), and a moto server is started with -H 127.0.0.1.
 
-The one process group a run joins, in run/world.py, meets at `world.meeting`: a file
+The one process group a run joins, in distributed/world.py, meets at `world.meeting`: a file
 (SEXPGPU_DIST_FILE), which every world of the tests uses, or under torchrun the launcher's
 store, which its processes join as clients (torchrun sets TORCHELASTIC_USE_AGENT_STORE). That
 store is torchrun's, and it listens on every interface: the two tests that start torchrun

@@ -14,7 +14,7 @@ import pytest
 from sexpgpu import numerics as nx
 from sexpgpu.backends.cpu import Interpreter, folds, op_kernels
 from sexpgpu.backends.cpu.arith import PortableF32
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 
 
 def _ill_conditioned(shape, seed=0) -> np.ndarray:

@@ -11,7 +11,7 @@ from sexpgpu import numerics as nx
 from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.backends.cpu.arith import round_bf16
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 
 NUMERICS = ("exp", "log", "tanh", "erf", "rsqrt", "sigmoid", "pow", "stream_key", "fold_in", "normal", "bernoulli")
 needs_numerics = pytest.mark.skipif(

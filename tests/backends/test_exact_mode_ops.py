@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import det_finalize  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exact"))
 from exact_oracle import round_fraction  # noqa: E402

@@ -1,4 +1,4 @@
-"""Every op of the op table (graph/ops.py) has a CPU kernel, a CUDA lowering and a test case
+"""Every op of the op table (graph/core/ops.py) has a CPU kernel, a CUDA lowering and a test case
 (tests/op_cases.py: a gradient case when the op has a gradient rule, else a forward case).
 Adding an op without one of them fails here, naming the op and what it lacks."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from op_cases import CASES, FORWARD_CASES
 from sexpgpu.backends.cpu.op_kernels import KERNELS
 from sexpgpu.backends.cuda.lowering import lowered_ops
-from sexpgpu.graph.ops import OPS, OpDef
+from sexpgpu.graph.core.ops import OPS, OpDef
 
 GRADIENT_CASE_OPS = {case.op for case in CASES}
 ANY_CASE_OPS = GRADIENT_CASE_OPS | {case.op for case in FORWARD_CASES}

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sexpgpu import numerics as nx
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 
 SEED = 20261203
 ROWS = 5  # records in the batch: each field salt holds one integer per record

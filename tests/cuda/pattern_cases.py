@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from op_cases import random_array
-from sexpgpu.graph.autodiff import gradients
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.training.autodiff import gradients
+from sexpgpu.graph.core.emit import Emitter
 
 # (x, w, bias) shapes of each product: a (batch, tokens, features) linear layer, an NCHW convolution
 SHAPES = {"matmul": ((2, 3, 8), (5, 8), (5,)), "conv2d": ((2, 3, 6, 6), (4, 3, 3, 3), (4,))}

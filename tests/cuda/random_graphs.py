@@ -1,4 +1,4 @@
-"""Random graphs over every op of graph/ops.py, for comparing the CUDA backend with the CPU
+"""Random graphs over every op of graph/core/ops.py, for comparing the CUDA backend with the CPU
 interpreter: `graph_from_seed(seed, profile)` is a pure function of its arguments.
 
 A graph applies a few ops, each to values made before it (inputs, or results of earlier ops)
@@ -27,10 +27,10 @@ import numpy as np
 
 from attention_checks import float64_errors
 from op_cases import random_array
-from sexpgpu.graph.autodiff import gradients
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.ir import FLOAT_DTYPES, Graph
-from sexpgpu.graph.ops import OPS
+from sexpgpu.graph.training.autodiff import gradients
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, Graph
+from sexpgpu.graph.core.ops import OPS
 
 
 class Profile(NamedTuple):

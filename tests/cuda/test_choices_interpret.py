@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.products import implementations  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 from sexpgpu.plan.device import ProductShape  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
@@ -175,7 +175,7 @@ STACKED_RUN = """
 def test_the_cuda_backend_runs_a_stacked_graph_as_the_interpreter_does():
     from sexpgpu.backends.cpu import Interpreter
     from sexpgpu.graph import compile_program
-    from sexpgpu.graph.stacking import stack_training
+    from sexpgpu.graph.training.stacking import stack_training
     from sexpgpu.lang.forms import parse_experiment, select_run
     from sexpgpu.lang.reader import read_text
 
@@ -200,7 +200,7 @@ def test_a_pinned_stacked_runs_products_are_the_keys_its_lowered_steps_look_up()
     the stacked M), so what the plan decided is what the step runs."""
     from sexpgpu.backends.cuda.probe import CudaProbe
     from sexpgpu.graph import compile_program
-    from sexpgpu.graph.stacking import stack_training
+    from sexpgpu.graph.training.stacking import stack_training
     from sexpgpu.lang.forms import parse_experiment, select_run
     from sexpgpu.lang.reader import read_text
     from sexpgpu.plan.choices import Choices, Situation, take_pinned

@@ -186,7 +186,7 @@ def bits(run_dir: Path) -> str:
 def program_keys(experiment: Path, stacking: int = 1) -> list:
     """The convolution keys of the run's graphs, as the plan finds them."""
     from sexpgpu.graph import compile_program
-    from sexpgpu.graph.stacking import stack_training
+    from sexpgpu.graph.training.stacking import stack_training
     from sexpgpu.lang.forms import load_experiment
 
     program = compile_program(load_experiment(str(experiment)))

@@ -113,7 +113,7 @@ def test_a_convolution_the_policy_does_not_name_runs_pytorchs():
 
 
 def test_an_input_read_through_a_view_is_made_contiguous_for_the_engine():
-    from sexpgpu.graph.emit import Emitter
+    from sexpgpu.graph.core.emit import Emitter
 
     e = Emitter()
     x = e.input("x", "f32", (2, 5, 7, 2))  # NHWC, transposed to NCHW: a view with other strides

@@ -129,7 +129,7 @@ def test_the_command_line_runs_each_example_twice_with_the_same_bits(name, tmp_p
 
 
 def test_an_allocation_failure_stops_with_the_memory_line(backend):
-    from sexpgpu.graph.emit import Emitter
+    from sexpgpu.graph.core.emit import Emitter
 
     e = Emitter()
     x, w = e.input("x", "f32", (1, 200_000)), e.input("w", "f32", (200_000, 1))

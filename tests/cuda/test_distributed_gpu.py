@@ -5,7 +5,7 @@ Run on a GPU machine with:  PYTHONPATH=src python3 -m pytest tests/cuda/test_dis
 
 - det_all_reduce of exact accumulators through NCCL with one process gives the bits of gloo
   with one process and of no process group at all;
-- a joined world of one process on CUDA (run/world.py over NCCL) gives back what it gathers:
+- a joined world of one process on CUDA (distributed/world.py over NCCL) gives back what it gathers:
   bytes (the digests' exchange), losses, float gradients in their CUDA storage (float32 and
   bfloat16), and exact accumulators summed over its one process;
 - tiny-adam through torchrun, one process on CUDA (NCCL), writes the bits of the same run
@@ -31,7 +31,7 @@ from sexpgpu.backends.exact_sums import ExactSums  # noqa: E402
 from sexpgpu.exact import Accumulator, det_all_reduce, det_finalize, det_gemm_partial  # noqa: E402
 from sexpgpu.run.loop import FLOAT_SUMS  # noqa: E402
 from sockets import in_loopback_namespace  # noqa: E402
-from sexpgpu.run.world import World, joined  # noqa: E402
+from sexpgpu.distributed.world import World, joined  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 

@@ -84,7 +84,7 @@ def test_the_cnn_examples_generator_is_captured_with_the_interpreters_bits(degre
     by :step :trip): captured from its second call, its fields are the interpreter's bits at
     every step, unstacked and stacked (each draw's block repeated)."""
     from sexpgpu.backends.cuda.backend import CudaBackend
-    from sexpgpu.graph.stacking import stack_generator
+    from sexpgpu.graph.training.stacking import stack_generator
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.setup import build_run
 

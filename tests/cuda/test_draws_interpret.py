@@ -62,7 +62,7 @@ def test_the_cnn_examples_generator_gives_the_interpreters_bits(degree):
     :trip; a max, exponentials): every field the interpreter's bits, stacked too."""
     from pathlib import Path
 
-    from sexpgpu.graph.stacking import stack_generator
+    from sexpgpu.graph.training.stacking import stack_generator
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.setup import build_run
 

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
 @pytest.fixture
 def on_device_paths():
-    from sexpgpu.exact import backends
+    from sexpgpu.exact import implementations
 
-    with backends.device_paths():
+    with implementations.device_paths():
         yield
 
 

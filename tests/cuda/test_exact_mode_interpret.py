@@ -28,7 +28,7 @@ from sexpgpu.backends.cuda.exact import EXACT  # noqa: E402
 from sexpgpu.backends.exact_sums import PendingSum, accumulated, rounded_once  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import Accumulator, det_finalize  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 from sexpgpu.lang.forms import parse_experiment, select_run  # noqa: E402
 from sexpgpu.lang.reader import read_text  # noqa: E402
 from sexpgpu.run.choosing import stacked_training  # noqa: E402
@@ -268,12 +268,12 @@ def test_a_product_is_written_into_its_buffer_unless_the_buffer_meets_an_operand
     into a contiguous float32 buffer apart from the operands (no copy after), with the bits
     it returns without out; a buffer overlapping an operand is left alone."""
     from sexpgpu.backends import exact_ops
-    from sexpgpu.exact import backends
+    from sexpgpu.exact import implementations
 
     generator = torch.Generator().manual_seed(4)
     a, b = torch.randn((2, 5, 7), generator=generator), torch.randn((7, 3), generator=generator)
     batched = torch.randn((2, 7, 3), generator=generator)
-    with backends.device_paths():
+    with implementations.device_paths():
         for right in (b, batched):
             expected = exact_ops.rounded_product(a, right, (2, 5, 3), "f32")
             out = torch.full((2, 5, 3), 7.0)

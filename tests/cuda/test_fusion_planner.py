@@ -25,8 +25,8 @@ from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, loaded_bytes, recompute  # noqa: E402
 from sexpgpu.backends.cuda.codegen.expr import load  # noqa: E402
 from sexpgpu.backends.cuda.codegen.space import broadcast_view, contiguous  # noqa: E402
-from sexpgpu.graph.autodiff import gradients  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.training.autodiff import gradients  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 

@@ -23,7 +23,7 @@ from sexpgpu.backends.cuda import views  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.memory import Lifetime, plan_arena  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
@@ -80,7 +80,7 @@ def _mlp_training_graph():
     hidden = e("relu", e("add", e("matmul", x, e("transpose", w1, perm=(1, 0))), b1))
     logits = e("matmul", hidden, e("transpose", w2, perm=(1, 0)))
     loss = e("div", e("sum", e("cross_entropy", logits, labels), axes=None), e.const(6.0))
-    from sexpgpu.graph.autodiff import gradients
+    from sexpgpu.graph.training.autodiff import gradients
 
     grads = gradients(e, loss, [w1, b1, w2])
     inputs = {"x": x, "y": labels, "w1": w1, "b1": b1, "w2": w2}
@@ -211,7 +211,7 @@ def test_an_op_without_a_cuda_lowering_is_a_clear_error():
     from sexpgpu.backends.cuda.fusion import policy_from_environment
     from sexpgpu.backends.cuda.lowering import Lowerer
     from sexpgpu.errors import Location, SexpgpuError
-    from sexpgpu.graph.ir import Node, make_graph
+    from sexpgpu.graph.core.ir import Node, make_graph
 
     x = Node("input", "f32", (2, 3))
     odd = Node("frobnicate", "f32", (2, 3), (x,), loc=Location("f.sexp", 4, 7))

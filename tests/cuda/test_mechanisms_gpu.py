@@ -18,7 +18,7 @@ from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.probe import CudaProbe, product_graph  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 from sexpgpu.plan.device import DeviceFacts, ProductShape  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

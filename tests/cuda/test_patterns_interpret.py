@@ -30,7 +30,7 @@ from sexpgpu.backends.cuda import backend as backend_module, cudnn_engines, cudn
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.probe import CudaProbe  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 from sexpgpu.plan.convolutions import graph_convolutions  # noqa: E402
 from sexpgpu.plan.patterns import PATTERN_NAMES, patterns_line  # noqa: E402
 

@@ -12,8 +12,8 @@ pytest.importorskip("triton")
 
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.placement import placements  # noqa: E402
-from sexpgpu.graph.build import Initializer, ParamSpec  # noqa: E402
-from sexpgpu.graph.optimizers import build_update  # noqa: E402
+from sexpgpu.graph.frontend.build import Initializer, ParamSpec  # noqa: E402
+from sexpgpu.graph.training.optimizers import build_update  # noqa: E402
 from sexpgpu.lang.experiment import OptimizerSpec  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
@@ -87,7 +87,7 @@ def test_placed_inputs_give_the_same_bits_and_the_concatenation_copies_nothing()
 def test_an_output_that_widens_a_bf16_value_keeps_its_own_dtype():
     # A bf16 product read out as float32 through a view: the cast is a load in a kernel, so the
     # output is a copy of the product's arena buffer; placing the output there hands back bf16.
-    from sexpgpu.graph.emit import Emitter
+    from sexpgpu.graph.core.emit import Emitter
 
     emit = Emitter()
     a, b = emit.input("a", "f32", (4, 8)), emit.input("b", "f32", (8, 3))

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 

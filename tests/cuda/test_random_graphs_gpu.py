@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
 from random_graphs import run_seeds, summary  # noqa: E402
-from sexpgpu.graph.ops import OPS  # noqa: E402
+from sexpgpu.graph.core.ops import OPS  # noqa: E402
 
 COUNT = int(os.environ.get("SEXPGPU_DIFF_GRAPHS", "2000"))
 WORKERS = int(os.environ.get("SEXPGPU_DIFF_WORKERS", str(min(16, os.cpu_count() or 1))))

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 import numpy as np  # noqa: E402
 
 from random_graphs import OP_NAMES, graph_from_seed, run_seeds, summary  # noqa: E402
-from sexpgpu.graph.ops import OPS  # noqa: E402
+from sexpgpu.graph.core.ops import OPS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 

@@ -14,7 +14,8 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run me with TRITON_INTERPRET=
 import torch  # noqa: E402
 
 from exact_random import random_cuts, wide_random  # noqa: E402
-from sexpgpu.exact import backends, det_combine, det_gemm_partial  # noqa: E402
+from sexpgpu.exact import det_combine, det_gemm_partial
+from sexpgpu.exact import implementations  # noqa: E402
 from sexpgpu.exact import triton_kernel  # noqa: E402
 
 def cases():
@@ -34,7 +35,7 @@ def cases():
 def triton_digits(x, w, block=(8, 4), parts=1):
     triton_kernel.BLOCK_M, triton_kernel.BLOCK_N = block
     bounds = [0, *random_cuts(x.shape[1], parts, torch.Generator().manual_seed(1)), x.shape[1]]
-    with backends.forced("triton"):
+    with implementations.forced("triton"):
         return det_combine([det_gemm_partial(x[:, a:b], w[:, a:b]) for a, b in zip(bounds, bounds[1:])]).digits
 
 
@@ -44,7 +45,7 @@ def main() -> int:
     checks.append(("a grid of 2 x 2 programs", x, w, {"block": (4, 2)}))
     checks.append(("three uneven K-shards", checks[0][1], checks[0][2], {"parts": 3}))
     for name, x, w, options in checks:
-        with backends.forced("bins"):
+        with implementations.forced("bins"):
             expected = det_gemm_partial(x, w).digits
         same = torch.equal(triton_digits(x, w, **options), expected)
         print(f"{'same' if same else 'DIFFERENT'}: {name}", flush=True)

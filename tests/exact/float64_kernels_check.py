@@ -20,11 +20,12 @@ import torch  # noqa: E402
 
 from adversarial import KINDS  # noqa: E402
 from exact_oracle import BINARY32, oracle_gemm  # noqa: E402
-from sexpgpu.exact import backends, pair_kernel, settle_kernel, triton_kernel  # noqa: E402
+from sexpgpu.exact import pair_kernel, settle_kernel, triton_kernel
+from sexpgpu.exact import implementations  # noqa: E402
 from sexpgpu.exact.float64_stage import float64_product, upper_norms  # noqa: E402
 from sexpgpu.exact.gemm import accumulate_planes  # noqa: E402
 from sexpgpu.exact.pair_sums import combined, with_bound  # noqa: E402
-from sexpgpu.exact.rounded import settle  # noqa: E402
+from sexpgpu.exact.bounded_gemm import settle  # noqa: E402
 
 
 def cases():
@@ -79,7 +80,7 @@ def check_settle(name, first) -> bool:
 
 def check_pair_digits(name, x, w) -> bool:
     rows, cols = torch.tensor([2, 0, 1, 2]), torch.tensor([6, 0, 3, 1])
-    with backends.forced("bins"):
+    with implementations.forced("bins"):
         expected = accumulate_planes(x, w)[:, rows, cols]
     got = triton_kernel.accumulate_pairs(x, w, rows, cols)
     from sexpgpu.exact.accumulator import normalise_

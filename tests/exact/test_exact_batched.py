@@ -8,7 +8,8 @@ import torch
 
 from adversarial import KINDS
 from exact_oracle import BFLOAT16, BINARY32, oracle_gemm, same_bits
-from sexpgpu.exact import backends, det_gemm, det_gemm_batched
+from sexpgpu.exact import det_gemm, det_gemm_batched
+from sexpgpu.exact import implementations
 
 FORMATS = {torch.float32: BINARY32, torch.bfloat16: BFLOAT16}
 
@@ -47,7 +48,7 @@ def test_non_finite_operands_and_a_forced_implementation_give_the_same_bits():
     x, w = torch.randn((2, 3, 8), generator=generator), torch.randn((2, 4, 8), generator=generator)
     x[1, 2, 5], w[0, 1, 0] = float("inf"), float("nan")
     assert same_bits(det_gemm_batched(x, w), torch.stack([det_gemm(x[b], w[b]) for b in range(2)]))
-    with backends.forced("bins"):
+    with implementations.forced("bins"):
         forced = det_gemm_batched(x[:, :, :4], w[:, :, :4])
     assert same_bits(forced, torch.stack([det_gemm(x[b, :, :4], w[b, :, :4]) for b in range(2)]))
 

@@ -11,7 +11,8 @@ import torch
 from adversarial import KINDS
 from exact_oracle import BFLOAT16, BINARY32, oracle_gemm, round_fraction, same_bits
 from exact_random import EVERY_CPU_IMPLEMENTATION, wide_random
-from sexpgpu.exact import backends, det_finalize, det_gemm, det_gemm_partial
+from sexpgpu.exact import det_finalize, det_gemm, det_gemm_partial
+from sexpgpu.exact import implementations
 from sexpgpu.exact.accumulator import normalise_
 from sexpgpu.exact.block_slices import (
     FP64_WIDE,
@@ -28,7 +29,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 def digits_with(name, x, w):
-    with backends.forced(name):
+    with implementations.forced(name):
         return det_gemm_partial(x, w).digits
 
 
@@ -48,7 +49,7 @@ def test_adversarial_data_gives_the_oracle_and_the_reference_digits(kind, dtype)
 
 
 def det_gemm_partial_with(name, x, w):
-    with backends.forced(name):
+    with implementations.forced(name):
         return det_gemm_partial(x, w)
 
 
@@ -81,7 +82,7 @@ def test_k_at_its_limit(name):
     x2, w2 = torch.cat([x, x], 1), torch.cat([w, -w], 1)
     w2[0, -1] = 0.75
     x_last, w_last = Fraction(x[0, -1].item()), Fraction(w[0, -1].item())
-    with backends.forced(name):
+    with implementations.forced(name):
         whole = det_gemm(x, w).item()
         cancelled = det_gemm(x2, w2).item()
     assert whole == round_fraction(exact_dot_by_integers(x[0].double().tolist(), w[0].double().tolist()))
@@ -93,13 +94,13 @@ def test_the_tensor_core_call_with_its_padding_gives_the_reference_digits(m, n, 
     # torch._int_mm also runs on CPU: the CUDA path's padding and layout, checked here.
     generator = torch.Generator().manual_seed(m * n * k)
     x, w = wide_random((m, k), torch.float32, generator, 12), wide_random((n, k), torch.float32, generator, 12)
-    with backends.forced("bins"):
+    with implementations.forced("bins"):
         expected = det_gemm_partial(x, w).digits
     assert torch.equal(normalise_(accumulate_with(INT8_TENSOR_CORES, x, w)), expected)
 
 
 def test_the_fast_cpu_path_is_the_default_on_cpu():
-    assert backends.select(torch.device("cpu")).name == "fp64"
+    assert implementations.select(torch.device("cpu")).name == "fp64"
 
 
 def test_slice_products_refuse_blocks_whose_sums_could_be_inexact():

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from adversarial import KINDS
-from sexpgpu.exact import backends, det_gemm_partial
+from sexpgpu.exact import det_gemm_partial
+from sexpgpu.exact import implementations
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +44,7 @@ def cases(generator: torch.Generator):
 
 
 def digits(name, x, w):
-    with backends.forced(name):
+    with implementations.forced(name):
         return det_gemm_partial(x, w).digits
 
 

@@ -6,7 +6,7 @@ import torch
 from sexpgpu.exact import (
     Accumulator,
     DetLinear,
-    backends,
+    implementations,
     det_all_reduce,
     det_combine,
     det_finalize,
@@ -100,5 +100,5 @@ def test_det_linear_rejects_wrong_inputs():
 
 def test_unknown_backend_lists_the_known_ones():
     with pytest.raises(ValueError, match="bins, fp64, int8, sliced, triton"):
-        with backends.forced("tensorcore"):
+        with implementations.forced("tensorcore"):
             pass

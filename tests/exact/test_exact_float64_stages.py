@@ -11,7 +11,8 @@ import torch
 from adversarial import KINDS
 from exact_oracle import BINARY32, oracle_gemm, same_bits
 from exact_random import wide_random
-from sexpgpu.exact import det_gemm, rounded
+from sexpgpu.exact import det_gemm
+from sexpgpu.exact import bounded_gemm
 from sexpgpu.exact.gemm import accumulate_planes
 from sexpgpu.exact.rounding import round_planes
 from sexpgpu.exact import float64_stage
@@ -84,7 +85,7 @@ def test_near_zero_outputs_reach_the_pair_sums_and_settle():
     a, b = torch.randn(8, 200, generator=generator), torch.randn(6, 200, generator=generator)
     x, w = torch.cat([a, a], 1), torch.cat([b, -b * (1 + 2.0**-20)], 1)
     result = det_gemm(x, w)
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     assert stats.pairs > 0 and stats.pairs_settled > 0
     assert same_bits(result, oracle_gemm(x, w, BINARY32))
 
@@ -93,7 +94,7 @@ def test_cancelling_data_goes_on_to_the_tiers_and_the_accumulator():
     generator = torch.Generator().manual_seed(9)
     x, w = KINDS["cancellation"](80, 64, 40, torch.float32, generator)  # more outputs than PAIR_MINIMUM
     result = det_gemm(x, w)
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     assert stats.tiers > 0 and stats.pairs == 0 and stats.fallback > 0
     assert same_bits(result, round_planes(accumulate_planes(x, w), torch.float32))
 
@@ -102,9 +103,9 @@ def test_cancelling_data_goes_on_to_the_tiers_and_the_accumulator():
 def test_randn_settles_in_the_float64_product(path):
     generator = torch.Generator().manual_seed(10)
     x, w = torch.randn(96, 700, generator=generator), torch.randn(80, 700, generator=generator)
-    with contextlib.nullcontext() if path == "default" else rounded.forced(path):
+    with contextlib.nullcontext() if path == "default" else bounded_gemm.forced(path):
         result = det_gemm(x, w)
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     assert stats.first_settled > 0.98 * 96 * 80 and stats.tiers == 0 and stats.fallback == 0
     assert same_bits(result, round_planes(accumulate_planes(x, w), torch.float32))
 

@@ -12,7 +12,7 @@ from exact_random import random_cuts, random_fold, shard_partials, wide_random
 from sockets import listening_sockets
 from sexpgpu.exact import (
     DetLinear,
-    backends,
+    implementations,
     det_all_reduce,
     det_combine,
     det_finalize,
@@ -27,7 +27,7 @@ CUDA_IMPLEMENTATIONS = ["int8", "triton", "fp64", "sliced"]
 
 
 def reference_digits(x, w):
-    with backends.forced("bins"):
+    with implementations.forced("bins"):
         return det_gemm_partial(x.cpu(), w.cpu()).digits
 
 
@@ -41,7 +41,7 @@ def random_case(shape, spread, dtype):
 
 
 def cuda_digits(name, x, w):
-    with backends.forced(name):
+    with implementations.forced(name):
         return det_gemm_partial(x.cuda(), w.cuda()).digits.cpu()
 
 
@@ -64,7 +64,7 @@ def test_cuda_digits_equal_the_cpu_reference(name, dtype, shape, spread):
 @pytest.mark.parametrize("name", CUDA_IMPLEMENTATIONS)
 def test_cuda_special_values_and_extremes_equal_the_oracle(name):
     x, w = special_operands()
-    with backends.forced(name):
+    with implementations.forced(name):
         assert same_bits(det_gemm(x.cuda(), w.cuda()).cpu(), oracle_gemm(x, w))
 
 
@@ -99,7 +99,7 @@ def test_cuda_k_beyond_one_call(name):
 
 def test_int8_tensor_cores_are_the_default_from_compute_capability_8():
     expected = "int8" if torch.cuda.get_device_capability() >= (8, 0) else "triton"
-    assert backends.select(torch.device("cuda")).name == expected
+    assert implementations.select(torch.device("cuda")).name == expected
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -107,7 +107,7 @@ def test_int8_tensor_cores_are_the_default_from_compute_capability_8():
 def test_int8_on_adversarial_data_equals_the_oracle(kind, dtype):
     generator = torch.Generator().manual_seed(len(kind) + 7)
     x, w = KINDS[kind](20, 9, 301, dtype, generator)  # odd shapes: _int_mm's padding
-    with backends.forced("int8"):
+    with implementations.forced("int8"):
         assert same_bits(det_gemm(x.cuda(), w.cuda()).cpu(), oracle_gemm(x, w))
 
 

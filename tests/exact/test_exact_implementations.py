@@ -4,14 +4,15 @@ import pytest
 import torch
 
 from exact_random import EVERY_CPU_IMPLEMENTATION, wide_random
-from sexpgpu.exact import backends, det_gemm_partial
+from sexpgpu.exact import det_gemm_partial
+from sexpgpu.exact import implementations
 from sexpgpu.exact.layout import DIGITS, WIDTH
 
 
 def digits_by_implementation(x, w):
     results = {}
     for name in EVERY_CPU_IMPLEMENTATION:
-        with backends.forced(name):
+        with implementations.forced(name):
             results[name] = det_gemm_partial(x, w).digits
     return results
 

@@ -1,5 +1,5 @@
 """The queued path (queued.py, queued_kernels.py): the CUDA paths of det_gemm(non_blocking=True),
-det_gemm_batched and det_sum, run on CPU tensors by Triton's interpreter (backends.device_paths).
+det_gemm_batched and det_sum, run on CPU tensors by Triton's interpreter (implementations.device_paths).
 
 Every output has the Fraction oracle's bits, through each stage on its own (the float64 bound,
 the pair sums, the exact digits rounded in the kernel) and together, on random and
@@ -23,7 +23,8 @@ if torch.cuda.is_available():  # pragma: no cover - the kernels are then compile
 
 from adversarial import KINDS  # noqa: E402
 from exact_oracle import BFLOAT16, BINARY32, oracle_gemm, same_bits  # noqa: E402
-from sexpgpu.exact import backends, det_gemm, det_gemm_batched, det_sum, queued  # noqa: E402
+from sexpgpu.exact import det_gemm, det_gemm_batched, det_sum, queued
+from sexpgpu.exact import implementations  # noqa: E402
 from sexpgpu.exact.float64_stage import SLACK, UNIT, gamma, upward_float32, widened  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -65,25 +66,25 @@ def test_products_sums_and_batches_have_the_exact_rounding(kind, dtype):
 def test_the_host_path_on_the_device_paths_accounts_for_every_output(kind):
     """det_gemm (blocking) on the paths a GPU takes: the oracle's bits, and its statistics
     account for every output (float64 product, pair sums, tiers, exact accumulator)."""
-    from sexpgpu.exact import rounded
+    from sexpgpu.exact import bounded_gemm
 
     generator = torch.Generator().manual_seed(3 + len(kind))
     x, w = KINDS[kind](9, 7, 300, torch.float32, generator)
     assert same_bits(det_gemm(x, w), oracle(x, w))
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     settled = stats.first_settled + stats.pairs_settled + sum(stats.settled_after)
     assert settled + stats.fallback == stats.outputs == 63
 
 
 def test_the_host_path_takes_the_tiers_when_the_count_is_large(monkeypatch):
-    from sexpgpu.exact import rounded
+    from sexpgpu.exact import bounded_gemm
 
     # the threshold lowered, so that a small shape (fast under the interpreter) crosses it
-    monkeypatch.setattr(rounded, "PAIR_MINIMUM", 64)
+    monkeypatch.setattr(bounded_gemm, "PAIR_MINIMUM", 64)
     x, w = KINDS["whole range in a row"](24, 20, 40, torch.float32, torch.Generator().manual_seed(5))
     assert same_bits(det_gemm(x, w), oracle(x, w))
-    stats = rounded.last_statistics
-    assert stats.tiers > 0 and stats.pairs == 0 and stats.first_settled < 24 * 20 - rounded.PAIR_MINIMUM
+    stats = bounded_gemm.last_statistics
+    assert stats.tiers > 0 and stats.pairs == 0 and stats.first_settled < 24 * 20 - bounded_gemm.PAIR_MINIMUM
 
 
 def test_nan_and_infinities_take_the_special_rule():
@@ -91,7 +92,7 @@ def test_nan_and_infinities_take_the_special_rule():
     x, w = torch.randn((4, 9), generator=generator), torch.randn((6, 9), generator=generator)
     x[1, 3], x[3, 2], w[2, 0], w[4, 2], w[5, 7] = float("inf"), float("-inf"), float("nan"), 0.0, float("inf")
     want = det_gemm(x.clone(), w.clone())  # the host path (it counts special products apart)
-    with backends.forced("bins"):
+    with implementations.forced("bins"):
         assert same_bits(want, det_gemm(x, w))
     assert same_bits(det_gemm(x, w, non_blocking=True), want)
     assert same_bits(det_sum(x, 1), torch.stack([det_sum(row[None], 1)[0] for row in x]))
@@ -255,7 +256,7 @@ def host_planes(kind: str, seed: int) -> torch.Tensor:
 
     generator = torch.Generator().manual_seed(seed)
     x, w = KINDS[kind](6, 5, 29, torch.float32, generator)
-    with backends.device_paths(False):
+    with implementations.device_paths(False):
         return det_gemm_partial(x, w).digits
 
 
@@ -272,7 +273,7 @@ def test_accumulators_carry_and_round_on_the_device_as_on_the_host(kind):
     planes[NAN_PLANE, 0, 1], planes[POS_INF_PLANE, 2, 3], planes[POS_INF_PLANE + 1, 2, 3] = 4, 2, 1
     planes[POS_INF_PLANE, 4, 4] = 3
     host = planes.clone()
-    with backends.device_paths(False):  # the host's own carrying and rounding
+    with implementations.device_paths(False):  # the host's own carrying and rounding
         normalise_(host)
         want = round_planes(host, torch.float32)
     found = normalise_(planes.clone())
@@ -302,7 +303,7 @@ def test_scatter_sums_on_the_device_are_the_hosts(name, dtype, monkeypatch):
     values = values.reshape(*ids.shape, 3)
     if ids.numel():
         values[0, 1, 2], values[1, 0, 0], values[1, 1, 0] = float("nan"), float("inf"), float("-inf")
-    with backends.device_paths(False):
+    with implementations.device_paths(False):
         want = det_scatter_sum_partial(ids, values, 6)
         rounded = det_scatter_sum(ids, values, 6)
     assert torch.equal(det_scatter_sum_partial(ids, values, 6).digits, want.digits)
@@ -312,7 +313,7 @@ def test_scatter_sums_on_the_device_are_the_hosts(name, dtype, monkeypatch):
 def test_the_hosts_scatter_refuses_an_id_out_of_range():
     from sexpgpu.exact import det_scatter_sum
 
-    with backends.device_paths(False), pytest.raises(ValueError, match="outside 0..2"):
+    with implementations.device_paths(False), pytest.raises(ValueError, match="outside 0..2"):
         det_scatter_sum(torch.tensor([0, 3]), torch.ones((2, 4)), 3)
 
 

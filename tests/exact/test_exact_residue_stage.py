@@ -22,7 +22,9 @@ if torch.cuda.is_available():  # pragma: no cover - compiled there; tests/exact'
 
 from adversarial import KINDS  # noqa: E402
 from exact_oracle import BINARY32, oracle_gemm, same_bits  # noqa: E402
-from sexpgpu.exact import backends, det_gemm, residue_stage, rounded  # noqa: E402
+from sexpgpu.exact import det_gemm, residue_stage
+from sexpgpu.exact import implementations
+from sexpgpu.exact import bounded_gemm  # noqa: E402
 from sexpgpu.exact.residue_stage import MAX_K, MODULI, Moduli, residue_product, residues  # noqa: E402
 
 
@@ -142,7 +144,7 @@ def test_det_gemm_through_the_residue_stage_has_the_oracles_bits(kind, dtype):
     x, w = KINDS[kind](21, 6, 130, dtype, generator)  # small: some kinds send every output to the exact accumulator
     assert residue_stage.applies(x, w, torch.float32)
     assert same_bits(det_gemm(x, w), oracle_gemm(x, w, BINARY32))
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     assert stats.first_settled + stats.pairs_settled + sum(stats.settled_after) + stats.fallback == stats.outputs
 
 
@@ -170,7 +172,7 @@ def test_where_the_stage_applies():
     assert residue_stage.applies(x, x, torch.float32)
     assert not residue_stage.applies(x, x, torch.bfloat16)  # bf16 results: the float64 product
     assert not residue_stage.applies(torch.ones((4, 0)), torch.ones((4, 0)), torch.float32)
-    with backends.device_paths(False):
+    with implementations.device_paths(False):
         assert not residue_stage.applies(x, x, torch.float32)  # the CPU's own path: the float64 product
     wide = torch.ones((2, MAX_K + 16))
     assert not residue_stage.applies(wide, wide, torch.float32)
@@ -179,6 +181,6 @@ def test_where_the_stage_applies():
 def test_forcing_the_float64_product_gives_the_same_bits():
     generator = torch.Generator().manual_seed(7)
     x, w = KINDS["one outlier per row"](20, 20, 64, torch.float32, generator)
-    with rounded.forced("float64"):
+    with bounded_gemm.forced("float64"):
         by_float64 = det_gemm(x, w)
     assert same_bits(det_gemm(x, w), by_float64)

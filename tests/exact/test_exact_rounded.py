@@ -1,4 +1,4 @@
-"""det_gemm's fast path (rounded.py): bit for bit the exact path's result and the Fraction
+"""det_gemm's fast path (bounded_gemm.py): bit for bit the exact path's result and the Fraction
 oracle's, on every path: the default stages, the float64 stages alone (float64 product and
 pair sums), and the tiers alone with both tier products (the int8 tensor cores' arithmetic
 through its CPU stand-in, and fp64), on random and adversarial data; forced fallback;
@@ -16,7 +16,8 @@ from adversarial import KINDS
 from exact_oracle import BFLOAT16, BINARY32, oracle_gemm, same_bits
 from exact_random import wide_random
 from exact_strategies import gemm_operands
-from sexpgpu.exact import DetLinear, det_finalize, det_gemm, det_gemm_partial, det_sum_partial, rounded
+from sexpgpu.exact import DetLinear, det_finalize, det_gemm, det_gemm_partial, det_sum_partial
+from sexpgpu.exact import bounded_gemm
 from sexpgpu.exact.gemm import accumulate_planes
 from sexpgpu.exact.rounding import round_planes
 
@@ -26,7 +27,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 @pytest.fixture(params=PATHS)
 def tiers(request):
-    path = contextlib.nullcontext() if request.param == "default" else rounded.forced(request.param)
+    path = contextlib.nullcontext() if request.param == "default" else bounded_gemm.forced(request.param)
     with path:
         yield request.param
 
@@ -43,7 +44,7 @@ def fast_path(x, w, dtype=torch.float32):
     from sexpgpu.exact.special import split_special
 
     finite_x, finite_w, special = split_special(x, w)
-    return rounded.rounded_gemm(finite_x, finite_w, special, dtype, accumulate_planes)
+    return bounded_gemm.rounded_gemm(finite_x, finite_w, special, dtype, accumulate_planes)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,7 +115,7 @@ def test_empty_shapes(tiers):
     assert det_gemm(torch.zeros(2, 4), torch.zeros(0, 4)).shape == (2, 0)
 
 
-@pytest.mark.parametrize("k", [rounded.TIER_FP64.k_block - 1, rounded.TIER_FP64.k_block + 3, 3 * 4096 + 1])
+@pytest.mark.parametrize("k", [bounded_gemm.TIER_FP64.k_block - 1, bounded_gemm.TIER_FP64.k_block + 3, 3 * 4096 + 1])
 def test_k_near_and_across_the_call_width(tiers, k):
     generator = torch.Generator().manual_seed(k)
     x, w = wide_random((3, k), torch.float32, generator, 10), wide_random((2, k), torch.float32, generator, 10)
@@ -127,9 +128,9 @@ def test_int8_tier_calls_split_wide_tiers():
     generator = torch.Generator().manual_seed(5)
     k = (1 << 16) + 5
     x, w = wide_random((2, k), torch.float32, generator, 4), wide_random((2, k), torch.float32, generator, 4)
-    with rounded.forced("int8"):
+    with bounded_gemm.forced("int8"):
         assert same_bits(det_gemm(x, w), exact_path(x, w))
-    assert rounded.last_statistics.tiers >= 2
+    assert bounded_gemm.last_statistics.tiers >= 2
 
 
 def test_cancellation_forces_the_fallback(tiers):
@@ -138,7 +139,7 @@ def test_cancellation_forces_the_fallback(tiers):
     x, w = KINDS["cancellation"](5, 4, 40, torch.float32, generator)
     x[:, :2] *= 2.0**60
     result = det_gemm(x, w)
-    assert rounded.last_statistics.fallback > 0
+    assert bounded_gemm.last_statistics.fallback > 0
     assert same_bits(result, oracle_gemm(x, w))
 
 
@@ -146,7 +147,7 @@ def test_randn_settles_without_the_fallback(tiers):
     generator = torch.Generator().manual_seed(1)
     x, w = torch.randn(64, 512, generator=generator), torch.randn(48, 512, generator=generator)
     result = det_gemm(x, w)
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     assert same_bits(result, exact_path(x, w))
     assert stats.fallback == 0 and settled(stats) == 64 * 48
     first = stats.first_settled or stats.settled_after[0]
@@ -154,18 +155,18 @@ def test_randn_settles_without_the_fallback(tiers):
 
 
 def test_forced_implementation_takes_the_exact_path():
-    from sexpgpu.exact import backends
+    from sexpgpu.exact import implementations
 
     x, w = torch.randn(3, 5), torch.randn(2, 5)
-    with backends.forced("bins"):
-        rounded.last_statistics = rounded.Statistics()
+    with implementations.forced("bins"):
+        bounded_gemm.last_statistics = bounded_gemm.Statistics()
         det_gemm(x, w)
-    assert rounded.last_statistics.outputs == 0
+    assert bounded_gemm.last_statistics.outputs == 0
 
 
 def test_unknown_tier_products_are_refused():
     with pytest.raises(ValueError, match="no tier products named 'int4'"):
-        with rounded.forced("int4"):
+        with bounded_gemm.forced("int4"):
             pass
 
 
@@ -186,4 +187,4 @@ def test_det_linear_takes_the_fast_path_with_the_same_bits(tiers, dtype):
     assert same_bits(xi.grad, det_finalize(det_gemm_partial(grad_y, weight.t()), dtype))
     assert same_bits(layer.weight.grad, det_finalize(det_gemm_partial(grad_y.t(), x.t()), dtype))
     assert same_bits(layer.bias.grad, det_finalize(det_sum_partial(grad_y, 0), dtype))
-    assert rounded.last_statistics.outputs == 4  # the bias gradient, the last sum, went through rounded.py
+    assert bounded_gemm.last_statistics.outputs == 4  # the bias gradient, the last sum, went through bounded_gemm.py

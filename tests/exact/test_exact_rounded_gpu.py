@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from exact_oracle import same_bits
-from sexpgpu.exact import backends, det_gemm, rounded
+from sexpgpu.exact import det_gemm
+from sexpgpu.exact import implementations
+from sexpgpu.exact import bounded_gemm
 from sexpgpu.exact.gemm import accumulate_planes
 from sexpgpu.exact.rounding import round_planes
 from test_exact_crosscheck_gpu import cases
@@ -27,7 +29,7 @@ PATHS = ("default", "float64", "int8", "fp64")  # det_gemm unforced, and each fo
 
 
 def exact_with(name, x, w):
-    with backends.forced(name):
+    with implementations.forced(name):
         return round_planes(accumulate_planes(x, w), torch.float32)
 
 
@@ -42,9 +44,9 @@ def test_fast_path_equals_the_accumulators_on_millions_of_outputs():
         kulisch = exact_with("triton", x, w)
         assert same_bits(planes, kulisch)
         for products in PATHS:
-            with rounded.forced(products) if products != "default" else contextlib.nullcontext():
+            with bounded_gemm.forced(products) if products != "default" else contextlib.nullcontext():
                 fast = det_gemm(x, w)
-            stats = rounded.last_statistics
+            stats = bounded_gemm.last_statistics
             mismatched[products] += int((~same_elementwise(fast, planes)).sum())
             fallback[products] += stats.fallback
             tiers[products] += stats.tiers
@@ -71,7 +73,7 @@ def test_randn_8192_settles_and_equals_the_planes(dtype):
     x = torch.randn(4096, 8192, device="cuda", generator=generator).to(dtype)
     w = torch.randn(4096, 8192, device="cuda", generator=generator).to(dtype)
     fast = det_gemm(x, w)
-    stats = rounded.last_statistics
+    stats = bounded_gemm.last_statistics
     print(f"\n{dtype} randn 4096x4096x8192: {stats}")
     assert bool(same_elementwise(fast, exact_with("int8", x, w)).all())
     assert stats.fallback < 0.001 * stats.outputs

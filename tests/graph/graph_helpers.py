@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.lang.forms import parse_experiment, select_run
 from sexpgpu.lang.reader import read_text
 
@@ -16,7 +16,7 @@ def experiment(text: str, selection: str | None = None):
 
 def expression_graph(text: str, inputs: dict, options: dict | None = None):
     """The graph of one body expression over inputs {name: (shape, dtype)}, output "y"."""
-    from sexpgpu.graph.build import Builder, Frame
+    from sexpgpu.graph.frontend.build import Builder, Frame
 
     e = Emitter()
     builder = Builder(e, {}, seed=0, batch=1, mode="model")

@@ -11,9 +11,9 @@ import pytest
 
 from op_cases import random_array
 from sexpgpu.backends.cpu import Interpreter
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.ops import OpError
-from sexpgpu.graph.precision import with_precision
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.core.ops import OpError
+from sexpgpu.graph.passes.precision import with_precision
 
 CPU = Interpreter()
 
@@ -70,7 +70,7 @@ def test_shapes_that_do_not_fit_are_coded_errors():
 def test_the_attention_layer_emits_one_attention_core_per_layer():
     from pathlib import Path
 
-    from sexpgpu.graph.training import compile_program
+    from sexpgpu.graph.training.program import compile_program
     from sexpgpu.lang.forms import load_experiment
 
     path = Path(__file__).resolve().parents[2] / "examples" / "char-lm.sexp"
@@ -82,9 +82,9 @@ def test_the_attention_layer_emits_one_attention_core_per_layer():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_composed_graph_gives_the_interpreters_bits_for_every_attention_op(causal):
-    """graph/attention_parts.py writes float32 attention ops out as ops.py's formula: the
+    """graph/passes/attention_parts.py writes float32 attention ops out as ops.py's formula: the
     interpreter gives the same bits for the graph and its composition, forward and cotangents."""
-    from sexpgpu.graph.attention_parts import ATTENTION_OPS, composed_attention
+    from sexpgpu.graph.passes.attention_parts import ATTENTION_OPS, composed_attention
 
     rng = np.random.default_rng(9)
     shapes = {"q": (2, 3, 6, 4), "k": (2, 3, 6, 4), "v": (2, 3, 6, 5), "g": (2, 3, 6, 5)}
@@ -108,7 +108,7 @@ def test_the_composition_makes_each_part_once_for_the_output_and_both_cotangents
     one product by v^T, six products in all (q k^T, P v, g v^T, dS k, dS^T q, P^T g)."""
     from collections import Counter
 
-    from sexpgpu.graph.attention_parts import composed_attention
+    from sexpgpu.graph.passes.attention_parts import composed_attention
 
     e = Emitter()
     q, k, v, g = (e.input(name, "f32", (2, 3, 6, 4)) for name in "qkvg")
@@ -126,7 +126,7 @@ def test_the_composition_makes_each_part_once_for_the_output_and_both_cotangents
 
 
 def test_a_graph_without_float32_attention_is_kept_as_it_is():
-    from sexpgpu.graph.attention_parts import composed_attention
+    from sexpgpu.graph.passes.attention_parts import composed_attention
 
     e = Emitter()
     x = e.input("x", "f32", (2, 3))

@@ -173,7 +173,7 @@ def test_layers_on_bf16_inputs_keep_float32_parameters_and_cast_them():
 
 @pytest.mark.skipif(not hasattr(nx, "erf"), reason="sexpgpu.numerics is not built yet")
 def test_the_language_gelu_gives_the_bits_of_the_gelu_op():
-    from sexpgpu.graph.emit import Emitter
+    from sexpgpu.graph.core.emit import Emitter
 
     x = (np.random.default_rng(1).standard_normal(1000) * 3).astype(np.float32)
     composed = Interpreter().run(expression_graph("(gelu x)", {"x": ((1000,), "f32")}), {"x": x})["y"]

@@ -16,8 +16,8 @@ from graph_helpers import experiment, expression_graph
 from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.ops import OpError
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.core.ops import OpError
 
 # (x shape, w shape, stride, padding): odd sizes, rectangular kernels, windows that leave rows out
 GEOMETRIES = [

@@ -9,7 +9,7 @@ import pytest
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.plan.memory import plan_memory
 
 from graph_helpers import experiment

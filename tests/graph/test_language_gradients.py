@@ -10,9 +10,9 @@ import pytest
 from graph_helpers import expression_graph
 from sexpgpu import numerics as nx
 from sexpgpu.backends.cpu import Interpreter
-from sexpgpu.graph.autodiff import gradients
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.ir import FLOAT_DTYPES, make_graph
+from sexpgpu.graph.training.autodiff import gradients
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, make_graph
 
 X = ((3, 4), "f32")
 CASES = [

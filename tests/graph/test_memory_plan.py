@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.plan.memory import lifetimes, plan_memory
 
 

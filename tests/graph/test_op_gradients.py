@@ -14,8 +14,8 @@ import pytest
 
 from op_cases import CASES, case_elements, case_graph, case_id
 from sexpgpu.backends.cpu import Interpreter
-from sexpgpu.graph.autodiff import gradients
-from sexpgpu.graph.ir import FLOAT_DTYPES, make_graph
+from sexpgpu.graph.training.autodiff import gradients
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, make_graph
 
 # Each float input costs two forward runs per element; larger cases are the CUDA tests'.
 SMALL_CASES = [case for case in CASES if case_elements(case) <= 200]
@@ -57,7 +57,7 @@ def test_gradient_matches_float64_finite_differences(case):
 
 
 def test_a_value_read_twice_gets_both_contributions_in_order():
-    from sexpgpu.graph.emit import Emitter
+    from sexpgpu.graph.core.emit import Emitter
 
     e = Emitter()
     x = e.input("x", "f32", (3,))
@@ -70,7 +70,7 @@ def test_a_value_read_twice_gets_both_contributions_in_order():
 
 
 def test_a_parameter_the_loss_does_not_read_gets_zeros():
-    from sexpgpu.graph.emit import Emitter
+    from sexpgpu.graph.core.emit import Emitter
 
     e = Emitter()
     x, unused = e.input("x", "f32", (2,)), e.input("u", "f32", (4,))

@@ -16,8 +16,8 @@ import torch
 from sexpgpu import numerics as nx
 from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.backends.cpu.arith import round_bf16
-from sexpgpu.graph.build import Initializer, ParamSpec
-from sexpgpu.graph.optimizers import build_update
+from sexpgpu.graph.frontend.build import Initializer, ParamSpec
+from sexpgpu.graph.training.optimizers import build_update
 from sexpgpu.lang.experiment import OptimizerSpec
 
 SHAPES = {"b": (4,), "w": (3, 4)}

@@ -1,4 +1,4 @@
-"""`:precision bf16` (graph/precision.py), op by op, against plain PyTorch in float64.
+"""`:precision bf16` (graph/passes/precision.py), op by op, against plain PyTorch in float64.
 
 For each product the table names, the rewritten graph reads bf16 operands and gives a bf16
 result widened to float32; the interpreter's values equal float64 arithmetic on operands
@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
-from sexpgpu.graph.emit import Emitter  # noqa: E402
-from sexpgpu.graph.ops import OPS  # noqa: E402
-from sexpgpu.graph.precision import POLICIES, PRODUCT, with_precision  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
+from sexpgpu.graph.core.ops import OPS  # noqa: E402
+from sexpgpu.graph.passes.precision import POLICIES, PRODUCT, with_precision  # noqa: E402
 
 CPU = Interpreter()
 TIES = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1.5 + 2**-8], dtype=np.float32)  # halfway between bf16s
@@ -136,7 +136,7 @@ def test_each_product_casts_its_own_operands_so_their_cotangents_sum_in_float32(
     assert all(source.op == "cast" and source.dtype == "bf16" for source in operands)
     assert len({id(source) for source in operands}) == 6  # one cast a read: each bf16 value has one reader
     assert operands[2].inputs[0].inputs[0] is products[0]  # h's bf16 value, widened, then cast again
-    from sexpgpu.graph.autodiff import gradients
+    from sexpgpu.graph.training.autodiff import gradients
 
     grads = gradients(e, out, [x, w])
     assert not any(node.op == "add" and node.dtype == "bf16" for node in e.nodes)
@@ -171,7 +171,7 @@ def test_parameters_their_gradients_and_the_update_stay_float32():
     from dataclasses import replace
     from pathlib import Path
 
-    from sexpgpu.graph.training import compile_program
+    from sexpgpu.graph.training.program import compile_program
     from sexpgpu.lang.forms import load_experiment
 
     experiment = load_experiment(str(Path(__file__).resolve().parents[2] / "examples" / "tiny-adam.sexp"))
@@ -257,8 +257,8 @@ def test_every_node_of_a_whole_bf16_microbatch_graph_follows_its_policy(name):
     from dataclasses import replace
     from pathlib import Path
 
-    from sexpgpu.graph.precision import MOVES
-    from sexpgpu.graph.training import compile_program
+    from sexpgpu.graph.passes.precision import MOVES
+    from sexpgpu.graph.training.program import compile_program
     from sexpgpu.lang.forms import load_experiment
 
     experiment = load_experiment(str(Path(__file__).resolve().parents[2] / "examples" / name))

@@ -1,4 +1,4 @@
-"""Stacking (graph/stacking.py): k microbatches as one batch draw, lose and learn as k calls do."""
+"""Stacking (graph/training/stacking.py): k microbatches as one batch draw, lose and learn as k calls do."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from graph_helpers import experiment
 from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.backends.cpu.draws import draw
 from sexpgpu.graph import compile_program
-from sexpgpu.graph.stacking import StackingRefused, stack_generator, stack_training, stacking_blockers
+from sexpgpu.graph.training.stacking import StackingRefused, stack_generator, stack_training, stacking_blockers
 
 SPECS = {"x": ((3,), "f32"), "y": ((), "i32"), "id": ((), "i32")}
 B, M = 2, 4

@@ -26,7 +26,7 @@ from sexpgpu.plan.choices import (
     decide_strictly,
     take_pinned,
 )
-from sexpgpu.graph.stacking import stack_training
+from sexpgpu.graph.training.stacking import stack_training
 from sexpgpu.plan.cost import CostModel, graph_products
 from sexpgpu.plan.device import DeviceProbe, Throughput
 from sexpgpu.plan.levels import How, choices_line, determinism_line

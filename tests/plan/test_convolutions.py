@@ -13,7 +13,7 @@ import pytest
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
-from sexpgpu.graph.stacking import stack_training
+from sexpgpu.graph.training.stacking import stack_training
 from sexpgpu.lang.forms import load_experiment
 from sexpgpu.plan.cache import open_cache
 from sexpgpu.plan.choices import CONVOLUTION_CANDIDATES, Forgetful, Situation, decide, decide_strictly, take_pinned

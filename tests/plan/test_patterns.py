@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sexpgpu.graph import compile_program
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.lang.forms import load_experiment
 from sexpgpu.plan.levels import How, determinism_line
 from sexpgpu.plan.patterns import (

@@ -133,7 +133,7 @@ def test_an_offline_evaluation_takes_the_checkpoints_engines_for_its_passes(sexp
     from sexpgpu.plan.levels import determinism_line
     from sexpgpu.run import choosing
     from sexpgpu.run.choosing import ChoiceSettings
-    from sexpgpu.run.evaluating import evaluation_choices
+    from sexpgpu.tools.evaluating import evaluation_choices
     from sexpgpu.run.setup import build_run
     from sexpgpu.store import read_record
 

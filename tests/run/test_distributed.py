@@ -35,7 +35,7 @@ from distributed_worker import CORRUPTED_AFTER, Launch, run_rank  # noqa: E402
 from sockets import in_loopback_namespace  # noqa: E402
 from sexpgpu.cli.main import main  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
-from sexpgpu.run.world import BACKENDS, GroupFacts, World, process_device, rounded_with_carry  # noqa: E402
+from sexpgpu.distributed.world import BACKENDS, GroupFacts, World, process_device, rounded_with_carry  # noqa: E402
 from sexpgpu.store import read_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from sexpgpu.lang.forms import load_experiment
 from sexpgpu.plan.levels import determinism_line
 from sexpgpu.run import choosing
 from sexpgpu.run.choosing import ChoiceSettings
-from sexpgpu.run.evaluating import evaluation_choices
+from sexpgpu.tools.evaluating import evaluation_choices
 from sexpgpu.run.setup import build_run
 
 from fake_device import H200, FakeDevice

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from sexpgpu.cli.main import main
-from sexpgpu.run.ladder_envelopes import MARGIN, Envelope, Margin, Source, outside_peers, read_envelope, tier_digest
-from sexpgpu.run.ladder_promises import FAIL, NOT_RUN, PASS, PROMISES, Workspace, same_bits
-from sexpgpu.run.ladder_tiers import read_tiers, select_tiers
-from sexpgpu.run.ladder_variations import RECOMPUTE_BUDGETS, compute, envelope_variations
+from sexpgpu.ladder.envelopes import MARGIN, Envelope, Margin, Source, outside_peers, read_envelope, tier_digest
+from sexpgpu.ladder.promises import FAIL, NOT_RUN, PASS, PROMISES, Workspace, same_bits
+from sexpgpu.ladder.tiers import read_tiers, select_tiers
+from sexpgpu.ladder.variations import RECOMPUTE_BUDGETS, compute, envelope_variations
 from sexpgpu.run.session import RunOptions, execute
 from sexpgpu.run.setup import build_run
 from sexpgpu.lang.forms import load_experiment

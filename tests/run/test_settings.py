@@ -173,7 +173,7 @@ def test_a_checkpoint_recorded_with_a_setting_in_other_words_resumes(clean_envir
 
 
 # Functions that read the environment under a name they are given, none of them a setting's.
-ENVIRONMENT_READERS = {("run/world.py", "_integer"): "torchrun's WORLD_SIZE, RANK, LOCAL_RANK, ..."}
+ENVIRONMENT_READERS = {("distributed/world.py", "_integer"): "torchrun's WORLD_SIZE, RANK, LOCAL_RANK, ..."}
 
 
 def direct_setting_reads(text: str, relative: str) -> list[str]:

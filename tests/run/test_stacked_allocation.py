@@ -106,7 +106,7 @@ class CrowdedForStacks(Interpreter):
 
 def test_the_run_says_memory_allocation_failed_and_records_stacking_1(tmp_path, monkeypatch, capsys):
     """Through main(): the fake device offers stacking 2, the backend cannot hold it. The
-    stacked graph stands in for graph/stacking.py's (the file compiled with twice the batch)."""
+    stacked graph stands in for graph/training/stacking.py's (the file compiled with twice the batch)."""
     experiment = tiny(tmp_path, 64, 2)
     stacked = compile_program(tiny(tmp_path, 128, 1), {"x": ((2,), "f32"), "y": ((), "i32")}).training
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -18,7 +18,7 @@ import safetensors.torch
 import checkpoint_child
 from store_samples import BF16, sample_record, sample_tensors, same_tensors
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.store import local_steps
+from sexpgpu.store import local_store
 from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, verify_checkpoint, write_checkpoint
 
 
@@ -193,13 +193,13 @@ def test_a_damaged_checkpoint_with_other_tensors_is_replaced_too(tmp_path):
 def test_a_writer_commits_over_a_committed_checkpoint_only_when_told_to_replace_it(tmp_path):
     write(tmp_path, 1)
     before = snapshot(tmp_path)
-    writer = local_steps.Writer(str(tmp_path), 1)
+    writer = local_store.Writer(str(tmp_path), 1)
     with pytest.raises(SexpgpuError) as caught:
         writer.commit(b"{}")
     assert caught.value.code == "E-CKPT-004"
     writer.abort()
     assert snapshot(tmp_path) == before
-    local_steps.Writer(str(tmp_path), 1, replacing=True).commit(b"{}")
+    local_store.Writer(str(tmp_path), 1, replacing=True).commit(b"{}")
     assert sorted(os.listdir(tmp_path)) == ["step-1"] and os.listdir(tmp_path / "step-1") == ["COMMITTED"]
 
 

@@ -12,7 +12,7 @@ import checkpoint_child
 from s3server import SECRET_KEY, S3Server, free_port
 from store_samples import BF16, sample_record, sample_tensors, same_tensors
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.store import s3_steps
+from sexpgpu.store import s3_store
 from sexpgpu.store import list_checkpoints, read_checkpoint, resolve_checkpoint, verify_checkpoint, write_checkpoint
 
 MIB = 1024 * 1024
@@ -138,9 +138,9 @@ def test_a_writer_clears_a_committed_checkpoint_only_when_told_to_replace_it(s3)
     write(s3.uri("run"), 1)
     before = s3.keys()
     with pytest.raises(SexpgpuError) as caught:
-        s3_steps.Writer(s3.uri("run"), 1)
+        s3_store.Writer(s3.uri("run"), 1)
     assert caught.value.code == "E-CKPT-004" and s3.keys() == before
-    s3_steps.Writer(s3.uri("run"), 1, replacing=True)
+    s3_store.Writer(s3.uri("run"), 1, replacing=True)
     assert s3.keys() == []
 
 

@@ -4,7 +4,7 @@ Each function forms its sums with sexpgpu.exact and returns them unrounded, as a
 `Accumulator` shaped like the op's result; `rounded` rounds one once into a dtype. The CPU
 interpreter calls these on CPU tensors (backends/cpu/exact_kernels.py); a device backend
 calls the same functions on its own tensors, so the digits, and every bit rounded from
-them, are the same on both. The layout follows the op table (graph/ops.py): images NCHW,
+them, are the same on both. The layout follows the op table (graph/core/ops.py): images NCHW,
 weights (O, C, KH, KW), stride and padding as (rows, columns).
 
 Padding is never multiplied: a window's padded positions are zeros of the laid-out

@@ -1,7 +1,7 @@
 """The run loop's sums across backend calls under `:arithmetic exact`.
 
 A step's gradient is one exact sum over all its records: each microbatch call (or stacked
-call) returns its parameters' gradients as unrounded `Accumulator`s (graph/exact_region.py),
+call) returns its parameters' gradients as unrounded `Accumulator`s (graph/passes/exact_region.py),
 `add` combines them exactly, in any grouping, and `rounded` rounds each gradient once, into
 float32, before the update graph reads it. So the stacking degree, and how calls are
 grouped, change no bit. The step's loss and a pass's metrics average values that are

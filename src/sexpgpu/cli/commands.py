@@ -11,7 +11,7 @@ def run(args) -> int:
     from sexpgpu.lang.forms import load_experiment
     from sexpgpu.run.choosing import choice_settings
     from sexpgpu.run.session import RunOptions, execute, run_flags
-    from sexpgpu.run.world import World
+    from sexpgpu.distributed.world import World
 
     world = World.from_environment()  # torchrun's processes, or one (docs/distributed.md)
     experiment = load_experiment(args.file, args.selection)
@@ -56,7 +56,7 @@ def checkpoint(args) -> int:
 
 def evaluate(args) -> int:
     from sexpgpu.run.choosing import choice_settings
-    from sexpgpu.run.evaluating import EvaluateOptions, evaluate as evaluate_checkpoints
+    from sexpgpu.tools.evaluating import EvaluateOptions, evaluate as evaluate_checkpoints
 
     options = EvaluateOptions(device=args.device, passes=tuple(args.passes), file=args.file,
                               choices=choice_settings(args.choices, args.deterministic))
@@ -65,7 +65,7 @@ def evaluate(args) -> int:
 
 
 def diff(args) -> int:
-    from sexpgpu.run.comparing import diff_runs, format_diff, read_run
+    from sexpgpu.tools.comparing import diff_runs, format_diff, read_run
 
     found = diff_runs(read_run(args.run_a), read_run(args.run_b))
     print(json.dumps(found.to_json(), indent=2, sort_keys=True) if args.json else format_diff(found))
@@ -73,21 +73,21 @@ def diff(args) -> int:
 
 
 def replay(args) -> int:
-    from sexpgpu.run.replaying import ReplayOptions, replay as replay_steps
+    from sexpgpu.tools.replaying import ReplayOptions, replay as replay_steps
 
     options = ReplayOptions(steps=args.steps, metrics=args.metrics, file=args.file, device=args.device)
     return 0 if replay_steps(args.checkpoint, options).differing is None else 1
 
 
 def plot(args) -> int:
-    from sexpgpu.run.plotting import plot_runs
+    from sexpgpu.tools.plotting import plot_runs
 
     print(f"wrote {plot_runs(args.runs, args.output)}")
     return 0
 
 
 def ladder(args) -> int:
-    from sexpgpu.run.ladder import LadderOptions, regenerate_envelopes, run_ladder
+    from sexpgpu.ladder.climb import LadderOptions, regenerate_envelopes, run_ladder
 
     options = LadderOptions(tiers=tuple(args.tiers), device=args.device, quick=args.quick, run_dir=args.run_dir,
                             folder=args.ladder)

@@ -22,7 +22,7 @@ try:
 except ImportError as missing:  # pragma: no cover - torch is installed wherever tests run
     raise ImportError("sexpgpu.exact needs PyTorch: pip install 'sexpgpu[torch]'") from missing
 
-from . import backends, layout
+from . import implementations, layout
 from .accumulator import Accumulator
 from .batched import det_gemm_batched
 from .distributed import det_all_reduce
@@ -34,7 +34,7 @@ from .scatter import det_scatter_sum, det_scatter_sum_partial
 __all__ = [
     "Accumulator",
     "DetLinear",
-    "backends",
+    "implementations",
     "det_all_reduce",
     "det_combine",
     "det_finalize",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import backends
+from . import implementations
 from .layout import DIGITS, LOW_MASK, NAN_PLANE, RADIX_BITS, TOP, WIDTH
 
 
@@ -56,7 +56,7 @@ def normalise_digits_(digits: torch.Tensor) -> torch.Tensor:
 def normalise_(planes: torch.Tensor) -> torch.Tensor:
     """Make a (WIDTH, ...) plane tensor canonical, in place: digits carried, counts 0 or 1. On
     the device paths, one kernel that reads nothing back (queued_kernels._normalise_planes)."""
-    if backends.on_device(planes.device) and planes.is_contiguous() and planes[0].numel():
+    if implementations.on_device(planes.device) and planes.is_contiguous() and planes[0].numel():
         from .queued_kernels import PLANES_BLOCK, _normalise_planes  # Triton is imported only where it runs
 
         outputs = planes[0].numel()

@@ -4,7 +4,7 @@
 
 Each output is the rounding of its exact sum, which is unique, so y[b] has the bits of
 det_gemm(x[b], w[b]) (and of det_finalize(det_gemm_partial(x[b], w[b]))). The stages are
-det_gemm's (rounded.py), run over the whole batch at once instead of matrix by matrix:
+det_gemm's (bounded_gemm.py), run over the whole batch at once instead of matrix by matrix:
 
 1. one batched float64 product, each output settled by float64_stage.py's bound, whose norms
    are its own rows' (so each matrix's bound is the one det_gemm would use);
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import torch
 
-from . import backends, queued
+from . import implementations, queued
 from .checks import check_operand, check_output_dtype
 from .float64_stage import float64_product
 from .gemm import accumulate_planes, rounded_product
 from .pair_sums import pair_sums
 from .paths import TIER_NAMES, forced_path
-from .rounded import MAX_FAST_K, _exact_outputs, settle
+from .bounded_gemm import MAX_FAST_K, _exact_outputs, settle
 
 
 def det_gemm_batched(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -39,7 +39,7 @@ def det_gemm_batched(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torc
     once into dtype (float32 or bfloat16)."""
     _check_batched(x, w)
     check_output_dtype("det_gemm_batched", dtype)
-    backends.select(x.device)  # a device no implementation runs on is refused here
+    implementations.select(x.device)  # a device no implementation runs on is refused here
     if queued.applies(x.device, dtype):
         return queued.queued_product(x, w)
     if _one_by_one(x, w):
@@ -66,7 +66,7 @@ def det_gemm_batched(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype = torc
 
 
 def _one_by_one(x: torch.Tensor, w: torch.Tensor) -> bool:
-    forced = backends.forcing() or forced_path() in TIER_NAMES
+    forced = implementations.forcing() or forced_path() in TIER_NAMES
     if forced or x.numel() == 0 or w.numel() == 0 or x.shape[2] > MAX_FAST_K:
         return True
     return not bool(torch.isfinite(x).all() & torch.isfinite(w).all())  # one synchronisation

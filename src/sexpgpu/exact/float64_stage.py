@@ -18,7 +18,7 @@ non-negative terms errs by at most gamma(K) of itself), and a factor 1 + 2**-40 
 rounding of the bound's few operations.
 
 An output is settled when every real within the bound of the float64 result rounds to one
-value (rounded.settle): that value is then the exact sum's rounding, whatever the library
+value (bounded_gemm.settle): that value is then the exact sum's rounding, whatever the library
 did. The outputs left over are near zero (their float32 cell is narrower than the bound),
 next to a rounding boundary, or the result of cancellation; pair_sums.py refines them.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import backends
+from . import implementations
 
 CHUNK = 1024  # columns of K a float64 product sums before the next is added: the bound's depth
 UNIT = 2.0**-52  # twice float64's unit roundoff
@@ -99,7 +99,7 @@ def widened(rows: torch.Tensor) -> tuple:
     (widen_kernel.py) that reads the strides as they are (a batch of transposed matrices,
     an attention's P.T, is not copied first), else a conversion and upper_norms."""
     k = rows.shape[-1]
-    if not backends.on_device(rows.device):
+    if not implementations.on_device(rows.device):
         wide = rows.to(torch.float64, memory_format=torch.contiguous_format).reshape(math.prod(rows.shape[:-1]), k)
         return wide, upper_norms(wide)
     from .widen_kernel import widen  # Triton is imported only where it runs

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from . import backends, queued
+from . import implementations, queued
 from .accumulator import Accumulator, empty_planes, normalise_
 from .checks import check_accumulator, check_combinable, check_gemm_operands, check_output_dtype
 from .layout import MAX_K_PER_CALL, NAN_PLANE
 from .rounding import round_planes
-from .rounded import rounded_gemm
+from .bounded_gemm import rounded_gemm
 from .special import split_special
 
 
@@ -28,14 +28,14 @@ def det_gemm(x: torch.Tensor, w: torch.Tensor, *, non_blocking: bool = False) ->
 
 
 def rounded_product(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, non_blocking: bool = False) -> torch.Tensor:
-    """The exact x @ w.T rounded once into dtype: by the tiered fast path (rounded.py), which
+    """The exact x @ w.T rounded once into dtype: by the tiered fast path (bounded_gemm.py), which
     falls back to the accumulator where its bound cannot prove the rounding, or without a wait
-    by the queued path (queued.py). With an implementation forced (backends.forced), the
+    by the queued path (queued.py). With an implementation forced (implementations.forced), the
     accumulator computes every output."""
-    backends.select(x.device)  # a device no implementation runs on is refused here
+    implementations.select(x.device)  # a device no implementation runs on is refused here
     if non_blocking and queued.applies(x.device, dtype):
         return queued.queued_product(x, w)
-    if backends.forcing():
+    if implementations.forcing():
         return round_planes(accumulate_planes(x, w), dtype)
     x, w, special = split_special(x, w)
     return rounded_gemm(x, w, special, dtype, accumulate_planes)
@@ -59,7 +59,7 @@ def det_finalize(acc: Accumulator, dtype: torch.dtype = torch.float32) -> torch.
 
 def accumulate_planes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Normalised (WIDTH, M, N) planes of x @ w.T, in backend calls of at most MAX_K_PER_CALL."""
-    backend = backends.select(x.device)
+    backend = implementations.select(x.device)
     x, w, special = split_special(x, w)
     planes = None
     for k0 in range(0, x.shape[1], MAX_K_PER_CALL):

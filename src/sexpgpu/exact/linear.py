@@ -19,7 +19,7 @@ class DetLinear(nn.Module):
 
     The products go through det_gemm's fast paths: on CUDA with float32 results the queued
     path (queued.py), which never waits for the device, so that a training step's launches run
-    ahead of its kernels; elsewhere the host path (rounded.py). K-shards and reduced gradients
+    ahead of its kernels; elsewhere the host path (bounded_gemm.py). K-shards and reduced gradients
     compose exact accumulators instead. Every path gives the same bits.
 
     Backward gives grad input, grad weight and grad bias as exact sums rounded once, in the

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backends
+from . import implementations
 from .float64_stage import SLACK, UNIT, gamma
 
 PAIRS_PER_BATCH = 1 << 22  # products (pairs times K) the CPU path holds at once
@@ -39,7 +39,7 @@ def pair_sums(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, cols: torch.
               x_norm: torch.Tensor, w_norm: torch.Tensor):
     """(result, bound): x[rows[i]] . w[cols[i]] in float64 for finite bf16/f32 operands, with
     |exact - result| <= bound, inequality (2)."""
-    if backends.on_device(x.device):
+    if implementations.on_device(x.device):
         from .pair_kernel import lane_sums  # Triton is imported only where it runs
 
         summed = combined(*lane_sums(x, w, rows, cols))

@@ -4,7 +4,7 @@
     with forced("fp64"):     # the tiers alone, on exact float64 slice products
     with forced("float64"):  # the float64 product and the pair sums for every output it leaves
 
-Unforced, rounded.py chooses by the data, and float32 results on the device may take the
+Unforced, bounded_gemm.py chooses by the data, and float32 results on the device may take the
 queued path (queued.py); a forced path always takes the host path.
 """
 

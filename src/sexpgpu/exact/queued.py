@@ -3,7 +3,7 @@
     y = queued_product(x, w)     # x @ w.T (of each matrix), float32, for x (M, K) or (B, M, K)
     s = queued_sum(rows)         # each row's exact sum, float32, for rows (P, K) of any strides
 
-The host path (rounded.py, batched.py) reads counts back to size its lists: how many outputs
+The host path (bounded_gemm.py, batched.py) reads counts back to size its lists: how many outputs
 the float64 product left, how many the pair sums left. On a GPU each read waits for every
 kernel queued before it. Here no count leaves the device, so a call queues its kernels and
 returns, whatever its data:
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backends, residue_stage
+from . import implementations, residue_stage
 from .float64_stage import SLACK, UNIT, chunk_for, float64_total, gamma, product_factor, tile_width, upward_float32, widened
 from .layout import MAX_K_PER_CALL
 from .paths import forced_path
@@ -61,8 +61,8 @@ ROW_LANES = 128  # ... its lanes along contiguous rows, each adding its columns 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether a rounding on `device` into `dtype` takes this path: float32 results on the
-    device paths (backends.on_device), unless an implementation or a tier path is forced."""
-    return backends.on_device(device) and dtype == torch.float32 and not backends.forcing() and forced_path() is None
+    device paths (implementations.on_device), unless an implementation or a tier path is forced."""
+    return implementations.on_device(device) and dtype == torch.float32 and not implementations.forcing() and forced_path() is None
 
 
 def queued_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -191,7 +191,7 @@ def _refine(x, w, x_norm, w_norm, result, done, m: int, n: int, ones: bool) -> N
     terms = pair_terms(k, lanes)
     unit_factor = upward_float32(UNIT * SLACK)
     terms_factor = upward_float32(gamma(terms) * terms * UNIT * SLACK)
-    programs = REFINE_PROGRAMS[backends.launch_kind(x.device)]
+    programs = REFINE_PROGRAMS[implementations.launch_kind(x.device)]
     grid = (min(-(-outputs // block_p), programs),)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1))
     counts = torch.zeros(2, dtype=torch.int64, device=flat_done.device)  # the two lists' lengths: one fill

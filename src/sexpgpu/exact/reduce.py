@@ -6,12 +6,12 @@ import math
 
 import torch
 
-from . import backends, queued
+from . import implementations, queued
 from .accumulator import Accumulator, normalise_
 from .checks import check_dim, check_operand, check_output_dtype
 from .gemm import accumulate_planes, rounded_product
 from .layout import MAX_K_PER_CALL, WIDTH
-from .rounded import MAX_FAST_K
+from .bounded_gemm import MAX_FAST_K
 from .rounding import round_planes
 
 
@@ -28,7 +28,7 @@ def det_sum(x: torch.Tensor, dim: int, keepdim: bool = False, dtype: torch.dtype
     dtype = x.dtype if dtype is None else dtype
     check_output_dtype("det_sum", dtype)
     rows, flat = _flat_rows("det_sum", x, dim)
-    backends.select(x.device)  # a device no implementation runs on is refused here
+    implementations.select(x.device)  # a device no implementation runs on is refused here
     if queued.applies(x.device, dtype):
         total = queued.queued_sum(flat).reshape(rows.shape[:-1])
     elif flat.shape[1] > MAX_FAST_K:

@@ -26,7 +26,7 @@ vector whose norm the first pass bounds (in x's units),
 zero where both rows are exact on the grid: randn f32 rows of 8192 with 12 moduli lose bits
 only in elements below about 2**-15 (2**-45 of 2**7), a fifth of the rows. The output is settled by
 settle_kernel's test on A 2**-(s+t) and that bound; as after the float64 product, the rest
-go on to the pair sums (rounded.py). Each output is its exact sum's rounding either way: the
+go on to the pair sums (bounded_gemm.py). Each output is its exact sum's rounding either way: the
 moduli decide only the time.
 
 The time is COUNT int8 products. f32 operands take 12 (P of 95 bits, c = 46: a row's grid, 2**-s,
@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import backends
+from . import implementations
 from .float64_stage import SLACK, gamma, upward_float32
 
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211)  # pairwise coprime
@@ -90,7 +90,7 @@ INTERPRETED_PRODUCT = ProductShape(64, 64, 32, 4, 2)
 
 
 def product_shape(m: int, n: int, device: torch.device) -> ProductShape:
-    if backends.launch_kind(device) == "interpreted":
+    if implementations.launch_kind(device) == "interpreted":
         return INTERPRETED_PRODUCT
     return LARGE if m >= LARGE.block_m and n >= LARGE.block_n else SMALL
 
@@ -136,8 +136,8 @@ def _words(value: int) -> list[float]:
 def applies(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether det_gemm's first stage is this one: float32 results of operands of K <= MAX_K
     on the device paths of a device with int8 tensor cores."""
-    return (dtype == torch.float32 and 0 < x.shape[1] <= MAX_K and backends.on_device(x.device)
-            and backends.int8_tensor_cores(x.device))
+    return (dtype == torch.float32 and 0 < x.shape[1] <= MAX_K and implementations.on_device(x.device)
+            and implementations.int8_tensor_cores(x.device))
 
 
 @dataclass
@@ -213,7 +213,7 @@ def residues(rows: torch.Tensor, moduli: Moduli, row_multiple: int, column_multi
     # a square's sum over the lanes and their join: at most K + BLOCK_COLUMNS additions, and
     # each residual's square rounds once; the factor also covers the square root's rounding
     raise_factor = upward_float32(max(1 + 2 * gamma(k + BLOCK_COLUMNS + 2), SLACK))
-    block_rows = TILES[backends.launch_kind(rows.device)].residue_rows
+    block_rows = TILES[implementations.launch_kind(rows.device)].residue_rows
     grid = (-(-padded_r // block_rows),)
     _residues[grid](rows, planes, norm, residual, unscale, table, r, padded_r, k, padded_k, rows.stride(0),
                     rows.stride(1), moduli.top, raise_factor, COUNT=moduli.count, COLUMNS=COLUMNS,
@@ -225,7 +225,7 @@ def _reconstruct(products, xs: Residues, ws: Residues, r0: int, rows: int, n: in
     from .residue_kernel import _reconstruct as reconstruct
 
     table, words = moduli.table(products.device)
-    chosen = TILES[backends.launch_kind(products.device)]
+    chosen = TILES[implementations.launch_kind(products.device)]
     block_m, block_n = chosen.output_rows, chosen.output_columns
     grid = (-(-rows // block_m), -(-n // block_n))
     part = slice(r0, r0 + rows)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import backends
+from . import implementations
 from .accumulator import normalise_digits_
 from .layout import DIGITS, LOWEST_DIGIT_EXPONENT, NAN_PLANE, NEG_INF_PLANE, POS_INF_PLANE, RADIX_BITS, TOP
 
@@ -30,7 +30,7 @@ FORMATS = {torch.float32: Format(24, -149), torch.bfloat16: Format(8, -133)}
 def round_planes(planes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(WIDTH, *S) normalised planes -> the correctly rounded values, a tensor of shape S. Into
     float32 on the device paths, one kernel that reads nothing back (queued_kernels._round_planes)."""
-    if dtype == torch.float32 and backends.on_device(planes.device) and planes[0].numel():
+    if dtype == torch.float32 and implementations.on_device(planes.device) and planes[0].numel():
         from .queued_kernels import PLANES_BLOCK, _round_planes  # Triton is imported only where it runs
 
         outputs = planes[0].numel()

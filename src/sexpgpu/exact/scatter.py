@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from . import backends
+from . import implementations
 from .accumulator import Accumulator
 from .checks import check_operand, check_output_dtype
 from .gemm import det_finalize
@@ -50,7 +50,7 @@ def det_scatter_sum(ids: torch.Tensor, values: torch.Tensor, rows: int, dtype: t
 
 
 def _on_device(values: torch.Tensor) -> bool:
-    return backends.on_device(values.device) and not backends.forcing()
+    return implementations.on_device(values.device) and not implementations.forcing()
 
 
 def _check(fn: str, ids, values, rows: int) -> int:

@@ -1,8 +1,8 @@
-"""The float64 product's settling on CUDA in one pass: rounded.settle's test, fused with the bound.
+"""The float64 product's settling on CUDA in one pass: bounded_gemm.settle's test, fused with the bound.
 
 For each output it reads the float64 total and the two norms, forms the bound
 (x_norm[m] * w_norm[n]) * factor exactly as Float64Product.bound does, and writes the float32
-value and whether it is settled. The test is rounded.settle's, step for step, for float32
+value and whether it is settled. The test is bounded_gemm.settle's, step for step, for float32
 results (bfloat16 results take the torch path): the same comparisons of exact float64
 differences, so both give the same outputs (tested). Contraction is off: the bound's product
 and the midpoints are rounded as in torch. A batch of matrices (det_gemm_batched) settles in
@@ -32,7 +32,7 @@ NUM_WARPS = 4
 
 @triton.jit
 def settled_float32(total, bound):
-    """(settled, value) of rounded.settle for float32 results at scale 1: value is total's
+    """(settled, value) of bounded_gemm.settle for float32 results at scale 1: value is total's
     float32, +0.0 where the output is not settled or is an exact zero."""
     candidate = total.to(tl.float32)
     magnitude = tl.abs(candidate)
@@ -73,7 +73,7 @@ def _settle_float32(total_ptr, x_norm_ptr, w_norm_ptr, value_ptr, done_ptr, M, N
 
 
 def settle_float32(total: torch.Tensor, x_norm: torch.Tensor, w_norm: torch.Tensor, factor: float, value=None):
-    """(settled, value) as rounded.settle gives them for float32, with the bound formed in-kernel
+    """(settled, value) as bounded_gemm.settle gives them for float32, with the bound formed in-kernel
     (factor a float32, Float64Product.factor); value is +0.0 where not settled. total (M, N)
     with norms (M,) and (N,), or a batch: total (B, M, N) with norms (B, M) and (B, N).
     value: a contiguous float32 tensor of total's shape to write the values into, or None."""

@@ -7,7 +7,7 @@ adding and subtracting 1.5 * 2**(52 + weight exponent) rounds the remainder to s
 multiple, and the difference is exact. Each part is at most 2**31 (2**32 for the top digit)
 times the weight, so 2**19 of them sum exactly in fp64; the sums become int64 digits at
 the end. This runs on the fp64 scalar cores; a tensor-core implementation registers
-beside it in `backends` and is held to the same tests.
+beside it in `implementations` and is held to the same tests.
 
 Correct first: no data-dependent shortcuts, one k at a time. Every tile size gives the same
 digits, because every addition is exact.

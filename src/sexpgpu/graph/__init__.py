@@ -7,9 +7,9 @@ nodes through it, build.py and layers.py evaluate graph bodies, autodiff.py diff
 optimizers.py builds the update graph.
 """
 
-from sexpgpu.graph.build import Initializer, LoadSpec, ParamSpec
-from sexpgpu.graph.ir import Graph, Node
-from sexpgpu.graph.training import Program, TrainingGraph, compile_program, field_specs_of_generator
+from sexpgpu.graph.frontend.build import Initializer, LoadSpec, ParamSpec
+from sexpgpu.graph.core.ir import Graph, Node
+from sexpgpu.graph.training.program import Program, TrainingGraph, compile_program, field_specs_of_generator
 
 __all__ = [
     "Graph", "Initializer", "LoadSpec", "Node", "ParamSpec", "Program", "TrainingGraph",

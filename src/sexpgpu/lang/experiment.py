@@ -135,7 +135,7 @@ class RunDef:
     checkpoint: CheckpointSpec | None = None
     diagnostics: DiagnosticsSpec | None = None
     loc: Location | None = None
-    precision: str = "f32"  # "bf16": products in bf16 with float32 sums (graph/precision.py)
+    precision: str = "f32"  # "bf16": products in bf16 with float32 sums (graph/passes/precision.py)
     arithmetic: str = "float"  # "exact": every sum exact and rounded once (docs/determinism.md, "Exact runs")
 
 

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 from sexpgpu.errors import SexpgpuError, did_you_mean
 from sexpgpu.lang.experiment import Experiment
-from sexpgpu.lang.graphs import RESERVED, read_graph
+from sexpgpu.lang.defgraph import RESERVED, read_graph
 from sexpgpu.lang.reader import read_source, read_text
-from sexpgpu.lang.runs import RunContext, read_run
+from sexpgpu.lang.defrun import RunContext, read_run
 from sexpgpu.lang.serialize import experiment_to_json  # noqa: F401  (the run stage imports it from here)
 from sexpgpu.lang.syntax import SList, Symbol, describe
 from sexpgpu.lang.values import type_error

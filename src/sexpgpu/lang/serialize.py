@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from sexpgpu.lang.experiment import Call, DataSpec, Experiment, GraphDef, RunDef
-from sexpgpu.lang.runs import OPTIMIZERS
+from sexpgpu.lang.defrun import OPTIMIZERS
 from sexpgpu.lang.syntax import SList, Symbol
 
 FORMAT = "sexpgpu-experiment/1"

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.stacking import stack_training
+from sexpgpu.graph.training.stacking import stack_training
 from sexpgpu.plan.cost import CostModel
 from sexpgpu.plan.device import DeviceProbe, Throughput
 from sexpgpu.plan.memory import gib_text

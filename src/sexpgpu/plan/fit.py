@@ -33,7 +33,7 @@ from math import prod
 from pathlib import Path
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.ir import described, typed
+from sexpgpu.graph.core.ir import described, typed
 from sexpgpu.plan.memory import gib_text, plan_memory
 
 HOST_SHARE = 0.9  # of the host's room, what a run's plan may take: the rest is scratch, Python and the data

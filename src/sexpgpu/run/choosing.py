@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from sexpgpu import settings as environment_settings  # `settings` below is a ChoiceSettings
 from sexpgpu.backends.select import computes_exact, probe_for
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.stacking import stack_training
+from sexpgpu.graph.training.stacking import stack_training
 from sexpgpu.plan.cache import open_cache
 from sexpgpu.plan.choices import (
     DEFAULT_NODE_GRADIENTS,
@@ -28,7 +28,7 @@ from sexpgpu.plan.choices import (
 )
 from sexpgpu.plan.levels import How, Spread, choices_line, determinism_line, spread_clause
 from sexpgpu.plan.patterns import patterns_line
-from sexpgpu.run.world import World
+from sexpgpu.distributed.world import World
 from sexpgpu.store import read_record
 
 FRESH = "fresh"

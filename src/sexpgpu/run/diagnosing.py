@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from sexpgpu.graph.diagnosed import ACTIVATION
+from sexpgpu.graph.passes.diagnosed import ACTIVATION
 
 
 def diagnosed_step(run, step: int) -> bool:

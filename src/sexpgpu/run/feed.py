@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.data import open_source
-from sexpgpu.graph.stacking import stack_generator
+from sexpgpu.graph.training.stacking import stack_generator
 
 
 class Feeder:
@@ -47,7 +47,7 @@ class Feeder:
 
     def train_batch(self, step: int, microbatch: int, count: int = 1) -> dict:
         """The fields of `count` microbatches from `microbatch` on, one after another on the
-        first axis (a stacked call's, graph/stacking.py)."""
+        first axis (a stacked call's, graph/training/stacking.py)."""
         if self.run.data.kind == "generator":
             return self._generate(stack_generator(self.program, count), step, 0, microbatch)
         start = ((step - 1) * self.run.microbatches + microbatch) * self.run.batch

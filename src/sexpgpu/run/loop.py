@@ -10,7 +10,7 @@ Under `:arithmetic exact` the backend's `exact_sums` (backends/exact_sums.py) re
 float sums across calls: gradients arrive as exact accumulators, are combined exactly and
 rounded once before the update, and the loss and metrics average as round(exact sum) / n.
 
-On several processes (run/world.py) each runs its contiguous share of a step's microbatches,
+On several processes (distributed/world.py) each runs its contiguous share of a step's microbatches,
 by their global indices, and `across` combines the processes' sums before the update; one
 process runs them all and combines nothing.
 
@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.diagnosed import ACTIVATION, diagnosed_graph
+from sexpgpu.graph.passes.diagnosed import ACTIVATION, diagnosed_graph
+from sexpgpu.distributed.world import OneProcess
 from sexpgpu.run.allocation import allocation_failed_on_host
 from sexpgpu.run.diagnosing import diagnosed_step, statistics
 from sexpgpu.run.digest import parameters_digest
@@ -42,23 +43,6 @@ class Stacking:
     training: object  # TrainingGraph at this degree
     degree: int = 1
     pinned: bool = False  # a pinned run never falls back
-
-
-class OneProcess:
-    """A step's sums across processes when the run is one: it runs every microbatch, and
-    there is nothing to combine. run/world.py's RankSums is the same for several."""
-
-    @staticmethod
-    def share(microbatches: int) -> range:
-        return range(microbatches)
-
-    @staticmethod
-    def gradients(total: dict) -> dict:
-        return total
-
-    @staticmethod
-    def losses(values: list) -> list:
-        return values
 
 
 class Trainer:

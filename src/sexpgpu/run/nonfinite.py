@@ -4,7 +4,7 @@ Under `stop`, the default, the run loop reads a step's microbatch losses before 
 (on a GPU, one wait a step); when one is not finite, the run stops with E-NUM-001 before
 that update, so nothing of the step is logged or checkpointed. To say where it went wrong,
 the first microbatch whose loss is not finite runs once more, on the same backend and
-unstacked, as the traced graph (graph/diagnosed.py: its forward part with every value kept),
+unstacked, as the traced graph (graph/passes/diagnosed.py: its forward part with every value kept),
 and the message names the first value that holds a NaN or an infinity, in graph order: a
 parameter or record field among the step's inputs, else a node with its place in the file.
 
@@ -23,8 +23,8 @@ import numpy as np
 
 from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.diagnosed import TRACED, traced_graph
-from sexpgpu.graph.ir import FLOAT_DTYPES, described, input_described, typed
+from sexpgpu.graph.passes.diagnosed import TRACED, traced_graph
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, described, input_described, typed
 
 # what made a step's input not finite, by the input's prefix
 INPUT_CAUSES = {

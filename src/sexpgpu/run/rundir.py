@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import list_checkpoints
-from sexpgpu.store.local_steps import STEP_NAME, UNFINISHED_NAME, disk_errors
+from sexpgpu.store.local_store import STEP_NAME, UNFINISHED_NAME, disk_errors
 from sexpgpu.store.s3_objects import TransferSettings, delete_keys, put_object
 from sexpgpu.store.uris import is_s3, join
 

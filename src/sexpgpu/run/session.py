@@ -5,7 +5,7 @@ checkpoints go, which a resume's `latest` searches),
 `report.txt` (the lowering report), `metrics.jsonl`, `run.lock` (rundir.py), and `step-<n>/`
 checkpoints unless the file or the command line sends them elsewhere.
 
-On several processes (run/world.py) every process trains, and process 0 alone claims and
+On several processes (distributed/world.py) every process trains, and process 0 alone claims and
 writes the run directory, prints the report and the progress, runs the passes and writes the
 checkpoints; what fails there stops the others too, with the same code.
 """
@@ -34,7 +34,7 @@ from sexpgpu.run.rundir import (Made, checkpoints_to_record, claimed, default_ru
                                 run_dir_errors, same_place, unused_sibling)
 from sexpgpu.run.setup import build_run, checkpoint_root
 from sexpgpu.run.stopping import Stop, stop_of
-from sexpgpu.run.world import World, joined, process_device
+from sexpgpu.distributed.world import World, joined, process_device
 from sexpgpu.run import checkpointing
 from sexpgpu.store import s3_waiting_lines_to
 from sexpgpu.store.uris import parent

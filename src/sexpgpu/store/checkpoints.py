@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.store import crash_points, local_steps, s3_steps, safetensors_io
+from sexpgpu.store import crash_points, safetensors_io
+from sexpgpu.store import local_store
+from sexpgpu.store import s3_store
 from sexpgpu.store.checks import (EXPERIMENT_FILE, FORMAT, MARKER, MODEL_FILE, OPTIMIZER_FILE, TensorSpec, check_marker,
                                   check_name, check_record, check_tensor_set, corrupt, parse_json)
 from sexpgpu.store.digests import BackgroundSha256, chunks
@@ -174,7 +176,7 @@ def resolve_checkpoint(spec: str, run_root: str) -> str:
                                hint="Start the run without --resume, or name the directory that holds its checkpoints.")
         return found[-1][1]
     # A bare step-<n> means the one under the run's root: a missing one is named there.
-    candidates = [join(run_root, spec), spec] if local_steps.STEP_NAME.fullmatch(spec) else [spec]
+    candidates = [join(run_root, spec), spec] if local_store.STEP_NAME.fullmatch(spec) else [spec]
     for candidate in candidates:
         if _steps_module(candidate).is_committed(candidate):
             return candidate

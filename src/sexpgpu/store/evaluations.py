@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 
-from sexpgpu.store.local_steps import disk_errors
+from sexpgpu.store.local_store import disk_errors
 from sexpgpu.store.s3_objects import TransferSettings, get_bytes, put_object
 from sexpgpu.store.uris import MissingFile, basename, is_s3, join, parent
 

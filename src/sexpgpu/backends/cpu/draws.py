@@ -8,7 +8,7 @@ is folded in, in input order:
 - a salt with one integer per record (a record field) folds into one key per row: row r of
   the draw (its first axis, the batch) is drawn from `fold_in(key, value[r])` with the
   shape of one row. Later salts fold into every row's key.
-A stacked draw (attr `repeats`, graph/stacking.py) is `repeats` copies, on its first axis, of
+A stacked draw (attr `repeats`, graph/training/stacking.py) is `repeats` copies, on its first axis, of
 the draw of one microbatch's shape: element i has the index i mod (its size / repeats).
 """
 
@@ -38,7 +38,7 @@ def draw(node, salts) -> np.ndarray:
         keys = [nx.fold_in(key, int(item)) for key, item in zip(keys, value.tolist())]
     shape = tuple(node.shape)
     repeats = attrs.get("repeats", 1)
-    if repeats != 1:  # stacked microbatches each draw the unstacked draw's elements (graph/stacking.py)
+    if repeats != 1:  # stacked microbatches each draw the unstacked draw's elements (graph/training/stacking.py)
         block = np.asarray(_sample(node.op, keys[0], (shape[0] // repeats,) + shape[1:], attrs))
         return np.concatenate([block] * repeats)
     if not per_row:

@@ -17,7 +17,7 @@ The rules where an op is more than one sum (each sum exact, each rounded once):
 - conv2d_input_grad, avg_pool2d_grad, max_pool2d_grad: each element's sum over its windows
   is one exact sum of the exact per-window terms.
 
-Gradient region (graph/exact_region.py): the nodes between a parameter's batch sums and its
+Gradient region (graph/passes/exact_region.py): the nodes between a parameter's batch sums and its
 `grad/` output return `Accumulator`s, unrounded; the run loop combines and rounds them.
 
 A window's padding zeros are terms of its sums, as in the float kernels (conv.py): a `0 * inf`
@@ -31,7 +31,7 @@ import torch
 
 from sexpgpu.backends import exact_ops as ops
 from sexpgpu.backends.cpu import folds
-from sexpgpu.backends.cpu.conv import first_maxima
+from sexpgpu.backends.cpu.windows import first_maxima
 from sexpgpu.backends.cpu.op_kernels import KERNELS, check_ids
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact import det_finalize
@@ -190,13 +190,13 @@ EXACT_KERNELS = {
 }
 
 # Ops that sum but have no exact kernel here: a float32 attention op is written out as its
-# composition first (graph/attention_parts.py); a bf16 one keeps its op and is refused.
+# composition first (graph/passes/attention_parts.py); a bf16 one keeps its op and is refused.
 UNSUPPORTED = ("attention_core", "attention_grad_q", "attention_grad_kv")
 
 
 def exact_kernel(node, m, role: str | None):
     """`run(args) -> value` for one node of an exact graph; `role` is its place in the
-    gradient region (graph/exact_region.py), or None outside it."""
+    gradient region (graph/passes/exact_region.py), or None outside it."""
     if node.op in UNSUPPORTED:
         raise SexpgpuError("E-EXACT-003", f"the CPU interpreter has no exact kernel for the bf16 op '{node.op}': "
                            ":arithmetic exact computes attention in float32.", node.loc)

@@ -13,7 +13,7 @@ import numpy as np
 
 from sexpgpu.backends.cpu import folds
 from sexpgpu.backends.cpu.arith import round_bf16
-from sexpgpu.backends.cpu.conv import WINDOW_KERNELS
+from sexpgpu.backends.cpu.windows import WINDOW_KERNELS
 from sexpgpu.backends.cpu.draws import draw
 from sexpgpu.errors import SexpgpuError
 

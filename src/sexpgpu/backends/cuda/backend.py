@@ -44,8 +44,8 @@ from sexpgpu.backends.cuda.lowering import Lowerer
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.exact.backends import device_paths
-from sexpgpu.graph.attention_parts import composed_attention
+from sexpgpu.exact.implementations import device_paths
+from sexpgpu.graph.passes.attention_parts import composed_attention
 from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
 
 GIVEN = "the backend was made with a policy without it"

@@ -1,7 +1,7 @@
 """Draw nodes on the device, inside the captured graph, with the interpreter's bits.
 
 A draw's key is stream_key(seed, stream) with each salt folded in, in input order
-(graph/ops.py, backends/cpu/draws.py). What is known when the graph is lowered, the stream
+(graph/core/ops.py, backends/cpu/draws.py). What is known when the graph is lowered, the stream
 key and the distribution's parameters, becomes a constant buffer of the draw kernel's args
 words (numerics.draw_args). The salts are device values: the step, the microbatch and the
 trip are inputs, which a captured graph's static buffers hold, and any other salt is a value
@@ -13,7 +13,7 @@ are its numpy path's, which the interpreter calls: the same bits on both backend
 
 - A salt with one integer per record folds into one key per row: the args buffer has a row
   for each record, and row r of the draw is drawn under the r-th, with one row's shape.
-- A stacked draw (attr `repeats`, graph/stacking.py) draws one microbatch's block and writes
+- A stacked draw (attr `repeats`, graph/training/stacking.py) draws one microbatch's block and writes
   it `repeats` times, in the same kernel.
 """
 

@@ -20,7 +20,7 @@ where the interpreter holds it in a float32 array:
   any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima; over
   trailing axes in one pass, exact_maxima.py).
 
-The gradient region (graph/exact_region.py) lives in the step's environment beside the arena
+The gradient region (graph/passes/exact_region.py) lives in the step's environment beside the arena
 (buffers of kind "accumulator"), and the graph returns its sums for the run loop to combine
 and round once a step (backends/exact_sums.py): a sum over the batch as a `PendingSum` of its
 operands, reshaped and transposed as such, whose digits are formed only where something adds
@@ -49,7 +49,7 @@ from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.special import gather
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, same_memory, strided
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.exact_region import gradient_region
+from sexpgpu.graph.passes.exact_region import gradient_region
 
 
 class ExactLowering:

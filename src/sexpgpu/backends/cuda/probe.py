@@ -31,8 +31,8 @@ from sexpgpu.backends.cuda import cudnn_engines
 from sexpgpu.backends.cuda.backend import CudaBackend
 from sexpgpu.backends.cuda.device import cublas_version
 from sexpgpu.backends.cuda.products import implementations
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.stacking import stack_training
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.training.stacking import stack_training
 from sexpgpu.plan.convolutions import ConvolutionKey, convolution_key, graph_convolutions
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
 from sexpgpu.plan.fit import held_on_device, running_gradients

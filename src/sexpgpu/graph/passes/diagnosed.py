@@ -10,7 +10,7 @@ be kept (docs/tools.md, "Diagnostics").
 
 from __future__ import annotations
 
-from sexpgpu.graph.ir import FLOAT_DTYPES, Graph, make_graph
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, Graph, make_graph
 
 ACTIVATION = "act/"
 TRACED = "traced/"

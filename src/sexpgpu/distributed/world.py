@@ -40,12 +40,28 @@ import numpy as np
 
 from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.run.loop import OneProcess
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}  # the process group's backend for the device the run computes on
 NOUNS = {"cpu": "processes", "cuda": "GPUs"}
 LAUNCHER_HINT = "Start the run with torchrun (docs/distributed.md), which sets these variables, or unset WORLD_SIZE."
 DEFAULT_TIMEOUT = 600.0  # seconds, SEXPGPU_DIST_TIMEOUT
+
+
+class OneProcess:
+    """A step's sums across processes when the run is one: it runs every microbatch, and
+    there is nothing to combine. RankSums below is the same for several."""
+
+    @staticmethod
+    def share(microbatches: int) -> range:
+        return range(microbatches)
+
+    @staticmethod
+    def gradients(total: dict) -> dict:
+        return total
+
+    @staticmethod
+    def losses(values: list) -> list:
+        return values
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class Backend:
+class Implementation:
     name: str
     device_types: tuple[str, ...]
     module: str  # imported on first use, so that Triton loads only when it is needed
@@ -41,7 +41,7 @@ class Backend:
         return getattr(importlib.import_module(self.module, __package__), self.function)
 
 
-_REGISTRY: dict[str, Backend] = {}
+_REGISTRY: dict[str, Implementation] = {}
 _DEFAULTS_FOR_DEVICE: dict[str, list[str]] = {}  # the first that runs on the device is used
 _forced: list[str] = []
 _device_paths: list[bool] = []  # device_paths() in effect, innermost last: whether CPU tensors take CUDA's paths
@@ -86,7 +86,7 @@ def launch_kind(device: torch.device) -> str:
 REQUIREMENTS = {"int8 tensor cores": _has_int8_tensor_cores}
 
 
-def register(backend: Backend, default_on: tuple[str, ...] = ()) -> None:
+def register(backend: Implementation, default_on: tuple[str, ...] = ()) -> None:
     """Add an implementation; it becomes the one used on the device types `default_on` (on
     devices that meet its requirement; the previous default stays as the fallback)."""
     _REGISTRY[backend.name] = backend
@@ -98,13 +98,13 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(name: str) -> Backend:
+def get(name: str) -> Implementation:
     if name not in _REGISTRY:
-        raise ValueError(f"sexpgpu.exact: no backend named {name!r}; the backends are {', '.join(names())}")
+        raise ValueError(f"sexpgpu.exact: no implementation named {name!r}; the implementations are {', '.join(names())}")
     return _REGISTRY[name]
 
 
-def select(device: torch.device) -> Backend:
+def select(device: torch.device) -> Implementation:
     """The implementation for tensors on `device`: a forced one if any, else the device's default."""
     if _forced:
         return get(_forced[-1])
@@ -137,9 +137,9 @@ def forced(name: str):
 # A default registered later comes first: int8 tensor cores where the GPU has them, else
 # the Triton kernel; wide fp64 slices on CPU. "int8" on CPU multiplies its int8 slices in
 # fp64: the tensor cores' arithmetic, checked bit for bit without a GPU.
-register(Backend("bins", ("cpu",), ".bins_kernel"))
-register(Backend("sliced", ("cpu", "cuda"), ".sliced_kernel"))
-register(Backend("triton", ("cuda",), ".triton_kernel"), default_on=("cuda",))
-register(Backend("int8", ("cuda", "cpu"), ".block_slices", "accumulate_int8", requires="int8 tensor cores"),
+register(Implementation("bins", ("cpu",), ".bins_kernel"))
+register(Implementation("sliced", ("cpu", "cuda"), ".sliced_kernel"))
+register(Implementation("triton", ("cuda",), ".triton_kernel"), default_on=("cuda",))
+register(Implementation("int8", ("cuda", "cpu"), ".block_slices", "accumulate_int8", requires="int8 tensor cores"),
          default_on=("cuda",))
-register(Backend("fp64", ("cpu", "cuda"), ".block_slices", "accumulate_fp64"), default_on=("cpu",))
+register(Implementation("fp64", ("cpu", "cuda"), ".block_slices", "accumulate_fp64"), default_on=("cpu",))

@@ -1,6 +1,6 @@
 """Convolution and pooling kernels of the interpreter, each sum in a fixed, documented order.
 
-Layout and attributes are the op table's (graph/ops.py, "window"): values NCHW, weights
+Layout and attributes are the op table's (graph/core/ops.py, "window"): values NCHW, weights
 (O, C, KH, KW), stride and padding as (rows, columns). Below, xp is x with `padding` zeros
 before and after each spatial axis, and the window of output position (y, x) starts at row
 sh*y and column sw*x of xp; (a, b) is an offset inside a KH x KW window.

@@ -1,7 +1,7 @@
 """The ladder's report (docs/ladder.md, "The report"): `report.md` and `report.json` in the
 ladder's directory, and a plot for each tier, `<tier>.png` beside them: its loss curves
 against its envelope, and the relative difference of runs on a log scale. The plots need
-matplotlib (run/plotting.py); without it the report says so and is written all the same."""
+matplotlib (tools/plotting.py); without it the report says so and is written all the same."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import sexpgpu
-from sexpgpu.run.plotting import FLOOR, optional_pyplot, relative_difference
+from sexpgpu.tools.plotting import FLOOR, optional_pyplot, relative_difference
 
 REPORT = "report.md"
 RECORD = "report.json"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.run.checkpointing import expected_tensors
 from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over, stacked_training
-from sexpgpu.run.comparing import METRICS, read_metrics
-from sexpgpu.run.evaluating import check_same_run, checkpoints_named, experiment_of
+from sexpgpu.tools.comparing import METRICS, read_metrics
+from sexpgpu.tools.evaluating import check_same_run, checkpoints_named, experiment_of
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState

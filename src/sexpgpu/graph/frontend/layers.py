@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sexpgpu.errors import did_you_mean, nearest_name
-from sexpgpu.graph.build import Builder, Frame, Initializer, initializer_of, join_path
-from sexpgpu.graph.ir import FLOAT_DTYPES, Node
-from sexpgpu.graph.ops import dims_text
+from sexpgpu.graph.frontend.build import Builder, Frame, Initializer, initializer_of, join_path
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node
+from sexpgpu.graph.core.ops import dims_text
 from sexpgpu.lang.keywords import REQUIRED, first_keyword, split_pairs
 from sexpgpu.lang.syntax import SList, Symbol, describe
 

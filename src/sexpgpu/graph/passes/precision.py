@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.graph.ops import OPS
-from sexpgpu.lang.runs import PRECISIONS
+from sexpgpu.graph.core.ops import OPS
+from sexpgpu.lang.defrun import PRECISIONS
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.run.comparing import read_run
+from sexpgpu.tools.comparing import read_run
 
 FLOOR = 1e-12  # where an exact agreement is drawn on the log scale
 SIZE_INCHES = (9.0, 6.0)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from sexpgpu.graph.emit import Emitter
+from sexpgpu.graph.core.emit import Emitter
 
 STATE_SLOTS = {"sgd": (), "momentum": ("momentum",), "adam": ("m", "v"), "adamw": ("m", "v")}
 CLIP_EPSILON = 1e-6

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
-from sexpgpu.graph.ops import OpError, dims_text
-from sexpgpu.graph.ir import Node
+from sexpgpu.graph.core.ops import OpError, dims_text
+from sexpgpu.graph.core.ir import Node
 from sexpgpu.lang.keywords import first_keyword, split_pairs
 from sexpgpu.lang.limits import CALLS_MAX, DIM_MAX, I32_MAX, I32_MIN, REPEAT_MAX
 from sexpgpu.lang.values import FLOAT_MAX
@@ -268,7 +268,7 @@ class Builder:
         )
 
     def _form(self, form: SList, frame: Frame):
-        from sexpgpu.graph.layers import BUILTINS
+        from sexpgpu.graph.frontend.layers import BUILTINS
 
         if not form.items or not isinstance(form.items[0], Symbol):
             found = describe(form.items[0]) if form.items else "nothing"

@@ -23,15 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.autodiff import gradients
-from sexpgpu.graph.build import Builder, Frame
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.exact_region import check_exact_gradients
-from sexpgpu.graph.ir import FLOAT_DTYPES, Node, dtype_named
-from sexpgpu.graph.layers import cross_entropy_mean, mse
-from sexpgpu.graph.ops import dims_text
-from sexpgpu.graph.optimizers import build_update
-from sexpgpu.graph.precision import with_precision
+from sexpgpu.graph.training.autodiff import gradients
+from sexpgpu.graph.frontend.build import Builder, Frame
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.passes.exact_region import check_exact_gradients
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node, dtype_named
+from sexpgpu.graph.frontend.layers import cross_entropy_mean, mse
+from sexpgpu.graph.core.ops import dims_text
+from sexpgpu.graph.training.optimizers import build_update
+from sexpgpu.graph.passes.precision import with_precision
 
 SCALAR_INPUTS = ("step", "microbatch", "trip")
 
@@ -42,7 +42,7 @@ class TrainingGraph:
     update: object  # Graph
     state: dict  # slot -> [paths]: the optimizer state the update reads and writes
     microbatches: int
-    degree: int = 1  # microbatches one call of `micro` runs as one batch (graph/stacking.py)
+    degree: int = 1  # microbatches one call of `micro` runs as one batch (graph/training/stacking.py)
     source: object = field(default=None, compare=False, repr=False)  # the experiment stacking rebuilds from
 
     @property
@@ -61,7 +61,7 @@ class Program:
     training: TrainingGraph
     passes: dict  # name -> Graph
     generator: object | None  # Graph
-    blockers: tuple  # why the run cannot stack, found while compiling (graph/stacking.py adds the graph's own)
+    blockers: tuple  # why the run cannot stack, found while compiling (graph/training/stacking.py adds the graph's own)
     field_specs: dict  # field -> (shape of one record, dtype): what the model was built for
     pass_generators: dict = field(default_factory=dict)  # pass name -> Graph
 
@@ -144,7 +144,7 @@ def build_pass(experiment, name: str, fields: dict):
 
 def build_generator(experiment, call, make_builder=Builder, batch: int | None = None):
     """(generator graph, its builder) for a `(generator NAME ...)` call; `batch` (the run's
-    unless given) and `make_builder` are stacking's (graph/stacking.py)."""
+    unless given) and `make_builder` are stacking's (graph/training/stacking.py)."""
     run = experiment.run
     definition = experiment.graphs[call.name]
     e = Emitter()

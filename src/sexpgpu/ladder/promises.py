@@ -1,6 +1,6 @@
 """The ladder's rows (docs/ladder.md, "Rows"): each promise of docs/determinism.md, checked on
 one tier. A row's runs are made through the run machinery itself (run/session.py,
-run/evaluating.py), in-process, in the tier's folder of the ladder's directory, each the
+tools/evaluating.py), in-process, in the tier's folder of the ladder's directory, each the
 first time a row asks for it, so rows share them: the first run `a` serves five rows."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.run.choosing import FRESH, ChoiceSettings, choice_settings
-from sexpgpu.run.comparing import diff_runs, read_run
-from sexpgpu.run.evaluating import EvaluateOptions, evaluate, level_of
-from sexpgpu.run.ladder_variations import compute, fixed_variation, offered_degrees
+from sexpgpu.tools.comparing import diff_runs, read_run
+from sexpgpu.tools.evaluating import EvaluateOptions, evaluate, level_of
+from sexpgpu.ladder.variations import compute, fixed_variation, offered_degrees
 from sexpgpu.run.session import RunOptions, execute, run_flags
 from sexpgpu.run.setup import build_run
 
@@ -115,7 +115,7 @@ class Workspace:
 # --- comparing -----------------------------------------------------------------------------
 
 def same_bits(first: str, second: str, resumed_at: int = 0) -> Outcome:
-    """Whether two run directories hold the same bits (run/comparing.py): every common step's
+    """Whether two run directories hold the same bits (tools/comparing.py): every common step's
     loss bits and digest, the evaluations, the steps logged (the second may start after
     `resumed_at`) and the nearest common checkpoint's tensors."""
     diff = diff_runs(read_run(first), read_run(second))

@@ -14,8 +14,8 @@ gradient node per entry of `wrt`. Every order is fixed:
 
 from __future__ import annotations
 
-from sexpgpu.graph.ir import FLOAT_DTYPES, Node
-from sexpgpu.graph.ops import OPS
+from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node
+from sexpgpu.graph.core.ops import OPS
 
 
 def gradients(e, loss: Node, wrt: list, seed: Node | None = None) -> list:

@@ -1,7 +1,7 @@
 """The attention ops written as the ops they are made of, for a backend that fuses only some.
 
 attention_core, attention_grad_q and attention_grad_kv are single ops so that a backend may
-run them fused; their definition (graph/ops.py) is a composition of ordinary ops, the one the
+run them fused; their definition (graph/core/ops.py) is a composition of ordinary ops, the one the
 CPU interpreter follows step for step. `composed_attention` gives a graph in which each
 float32 attention op is that composition (the interpreter's exact mode sums that graph
 exactly, and so does the CUDA backend's; its float32 arithmetic fuses attention instead):
@@ -24,8 +24,8 @@ own kernels follow (backends/cpu/op_kernels.py), so it keeps its op.
 
 from __future__ import annotations
 
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.ir import Graph, Node
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.core.ir import Graph, Node
 
 ATTENTION_OPS = ("attention_core", "attention_grad_q", "attention_grad_kv")
 

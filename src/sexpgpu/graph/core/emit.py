@@ -14,8 +14,8 @@ from contextlib import contextmanager
 import math
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.ir import Attrs, Node, make_graph
-from sexpgpu.graph.ops import OPS, dims_text
+from sexpgpu.graph.core.ir import Attrs, Node, make_graph
+from sexpgpu.graph.core.ops import OPS, dims_text
 from sexpgpu.lang.limits import ELEMENTS_MAX, I32_MAX, I32_MIN, NODES_MAX
 
 

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from sexpgpu.graph.ir import DTYPES, FLOAT_DTYPES
+from sexpgpu.graph.core.ir import DTYPES, FLOAT_DTYPES
 
 
 class OpError(Exception):
@@ -191,7 +191,7 @@ def _infer_draw(op: str):
         if len(salts) != len(inputs):
             raise OpError("E-GRAPH-003", f"{op}: {len(salts)} salts named for {len(inputs)} salt inputs.")
         shape = tuple(attrs["shape"])
-        repeats = attrs.get("repeats", 1)  # a stacked draw: `repeats` copies on its first axis (graph/stacking.py)
+        repeats = attrs.get("repeats", 1)  # a stacked draw: `repeats` copies on its first axis (graph/training/stacking.py)
         if repeats != 1 and (not shape or shape[0] % repeats or any(source.rank for source in inputs)):
             raise OpError("E-SHAPE-001", f"{op}: {repeats} repeats of a draw of shape {dims_text(shape)} salted per record.")
         for kind, source in zip(salts, inputs):
@@ -805,7 +805,7 @@ _register("attention_grad_kv", "attention", _infer_attention_grad_kv, None, 5)
 #   when it is NaN); max_pool2d_pick(x, h) reads h there (the adjoint, for second derivatives).
 # - avg_pool2d_grad(g): each window's cotangent divided by KH * KW, spread over the window;
 #   attrs kernel, stride and input_shape (N, C, H, W).
-# The interpreter's summation orders are documented in backends/cpu/conv.py.
+# The interpreter's summation orders are documented in backends/cpu/windows.py.
 
 
 def _pair(op: str, name: str, value, low: int) -> tuple:

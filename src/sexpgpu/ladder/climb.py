@@ -1,7 +1,7 @@
 """`sexpgpu ladder` (docs/ladder.md): the tiers run on this machine and every promise of
-docs/determinism.md checked on each, one row a promise (run/ladder_promises.py), written to
-a report with plots (run/ladder_report.py); and `--envelopes`, the tiers' envelopes measured
-again on this device (run/ladder_envelopes.py).
+docs/determinism.md checked on each, one row a promise (ladder/promises.py), written to
+a report with plots (ladder/report.py); and `--envelopes`, the tiers' envelopes measured
+again on this device (ladder/envelopes.py).
 
 Everything a ladder reads is checked before its first run: the tiers named, the ladder
 folder's manifest, each tier's file and its envelope, and the directory it writes."""
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from sexpgpu.backends.select import cuda_problem
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.run.ladder_envelopes import Envelope, outside_peers, read_envelope, regenerate, tier_digest
-from sexpgpu.run.ladder_promises import FAIL, PROMISES, Outcome, Workspace
-from sexpgpu.run.ladder_report import write_report
-from sexpgpu.run.ladder_tiers import read_tiers, select_tiers
+from sexpgpu.ladder.envelopes import Envelope, outside_peers, read_envelope, regenerate, tier_digest
+from sexpgpu.ladder.promises import FAIL, PROMISES, Outcome, Workspace
+from sexpgpu.ladder.report import write_report
+from sexpgpu.ladder.tiers import read_tiers, select_tiers
 from sexpgpu.run.rundir import default_run_dir, run_dir_errors
 from sexpgpu.run.setup import build_run
 

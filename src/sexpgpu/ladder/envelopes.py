@@ -25,7 +25,7 @@ import numpy as np
 import sexpgpu
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.run.checkpointing import bit_identity, identity_digest
-from sexpgpu.run.ladder_variations import compute, envelope_variations
+from sexpgpu.ladder.variations import compute, envelope_variations
 from sexpgpu.run.setup import build_run
 
 FORMAT = 1

@@ -37,11 +37,11 @@ import weakref
 from dataclasses import replace
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.autodiff import gradients
-from sexpgpu.graph.build import Builder
-from sexpgpu.graph.emit import Emitter
-from sexpgpu.graph.ops import OPS, dims_text
-from sexpgpu.graph.training import build_generator, loss_of, micro_graph, model_output
+from sexpgpu.graph.training.autodiff import gradients
+from sexpgpu.graph.frontend.build import Builder
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.graph.core.ops import OPS, dims_text
+from sexpgpu.graph.training.program import build_generator, loss_of, micro_graph, model_output
 
 
 class StackingRefused(ValueError):

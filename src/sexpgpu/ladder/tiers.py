@@ -1,7 +1,7 @@
 """The ladder's tiers (docs/ladder.md): the reference experiments in `ladder/`, from tiny to
 as large as one GPU trains in a few minutes. `ladder/tiers.json` lists them, in order, each
 with what it is for; a tier named N is the experiment `ladder/N.sexp`, and its envelope is
-`ladder/envelopes/N.json` (run/ladder_envelopes.py)."""
+`ladder/envelopes/N.json` (ladder/envelopes.py)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import backends, residue_stage
+from . import implementations, residue_stage
 from .accumulator import normalise_
 from .layout import MAX_K_PER_CALL
 from .block_slices import (
@@ -99,7 +99,7 @@ def _tier_products(device: torch.device) -> SliceProducts:
     """int8 tensor cores where the GPU has them, else exact fp64 products of 20-bit slices."""
     if _forced_path() in TIERS_BY_NAME:
         return TIERS_BY_NAME[_forced_path()](device)
-    if backends.on_device(device) and backends.int8_tensor_cores(device):
+    if implementations.on_device(device) and implementations.int8_tensor_cores(device):
         return TIERS_BY_NAME["int8"](device)
     return TIER_FP64
 
@@ -190,7 +190,7 @@ def _first_stage(x, w, dtype, stats: Statistics) -> Settled:
 def _settled_product(first: Float64Product, dtype: torch.dtype):
     """(settled, result with the settled values, +0.0 elsewhere) for the float64 product: one
     fused pass on CUDA for float32 results (settle_kernel.py), else settle on the formed bound."""
-    if backends.on_device(first.total.device) and dtype == torch.float32:
+    if implementations.on_device(first.total.device) and dtype == torch.float32:
         from .settle_kernel import settle_float32  # Triton is imported only where it runs
 
         return settle_float32(first.total, first.x_norm, first.w_norm, first.factor)
@@ -230,7 +230,7 @@ def _exact_outputs(x, w, rows, cols, dtype, exact_planes) -> torch.Tensor:
     """The exact path for the outputs (rows[i], cols[i]): on CUDA, when they are not too many, each
     from its own row and column (triton_kernel.accumulate_pairs); else one block over the rows
     and columns involved, whose tiled kernels do more work per output but run at GEMM speed."""
-    if backends.on_device(x.device) and rows.numel() <= PAIR_FALLBACK_LIMIT:
+    if implementations.on_device(x.device) and rows.numel() <= PAIR_FALLBACK_LIMIT:
         return round_planes(_pair_planes(x, w, rows, cols), dtype)
     row_set, row_at = torch.unique(rows, return_inverse=True)
     col_set, col_at = torch.unique(cols, return_inverse=True)

@@ -34,7 +34,7 @@ TEXT_FIELDS = ("x", "y")
 BUILTIN_LOSSES = ("cross-entropy", "mse")
 _DIM = integer(1, DIM_MAX, maximum_text="2^31-1")
 _STEPS = integer(1, STEPS_MAX, maximum_text="2^31-1")
-PRECISIONS = ("f32", "bf16")  # f32: as written; bf16: mixed precision (graph/precision.py)
+PRECISIONS = ("f32", "bf16")  # f32: as written; bf16: mixed precision (graph/passes/precision.py)
 ARITHMETICS = ("float", "exact")  # float: folds in documented orders; exact: every sum exact, rounded once
 
 
