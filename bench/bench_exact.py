@@ -199,8 +199,8 @@ def main() -> None:
                 json.dump({"cpu": cpu}, f, indent=2)
         if args.cpu:
             return
-    torch.implementations.cuda.matmul.allow_tf32 = False
-    torch.implementations.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     started = time.perf_counter()
     linear_size, triton_size = 4096, 1024
     if args.smoke:

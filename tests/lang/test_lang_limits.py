@@ -109,7 +109,7 @@ def test_a_repeat_count_has_a_range():
 
 
 def test_nested_repeats_stop_at_the_call_limit(monkeypatch):
-    monkeypatch.setattr("sexpgpu.graph.build.CALLS_MAX", 5_000)  # the same rule, reached sooner
+    monkeypatch.setattr("sexpgpu.graph.frontend.build.CALLS_MAX", 5_000)  # the same rule, reached sooner
     model = ("(defgraph b (x) x)\n(defgraph c (x) (repeat 100000 b x :as r))\n"
              "(defgraph m (x) (linear (repeat 100000 c (embedding x :vocab 256 :dim 8 :as e) :as r)"
              " :out 256 :as head))\n")
@@ -118,7 +118,7 @@ def test_nested_repeats_stop_at_the_call_limit(monkeypatch):
 
 
 def test_a_graph_stops_at_the_node_limit(monkeypatch):
-    monkeypatch.setattr("sexpgpu.graph.emit.NODES_MAX", 20_000)  # the same rule, reached sooner
+    monkeypatch.setattr("sexpgpu.graph.core.emit.NODES_MAX", 20_000)  # the same rule, reached sooner
     model = ("(defgraph b (x) (neg (neg (neg (neg x)))))\n(defgraph c (x) (repeat 1000 b x :as r))\n"
              "(defgraph m (x) (linear (repeat 1000 c (embedding x :vocab 256 :dim 8 :as e) :as r)"
              " :out 256 :as head))\n")
