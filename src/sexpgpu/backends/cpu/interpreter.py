@@ -20,7 +20,7 @@ fit in int32, bool inputs booleans. Nothing is cast silently.
 
 Exact arithmetic: `Interpreter(arithmetic="exact")` computes every sum exactly and rounds
 it once (exact_kernels.py, with sexpgpu.exact, which needs PyTorch); a float32 attention op
-is written out as its composition first (graph/passes/attention_parts.py), and the nodes of a
+is written out as its composition first (graph/passes/decomposed.py), and the nodes of a
 parameter's gradient region (graph/passes/exact_region.py) give `Accumulator`s, which the run loop
 combines with `exact_sums` (backends/exact_sums.py) and rounds once a step.
 
@@ -39,7 +39,7 @@ from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
 from sexpgpu.backends.cpu.fingerprint import fingerprint
 from sexpgpu.backends.cpu.op_kernels import compile_kernel
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.passes.attention_parts import composed_attention
+from sexpgpu.graph.passes.decomposed import composed_attention
 from sexpgpu.graph.passes.exact_region import gradient_region
 
 ARITHMETICS = ("float", "exact")

@@ -28,7 +28,7 @@ class Emitter:
         self.nodes: list = []
         self.scope = ""  # the `name` of nodes made now: the scope being built
         self.loc = None  # the `loc` of nodes made now: the syntax being built
-        self._consts: dict = {}
+        self._made: dict = {}  # Emitter.once's nodes by key
 
     def __call__(self, op: str, *inputs: Node, **attrs) -> Node:
         definition = OPS[op]
@@ -80,10 +80,15 @@ class Emitter:
             value = int(value)
         else:
             value = float(value)
-        key = (repr(value), dtype, tuple(shape))
-        if key not in self._consts:
-            self._consts[key] = self("const", value=value, dtype=dtype, shape=tuple(shape))
-        return self._consts[key]
+        return self.once(("const", repr(value), dtype, tuple(shape)),
+                         lambda: self("const", value=value, dtype=dtype, shape=tuple(shape)))
+
+    def once(self, key, make) -> Node:
+        """The node `make()` gives, made once for `key` by this emitter: shared constants, and
+        the parts a decomposition shares between ops (ops.py's attention)."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     def minus_one(self, node: Node) -> Node:
         if node.op == "const":
