@@ -1,4 +1,9 @@
-"""One numpy kernel per IR op: `KERNELS[op](node, args, math) -> array`.
+"""The interpreter's kernels: a numpy rule per op, `KERNELS[op](node, args, math) -> array`.
+
+Every op has a kernel but `input` (the caller gives it) and the composite ops, which the
+interpreter can run as their decomposition (graph/core/ops.py); their kernels here are
+overrides, one pass instead of the ops, that tests/backends/test_decompositions.py checks
+against the decomposition. `COMPILED` holds optional faster forms (see compile_kernel).
 
 Float arithmetic is numpy's IEEE + - * / and sqrt, each correctly rounded in the array's
 dtype; transcendental functions come from `math` (sexpgpu.numerics in the interpreter's
@@ -16,6 +21,10 @@ from sexpgpu.backends.cpu.arith import round_bf16
 from sexpgpu.backends.cpu.windows import WINDOW_KERNELS
 from sexpgpu.backends.cpu.draws import draw
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.core.rules import RuleTable
+
+KERNELS = RuleTable("cpu kernels", needs=lambda op: op.name != "input" and op.decompose is None)
+COMPILED = RuleTable("cpu compiled kernels", needs=lambda op: False)  # optional: KERNELS covers every op
 
 
 def _const(node, args, m):
@@ -277,7 +286,7 @@ def _pad(node, args, m):
     return np.pad(x, widths)
 
 
-KERNELS = {
+KERNELS.update({
     "const": _const,
     "causal_mask": _causal_mask,
     "normal": _draw, "uniform": _draw, "truncated_normal": _draw, "bernoulli": _draw, "randint": _draw,
@@ -317,10 +326,9 @@ KERNELS = {
     "attention_core": _attention_core,
     "attention_grad_q": _attention_grad_q,
     "attention_grad_kv": _attention_grad_kv,
-}
-for _name in _NUMPY_BINARY:
-    KERNELS[_name] = _numpy_binary(_name)
-KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: conv.py
+})
+KERNELS.update({name: _numpy_binary(name) for name in _NUMPY_BINARY})
+KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: windows.py
 
 
 # --- compiled kernels -------------------------------------------------------------------------
@@ -330,7 +338,7 @@ KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: conv.py
 
 def compile_kernel(node, m):
     """`run(args) -> value` for one node."""
-    compiler = _COMPILERS.get(node.op)
+    compiler = COMPILED.get(node.op)
     if compiler is not None:
         return compiler(node, m)
     kernel = KERNELS[node.op]
@@ -376,7 +384,7 @@ def _with_shape(apply):
     return compiler
 
 
-_COMPILERS = {
+COMPILED.update({
     "const": _compiled_const,
     "slice": _compiled_slice,
     "sum": _compiled_sum,
@@ -387,5 +395,5 @@ _COMPILERS = {
     "matmul": lambda node, m: lambda args: folds.matmul(args[0], args[1]),
     "neg": lambda node, m: lambda args: -args[0],
     "square": lambda node, m: lambda args: args[0] * args[0],
-}
-_COMPILERS.update({name: _compiled_binary for name in _NUMPY_BINARY})
+})
+COMPILED.update({name: _compiled_binary for name in _NUMPY_BINARY})
