@@ -16,7 +16,11 @@ import math
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.core.ir import Attrs, Node, make_graph
 from sexpgpu.graph.core.ops import OPS, dims_text
-from sexpgpu.lang.limits import ELEMENTS_MAX, I32_MAX, I32_MIN, NODES_MAX
+
+# The graph's own limits (docs/language.md, "Limits"; the language's are lang/limits.py)
+ELEMENTS_MAX = 2**40  # elements of any one tensor (a 4 TiB float32 tensor: past every device)
+NODES_MAX = 2**17  # nodes of one graph (forward, gradients and update included)
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1  # the values of an i32
 
 
 def _is_integer(value) -> bool:

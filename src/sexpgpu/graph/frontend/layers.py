@@ -1,8 +1,10 @@
 """The built-in ops of the language (docs/language.md, "Built-in ops" and "Draws").
 
-Each entry declares its positional arguments and keywords; `Builtin.apply` checks a call
-against them (E-GRAPH-003) and hands the converted values to the entry's builder, which
-emits IR through the op table. Derived ops are compositions:
+Each entry declares its positional arguments and keywords; `Builtin.application` checks a
+call against them (E-GRAPH-003) and hands the converted values to the entry's builder, which
+emits IR through the op table with the `Builder` `b` evaluating the call: build.py looks calls
+up in `BUILTINS`, and this module knows the Builder only by what it calls on it. Derived ops
+are compositions:
 
 - mean = sum / count; mse = mean(square(pred - target));
   cross-entropy = sum(cross_entropy(logits, labels)) / positions;
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sexpgpu.errors import did_you_mean, nearest_name
-from sexpgpu.graph.frontend.build import Builder, Frame, Initializer, initializer_of, join_path
+from sexpgpu.graph.frontend.records import Frame, Initializer, initializer_of, join_path
 from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node
 from sexpgpu.graph.core.ops import dims_text
 from sexpgpu.lang.keywords import REQUIRED, first_keyword, split_pairs
@@ -43,7 +45,7 @@ class Builtin:
     keywords: dict  # keyword -> (kind, default or REQUIRED)
     build: Callable  # build(b, frame, *positional values, **keyword values)
 
-    def application(self, b: Builder, form: SList, frame: Frame):
+    def application(self, b, form: SList, frame: Frame):
         """The steps of applying this op to `form` (values of its arguments are yielded for)."""
         end = 1 + first_keyword(form.items[1:])
         given = form.items[1:end]
@@ -59,7 +61,7 @@ class Builtin:
             args.append((yield b.evaluation(item, frame)) if kind == "value" else _convert(b, kind, item, frame))
         return self.build(b, frame, *args, **self._keywords(b, form, end, frame))
 
-    def _keywords(self, b: Builder, form: SList, end: int, frame: Frame) -> dict:
+    def _keywords(self, b, form: SList, end: int, frame: Frame) -> dict:
         pairs = split_pairs(form.items[end:], f"({self.name} ...)")
         values = {}
         for name, (key, value) in pairs.items():
@@ -81,7 +83,7 @@ def _python_name(keyword: str) -> str:
     return "as_" if keyword == "as" else keyword.replace("-", "_")
 
 
-def _convert(b: Builder, kind: str, item, frame: Frame, label: str | None = None):
+def _convert(b, kind: str, item, frame: Frame, label: str | None = None):
     if kind == "dims":
         return b.dims(item, frame)
     if kind == "shape":
@@ -136,7 +138,7 @@ def _builtin(name: str, positional: tuple, keywords: dict | None = None):
     return register
 
 
-def _float_tensor(b: Builder, value, what: str) -> Node:
+def _float_tensor(b, value, what: str) -> Node:
     node = b.tensor(value)
     if node.dtype not in FLOAT_DTYPES:
         raise b.error("E-DTYPE-001", f"{what} needs a float tensor (f32 or bf16), got {node.dtype}.", b.e.loc)
@@ -222,13 +224,13 @@ def _log_softmax(b, frame, x, axis):
     return b.emit("log_softmax", b.tensor(x), axis=axis)
 
 
-def cross_entropy_mean(b: Builder, logits: Node, labels: Node) -> Node:
+def cross_entropy_mean(b, logits: Node, labels: Node) -> Node:
     per_position = b.emit("cross_entropy", logits, labels)
     total = b.emit("sum", per_position, axes=None, keep=False)
     return b.emit("div", total, b.const(max(per_position.size, 1), like=total))
 
 
-def mse(b: Builder, prediction: Node, target: Node) -> Node:
+def mse(b, prediction: Node, target: Node) -> Node:
     if prediction.shape != target.shape:
         raise b.error("E-SHAPE-001", f"mse: prediction {dims_text(prediction.shape)} and target "
                                      f"{dims_text(target.shape)} differ in shape.", b.e.loc)
@@ -300,14 +302,14 @@ def _layer_frame(frame: Frame, scope: str) -> Frame:
     return Frame(frame.env, join_path(frame.scope, scope), frame.graph_name)
 
 
-def _weight(b: Builder, frame: Frame, name: str, shape: tuple, init, reader: Node) -> Node:
+def _weight(b, frame: Frame, name: str, shape: tuple, init, reader: Node) -> Node:
     """A float32 layer parameter, cast to the dtype of the tensor that reads it."""
     node = b.declare_param(frame, name, shape, "f32", init, None, b.e.loc)
     with b.e.at(scope=frame.scope):
         return node if reader.dtype == "f32" else b.emit("cast", node, dtype=reader.dtype)
 
 
-def _times_transposed(b: Builder, x: Node, w: Node) -> Node:
+def _times_transposed(b, x: Node, w: Node) -> Node:
     """x @ w^T for w (OUT, IN)."""
     return b.emit("matmul", x, b.emit("transpose", w, perm=(1, 0)))
 
@@ -370,7 +372,7 @@ def _attention(b, frame, x, heads, as_, causal, init):
         return _times_transposed(b, _merge_heads(b, mixed), weights[3])
 
 
-def _split_heads(b: Builder, x: Node, heads: int) -> Node:
+def _split_heads(b, x: Node, heads: int) -> Node:
     """(... T D) -> (... H T D/H)."""
     lead, (tokens, width) = x.shape[:-2], x.shape[-2:]
     split = b.emit("reshape", x, shape=lead + (tokens, heads, width // heads))
@@ -378,7 +380,7 @@ def _split_heads(b: Builder, x: Node, heads: int) -> Node:
     return b.emit("transpose", split, perm=tuple(range(n)) + (n + 1, n, n + 2))
 
 
-def _merge_heads(b: Builder, x: Node) -> Node:
+def _merge_heads(b, x: Node) -> Node:
     """(... H T E) -> (... T H*E)."""
     lead, (heads, tokens, width) = x.shape[:-3], x.shape[-3:]
     n = len(lead)
@@ -401,7 +403,7 @@ def _dropout(b, frame, x, p, salt):
 # --- convolution and pooling (NCHW) ---------------------------------------------------------------
 
 
-def _image(b: Builder, x, what: str) -> Node:
+def _image(b, x, what: str) -> Node:
     x = _float_tensor(b, x, what)
     if x.rank != 4:
         raise b.error("E-SHAPE-001", f"{what} needs images (N C H W), got {dims_text(x.shape)}.", b.e.loc)
