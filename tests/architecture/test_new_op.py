@@ -14,7 +14,7 @@ import pytest
 from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.backends.cpu.op_kernels import KERNELS
 from sexpgpu.graph import compile_program
-from sexpgpu.graph.core.ops import ARITHMETIC, OPS, OpDef, OpError, define, undefine
+from sexpgpu.graph.core.ops import ARITHMETIC, OPS, OpDef, define, elementwise, undefine
 from sexpgpu.graph.core.rules import TABLES
 from sexpgpu.graph.frontend.layers import BUILTINS, builtin, unary
 from sexpgpu.lang.forms import parse_experiment, select_run
@@ -32,13 +32,6 @@ TEXT = """
 """
 
 
-def _infer(inputs, attrs):
-    (x,) = inputs
-    if x.dtype not in ("f32", "bf16"):
-        raise OpError("E-DTYPE-001", f"softplus: its input is {x.dtype}, expected f32 or bf16.")
-    return x.dtype, x.shape, attrs
-
-
 def _vjp(e, node, g):
     return (e("mul", g, e("sigmoid", node.inputs[0])),)
 
@@ -50,7 +43,7 @@ def _kernel(node, args, m):
 
 @pytest.fixture
 def softplus():
-    define(OpDef("softplus", "unary", _infer, _vjp, arity=1, precision=ARITHMETIC))
+    define(OpDef("softplus", "unary", elementwise("softplus"), _vjp, arity=1, precision=ARITHMETIC))
     KERNELS.add("softplus", _kernel)
     builtin("softplus", ("value",))(unary("softplus"))
     try:

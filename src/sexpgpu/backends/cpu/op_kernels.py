@@ -99,24 +99,11 @@ _NUMPY_BINARY = {
 }
 
 
-def _numpy_binary(name: str):
-    function = _NUMPY_BINARY[name]
-
-    def kernel(node, args, m):
-        return function(args[0], args[1])
-
-    return kernel
-
-
 def _where(node, args, m):
     return np.where(*args)
 
 
 # --- reduce and normalize -------------------------------------------------------------------------
-
-
-def _sum(node, args, m):
-    return folds.reduce_sum(args[0], node.attrs["axes"], node.attrs["keep"])
 
 
 def _max(node, args, m):
@@ -272,13 +259,6 @@ def _one_hot(node, args, m):
 # --- movement -----------------------------------------------------------------------------------------
 
 
-def _slice(node, args, m):
-    (x,) = args
-    index = [slice(None)] * x.ndim
-    index[node.attrs["axis"]] = slice(node.attrs["start"], node.attrs["stop"])
-    return x[tuple(index)]
-
-
 def _pad(node, args, m):
     (x,) = args
     widths = [(0, 0)] * x.ndim
@@ -290,7 +270,6 @@ KERNELS.update({
     "const": _const,
     "causal_mask": _causal_mask,
     "normal": _draw, "uniform": _draw, "truncated_normal": _draw, "bernoulli": _draw, "randint": _draw,
-    "neg": lambda node, args, m: -args[0],
     "relu": _relu,
     "gelu": _gelu,
     "tanh": _elementwise("tanh"),
@@ -299,14 +278,12 @@ KERNELS.update({
     "sqrt": lambda node, args, m: np.sqrt(args[0]),
     "rsqrt": _rsqrt,
     "sigmoid": _elementwise("sigmoid"),
-    "square": lambda node, args, m: args[0] * args[0],
     "erf": _elementwise("erf"),
     "cast": _cast,
     "pow": _pow,
     "maximum": lambda node, args, m: folds.ieee_maximum(*args),
     "minimum": lambda node, args, m: folds.ieee_minimum(*args),
     "where": _where,
-    "sum": _sum,
     "max": _max,
     "argmax": _argmax,
     "softmax": _softmax,
@@ -316,24 +293,18 @@ KERNELS.update({
     "gather": _gather,
     "scatter_add": _scatter_add,
     "one_hot": _one_hot,
-    "reshape": lambda node, args, m: args[0].reshape(node.shape),
-    "transpose": lambda node, args, m: np.transpose(args[0], node.attrs["perm"]),
-    "slice": _slice,
     "pad": _pad,
-    "concat": lambda node, args, m: np.concatenate(args, axis=node.attrs["axis"]),
-    "broadcast": lambda node, args, m: np.broadcast_to(args[0], node.shape),
-    "matmul": lambda node, args, m: folds.matmul(*args),
     "attention_core": _attention_core,
     "attention_grad_q": _attention_grad_q,
     "attention_grad_kv": _attention_grad_kv,
 })
-KERNELS.update({name: _numpy_binary(name) for name in _NUMPY_BINARY})
 KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: windows.py
 
 
 # --- compiled kernels -------------------------------------------------------------------------
 # The interpreter runs each node through `compile_kernel(node, m)`: the node's kernel with its
-# attributes looked up once, not on every run. Same numpy calls, so the same bits.
+# attributes looked up once, not on every run. The ops of COMPILED (the cheap ones, run most
+# often) are written only in that form; their KERNELS rule compiles and runs it.
 
 
 def compile_kernel(node, m):
@@ -397,3 +368,4 @@ COMPILED.update({
     "square": lambda node, m: lambda args: args[0] * args[0],
 })
 COMPILED.update({name: _compiled_binary for name in _NUMPY_BINARY})
+KERNELS.update({op: lambda node, args, m: COMPILED[node.op](node, m)(args) for op in COMPILED if op not in KERNELS})

@@ -66,6 +66,26 @@ class Emitter:
         finally:
             self.scope, self.loc = saved
 
+    def rewrite(self, nodes, rule) -> dict:
+        """Make `nodes` (in graph order) again here: {id(node): its new value}. Each is
+        `rule(self, node, inputs)` on its inputs' new values; where that gives None, the node
+        itself when its inputs are unchanged (so inputs and constants stay the same objects),
+        else its op on the new inputs. Each is made under its own scope and location."""
+        mapped: dict = {}
+        saved = self.scope, self.loc
+        try:
+            for node in nodes:
+                self.scope, self.loc = node.name, node.loc
+                inputs = tuple(mapped[id(source)] for source in node.inputs)
+                made = rule(self, node, inputs)
+                if made is None and all(new is old for new, old in zip(inputs, node.inputs)):
+                    self.nodes.append(node)
+                    made = node
+                mapped[id(node)] = made if made is not None else self(node.op, *inputs, **node.attrs)
+        finally:
+            self.scope, self.loc = saved
+        return mapped
+
     def input(self, name: str, dtype: str, shape) -> Node:
         return self("input", name=name, dtype=dtype, shape=tuple(shape))
 

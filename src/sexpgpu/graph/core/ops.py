@@ -95,11 +95,7 @@ def define(op: OpDef) -> OpDef:
     """Add `op` to OPS, with its kind's precision policy when it gives none."""
     if op.name in OPS:
         raise KeyError(f"a second op named {op.name!r}")
-    if op.precision is None:
-        if op.kind not in KIND_PRECISION:
-            raise KeyError(f"{op.name}: ops of kind {op.kind!r} need a precision policy of their own")
-        op = replace(op, precision=KIND_PRECISION[op.kind])
-    OPS[op.name] = op
+    OPS[op.name] = op = replace(op, precision=op.precision or KIND_PRECISION[op.kind])
     return op
 
 
@@ -168,20 +164,15 @@ def _reduced_shape(shape, axes, keep) -> tuple:
     return tuple(dim for axis, dim in enumerate(shape) if axis not in axes)
 
 
-# --- gradient helpers (g is the cotangent of the node's result) ----------------------------
+# --- shape rules of elementwise ops ---------------------------------------------------------
+
+_NUMERIC = FLOAT_DTYPES + ("i32",)
 
 
-def _unary_float(op: str):
+def elementwise(op: str, allowed=FLOAT_DTYPES):
+    """The shape rule of a unary elementwise op on the dtypes `allowed`."""
     def infer(inputs, attrs):
-        _require_dtype(op, inputs[0], FLOAT_DTYPES)
-        return inputs[0].dtype, inputs[0].shape, attrs
-
-    return infer
-
-
-def _numeric_unary(op: str):
-    def infer(inputs, attrs):
-        _require_dtype(op, inputs[0], FLOAT_DTYPES + ("i32",))
+        _require_dtype(op, inputs[0], allowed)
         return inputs[0].dtype, inputs[0].shape, attrs
 
     return infer
@@ -335,23 +326,21 @@ def _vjp_cast(e, node, g):
     return (e("cast", g, dtype=x.dtype),)
 
 
-_register("neg", "unary", _numeric_unary("neg"), _vjp_neg, 1)
-_register("relu", "unary", _unary_float("relu"), _vjp_relu, 1)
-_register("gelu", "unary", _unary_float("gelu"), _vjp_gelu, 1)
-_register("tanh", "unary", _unary_float("tanh"), _vjp_tanh, 1)
-_register("exp", "unary", _unary_float("exp"), _vjp_exp, 1)
-_register("log", "unary", _unary_float("log"), _vjp_log, 1)
-_register("sqrt", "unary", _unary_float("sqrt"), _vjp_sqrt, 1)
-_register("rsqrt", "unary", _unary_float("rsqrt"), _vjp_rsqrt, 1)
-_register("sigmoid", "unary", _unary_float("sigmoid"), _vjp_sigmoid, 1)
-_register("square", "unary", _numeric_unary("square"), _vjp_square, 1)
-_register("erf", "unary", _unary_float("erf"), _vjp_erf, 1)
+_register("neg", "unary", elementwise("neg", _NUMERIC), _vjp_neg, 1)
+_register("relu", "unary", elementwise("relu"), _vjp_relu, 1)
+_register("gelu", "unary", elementwise("gelu"), _vjp_gelu, 1)
+_register("tanh", "unary", elementwise("tanh"), _vjp_tanh, 1)
+_register("exp", "unary", elementwise("exp"), _vjp_exp, 1)
+_register("log", "unary", elementwise("log"), _vjp_log, 1)
+_register("sqrt", "unary", elementwise("sqrt"), _vjp_sqrt, 1)
+_register("rsqrt", "unary", elementwise("rsqrt"), _vjp_rsqrt, 1)
+_register("sigmoid", "unary", elementwise("sigmoid"), _vjp_sigmoid, 1)
+_register("square", "unary", elementwise("square", _NUMERIC), _vjp_square, 1)
+_register("erf", "unary", elementwise("erf"), _vjp_erf, 1)
 _register("cast", "unary", _infer_cast, _vjp_cast, 1)
 
 
 # --- binary ------------------------------------------------------------------------------------
-
-_NUMERIC = FLOAT_DTYPES + ("i32",)
 
 
 def _vjp_add(e, node, g):

@@ -1,9 +1,5 @@
-"""The records of the frontend: what a graph body declares (a parameter's `ParamSpec`, with
-its `Initializer` or `LoadSpec`) and the `Frame` a body is evaluated in.
-
-The built-in ops (layers.py) make them and the builder (build.py) collects them; neither
-imports the other for them.
-"""
+"""What a graph body declares (a parameter's `ParamSpec`, its `Initializer` or `LoadSpec`) and
+the `Frame` it is evaluated in: made by the built-in ops (layers.py) and the builder (build.py)."""
 
 from __future__ import annotations
 

@@ -41,31 +41,14 @@ def with_precision(e, precision: str, roots: list) -> list:
         return list(roots)
     if precision != "bf16":
         raise ValueError(f"precision must be f32 or bf16 (lang.defrun's PRECISIONS), not {precision!r}")
-    return _Rewrite(e).run(roots)
+    old_nodes, e.nodes = e.nodes, []
+    mapped = e.rewrite(old_nodes, _in_bf16)
+    return [mapped[id(root)] for root in roots]
 
 
-class _Rewrite:
-    def __init__(self, e):
-        self.e = e
-        self.mapped: dict = {}  # id(old node) -> its value in the rewritten graph
-
-    def run(self, roots: list) -> list:
-        old_nodes, self.e.nodes = self.e.nodes, []
-        saved = self.e.scope, self.e.loc
-        try:
-            for node in old_nodes:
-                self.e.scope, self.e.loc = node.name, node.loc
-                self.mapped[id(node)] = self._rewrite(node)
-        finally:
-            self.e.scope, self.e.loc = saved
-        return [self.mapped[id(root)] for root in roots]
-
-    def _rewrite(self, node):
-        inputs = tuple(self.mapped[id(source)] for source in node.inputs)
-        if OPS[node.op].precision.kind == "product" and node.dtype == "f32":
-            product = self.e(node.op, *(self.e("cast", source, dtype="bf16") for source in inputs), **node.attrs)
-            return self.e("cast", product, dtype="f32")
-        if all(new is old for new, old in zip(inputs, node.inputs)):
-            self.e.nodes.append(node)
-            return node
-        return self.e(node.op, *inputs, **node.attrs)
+def _in_bf16(e, node, inputs):
+    """A float32 product made on bf16 casts of its operands and widened back; None otherwise."""
+    if OPS[node.op].precision.kind != "product" or node.dtype != "f32":
+        return None
+    product = e(node.op, *(e("cast", source, dtype="bf16") for source in inputs), **node.attrs)
+    return e("cast", product, dtype="f32")
