@@ -114,8 +114,8 @@ class Interpreter:
             return cached
         given = graph
         region = {}
-        while graph is not (graph := decomposed(graph, _without_kernel)):
-            pass  # a formula may use another composite op without a kernel
+        while graph is not (graph := decomposed(graph, lambda node: node.op not in KERNELS and node.op != "input")):
+            pass  # again: a formula may use another composite op without a kernel
         if self.arithmetic == "exact":
             graph = composed_attention(graph)
             region = gradient_region(graph)
@@ -169,10 +169,6 @@ class Interpreter:
             given.add(id(value))
             result[name] = value
         return result
-
-
-def _without_kernel(node) -> bool:
-    return node.op not in KERNELS and node.op != "input"
 
 
 def _dying(graph) -> dict:

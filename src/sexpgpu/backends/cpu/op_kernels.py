@@ -1,9 +1,8 @@
 """The interpreter's kernels: a numpy rule per op, `KERNELS[op](node, args, math) -> array`.
 
-Every op has a kernel but `input` (the caller gives it) and the composite ops, which the
-interpreter can run as their decomposition (graph/core/ops.py); their kernels here are
-overrides, one pass instead of the ops, that tests/backends/test_decompositions.py checks
-against the decomposition. `COMPILED` holds optional faster forms (see compile_kernel).
+Every op but `input` and the composite ops (which the interpreter can run decomposed) needs a
+kernel; a composite op's kernel is an override, one pass instead of its decomposition's ops,
+checked against it by tests/backends/test_decompositions.py. See compile_kernel for COMPILED.
 
 Float arithmetic is numpy's IEEE + - * / and sqrt, each correctly rounded in the array's
 dtype; transcendental functions come from `math` (sexpgpu.numerics in the interpreter's

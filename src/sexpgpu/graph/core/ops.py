@@ -55,9 +55,7 @@ class OpError(Exception):
 
 
 @dataclass(frozen=True)
-class Policy:
-    """An op under `:precision bf16` (graph/passes/precision.py says what each kind does)."""
-
+class Policy:  # an op under `:precision bf16` (graph/passes/precision.py says what each kind does)
     kind: str  # "product" or "float32"
     why: str  # the reason, as docs/language.md gives it
 
@@ -99,8 +97,7 @@ def define(op: OpDef) -> OpDef:
     return op
 
 
-def undefine(name: str) -> None:
-    """Take back an op `define` added (tests; a backend's rules for it are RuleTable.remove's)."""
+def undefine(name: str) -> None:  # for tests that define ops; RuleTable.remove takes back rules
     del OPS[name]
 
 
@@ -1077,15 +1074,10 @@ def _vjp_max_pool2d(e, node, g):
     return (e("max_pool2d_grad", x, g, **_window_of(node)),)
 
 
-def _vjp_max_pool2d_grad(e, node, h):
-    # the routing is constant where the first maxima do not move, so x gets no cotangent
-    x, _ = node.inputs
-    return None, e("max_pool2d_pick", x, h, **_window_of(node))
-
-
-def _vjp_max_pool2d_pick(e, node, g):
-    x, _ = node.inputs
-    return None, e("max_pool2d_grad", x, g, **_window_of(node))
+def _vjp_routed(adjoint: str):
+    # max_pool2d_grad and max_pool2d_pick are each other's adjoint in their second input; the
+    # routing is constant where the first maxima do not move, so x gets no cotangent
+    return lambda e, node, h: (None, e(adjoint, node.inputs[0], h, **_window_of(node)))
 
 
 def _vjp_avg_pool2d(e, node, g):
@@ -1101,7 +1093,7 @@ _register("conv2d", "window", _infer_conv2d, _vjp_conv2d, 2, precision=PRODUCT)
 _register("conv2d_input_grad", "window", _infer_conv2d_input_grad, _vjp_conv2d_input_grad, 2, precision=PRODUCT)
 _register("conv2d_weight_grad", "window", _infer_conv2d_weight_grad, _vjp_conv2d_weight_grad, 2, precision=PRODUCT)
 _register("max_pool2d", "window", _infer_pool("max_pool2d"), _vjp_max_pool2d, 1, precision=MOVES)
-_register("max_pool2d_grad", "window", _infer_max_pool2d_grad, _vjp_max_pool2d_grad, 2, precision=MOVES)
-_register("max_pool2d_pick", "window", _infer_max_pool2d_pick, _vjp_max_pool2d_pick, 2, precision=MOVES)
+_register("max_pool2d_grad", "window", _infer_max_pool2d_grad, _vjp_routed("max_pool2d_pick"), 2, precision=MOVES)
+_register("max_pool2d_pick", "window", _infer_max_pool2d_pick, _vjp_routed("max_pool2d_grad"), 2, precision=MOVES)
 _register("avg_pool2d", "window", _infer_pool("avg_pool2d"), _vjp_avg_pool2d, 1, precision=ARITHMETIC)
 _register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_grad, 1, precision=ARITHMETIC)
