@@ -82,9 +82,9 @@ def test_the_attention_layer_emits_one_attention_core_per_layer():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_composed_graph_gives_the_interpreters_bits_for_every_attention_op(causal):
-    """graph/passes/attention_parts.py writes float32 attention ops out as ops.py's formula: the
+    """graph/passes/decomposed.py writes float32 attention ops out as ops.py's formula: the
     interpreter gives the same bits for the graph and its composition, forward and cotangents."""
-    from sexpgpu.graph.passes.attention_parts import ATTENTION_OPS, composed_attention
+    from sexpgpu.graph.passes.decomposed import ATTENTION_OPS, composed_attention
 
     rng = np.random.default_rng(9)
     shapes = {"q": (2, 3, 6, 4), "k": (2, 3, 6, 4), "v": (2, 3, 6, 5), "g": (2, 3, 6, 5)}
@@ -108,7 +108,7 @@ def test_the_composition_makes_each_part_once_for_the_output_and_both_cotangents
     one product by v^T, six products in all (q k^T, P v, g v^T, dS k, dS^T q, P^T g)."""
     from collections import Counter
 
-    from sexpgpu.graph.passes.attention_parts import composed_attention
+    from sexpgpu.graph.passes.decomposed import composed_attention
 
     e = Emitter()
     q, k, v, g = (e.input(name, "f32", (2, 3, 6, 4)) for name in "qkvg")
@@ -126,7 +126,7 @@ def test_the_composition_makes_each_part_once_for_the_output_and_both_cotangents
 
 
 def test_a_graph_without_float32_attention_is_kept_as_it_is():
-    from sexpgpu.graph.passes.attention_parts import composed_attention
+    from sexpgpu.graph.passes.decomposed import composed_attention
 
     e = Emitter()
     x = e.input("x", "f32", (2, 3))

@@ -16,7 +16,7 @@ import torch
 from sexpgpu import numerics as nx
 from sexpgpu.backends.cpu import Interpreter
 from sexpgpu.backends.cpu.arith import round_bf16
-from sexpgpu.graph.frontend.build import Initializer, ParamSpec
+from sexpgpu.graph.frontend.records import Initializer, ParamSpec
 from sexpgpu.graph.training.optimizers import build_update
 from sexpgpu.lang.experiment import OptimizerSpec
 

@@ -9,7 +9,7 @@ is made. So the same graph and inputs give the same bits on any machine with the
 numpy semantics.
 
 Speed: the first run of a graph compiles it into a list of steps, each a kernel with its
-node's attributes already looked up (kernels.compile_kernel), its input positions, the
+node's attributes already looked up (op_kernels.compile_kernel), its input positions, the
 values that die after it, and whether it rounds to bf16. Input arrays that already have
 the node's dtype and shape are taken as they are.
 
@@ -20,12 +20,12 @@ fit in int32, bool inputs booleans. Nothing is cast silently.
 
 Exact arithmetic: `Interpreter(arithmetic="exact")` computes every sum exactly and rounds
 it once (exact_kernels.py, with sexpgpu.exact, which needs PyTorch); a float32 attention op
-is written out as its composition first (graph/passes/attention_parts.py), and the nodes of a
+is written out as its composition first (graph/passes/decomposed.py), and the nodes of a
 parameter's gradient region (graph/passes/exact_region.py) give `Accumulator`s, which the run loop
 combines with `exact_sums` (backends/exact_sums.py) and rounds once a step.
 
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
-last reader, so memory follows the graph's liveness (plan/memory.py measures it). Beyond
+last reader, by the graph's liveness (plan/memory.py's `lifetimes`, the one the plan measures). Beyond
 that, each thread keeps scratch buffers for products (folds.py, a few MB) and each
 interpreter a bounded memo of portable function results (arith.py).
 """
@@ -37,10 +37,11 @@ import numpy as np
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
 from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
 from sexpgpu.backends.cpu.fingerprint import fingerprint
-from sexpgpu.backends.cpu.op_kernels import compile_kernel
+from sexpgpu.backends.cpu.op_kernels import KERNELS, compile_kernel
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.passes.attention_parts import composed_attention
+from sexpgpu.graph.passes.decomposed import composed_attention, decomposed
 from sexpgpu.graph.passes.exact_region import gradient_region
+from sexpgpu.plan.memory import lifetimes
 
 ARITHMETICS = ("float", "exact")
 
@@ -106,26 +107,20 @@ class Interpreter:
         return np.asarray(array)
 
     def _prepare(self, graph):
-        """(steps, positions, the graph they run): the graph itself, or under exact arithmetic
-        the graph with its float32 attention written out."""
+        """(steps, positions, the graph they run): the graph with its composite ops that have
+        no kernel written out, and under exact arithmetic its float32 attention too."""
         cached = self._prepared.get(graph)
         if cached is not None:
             return cached
         given = graph
         region = {}
+        while graph is not (graph := decomposed(graph, lambda node: node.op not in KERNELS and node.op != "input")):
+            pass  # again: a formula may use another composite op without a kernel
         if self.arithmetic == "exact":
             graph = composed_attention(graph)
             region = gradient_region(graph)
         positions = graph.positions()
-        last_reader = {}
-        for index, node in enumerate(graph.nodes):
-            for source in node.inputs:
-                last_reader[positions[source]] = index
-        kept = {positions[node] for node in graph.outputs.values()} | {positions[node] for node in graph.inputs.values()}
-        dying: dict = {}
-        for source, reader in last_reader.items():
-            if source not in kept:
-                dying.setdefault(reader, []).append(source)
+        dying = _dying(graph)
         steps = []
         for index, node in enumerate(graph.nodes):
             if node.op == "input":
@@ -174,6 +169,17 @@ class Interpreter:
             given.add(id(value))
             result[name] = value
         return result
+
+
+def _dying(graph) -> dict:
+    """step -> the positions of the values it reads last, which it frees (plan/memory.py's
+    liveness: inputs and outputs live to the end, and are the caller's)."""
+    kept = {id(node) for node in (*graph.inputs.values(), *graph.outputs.values())}
+    dying: dict = {}
+    for node, (born, dies) in zip(graph.nodes, lifetimes(graph)):
+        if dies > born and id(node) not in kept:
+            dying.setdefault(dies, []).append(born)
+    return dying
 
 
 def _exact_sums():

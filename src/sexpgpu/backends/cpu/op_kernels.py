@@ -1,4 +1,8 @@
-"""One numpy kernel per IR op: `KERNELS[op](node, args, math) -> array`.
+"""The interpreter's kernels: a numpy rule per op, `KERNELS[op](node, args, math) -> array`.
+
+Every op but `input` and the composite ops (which the interpreter can run decomposed) needs a
+kernel; a composite op's kernel is an override, one pass instead of its decomposition's ops,
+checked against it by tests/backends/test_decompositions.py. See compile_kernel for COMPILED.
 
 Float arithmetic is numpy's IEEE + - * / and sqrt, each correctly rounded in the array's
 dtype; transcendental functions come from `math` (sexpgpu.numerics in the interpreter's
@@ -16,6 +20,10 @@ from sexpgpu.backends.cpu.arith import round_bf16
 from sexpgpu.backends.cpu.windows import WINDOW_KERNELS
 from sexpgpu.backends.cpu.draws import draw
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.core.rules import RuleTable
+
+KERNELS = RuleTable("cpu kernels", needs=lambda op: op.name != "input" and op.decompose is None)
+COMPILED = RuleTable("cpu compiled kernels", needs=lambda op: False)  # optional: KERNELS covers every op
 
 
 def _const(node, args, m):
@@ -90,24 +98,11 @@ _NUMPY_BINARY = {
 }
 
 
-def _numpy_binary(name: str):
-    function = _NUMPY_BINARY[name]
-
-    def kernel(node, args, m):
-        return function(args[0], args[1])
-
-    return kernel
-
-
 def _where(node, args, m):
     return np.where(*args)
 
 
 # --- reduce and normalize -------------------------------------------------------------------------
-
-
-def _sum(node, args, m):
-    return folds.reduce_sum(args[0], node.attrs["axes"], node.attrs["keep"])
 
 
 def _max(node, args, m):
@@ -263,13 +258,6 @@ def _one_hot(node, args, m):
 # --- movement -----------------------------------------------------------------------------------------
 
 
-def _slice(node, args, m):
-    (x,) = args
-    index = [slice(None)] * x.ndim
-    index[node.attrs["axis"]] = slice(node.attrs["start"], node.attrs["stop"])
-    return x[tuple(index)]
-
-
 def _pad(node, args, m):
     (x,) = args
     widths = [(0, 0)] * x.ndim
@@ -277,11 +265,10 @@ def _pad(node, args, m):
     return np.pad(x, widths)
 
 
-KERNELS = {
+KERNELS.update({
     "const": _const,
     "causal_mask": _causal_mask,
     "normal": _draw, "uniform": _draw, "truncated_normal": _draw, "bernoulli": _draw, "randint": _draw,
-    "neg": lambda node, args, m: -args[0],
     "relu": _relu,
     "gelu": _gelu,
     "tanh": _elementwise("tanh"),
@@ -290,14 +277,12 @@ KERNELS = {
     "sqrt": lambda node, args, m: np.sqrt(args[0]),
     "rsqrt": _rsqrt,
     "sigmoid": _elementwise("sigmoid"),
-    "square": lambda node, args, m: args[0] * args[0],
     "erf": _elementwise("erf"),
     "cast": _cast,
     "pow": _pow,
     "maximum": lambda node, args, m: folds.ieee_maximum(*args),
     "minimum": lambda node, args, m: folds.ieee_minimum(*args),
     "where": _where,
-    "sum": _sum,
     "max": _max,
     "argmax": _argmax,
     "softmax": _softmax,
@@ -307,30 +292,23 @@ KERNELS = {
     "gather": _gather,
     "scatter_add": _scatter_add,
     "one_hot": _one_hot,
-    "reshape": lambda node, args, m: args[0].reshape(node.shape),
-    "transpose": lambda node, args, m: np.transpose(args[0], node.attrs["perm"]),
-    "slice": _slice,
     "pad": _pad,
-    "concat": lambda node, args, m: np.concatenate(args, axis=node.attrs["axis"]),
-    "broadcast": lambda node, args, m: np.broadcast_to(args[0], node.shape),
-    "matmul": lambda node, args, m: folds.matmul(*args),
     "attention_core": _attention_core,
     "attention_grad_q": _attention_grad_q,
     "attention_grad_kv": _attention_grad_kv,
-}
-for _name in _NUMPY_BINARY:
-    KERNELS[_name] = _numpy_binary(_name)
-KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: conv.py
+})
+KERNELS.update(WINDOW_KERNELS)  # convolution and pooling: windows.py
 
 
 # --- compiled kernels -------------------------------------------------------------------------
 # The interpreter runs each node through `compile_kernel(node, m)`: the node's kernel with its
-# attributes looked up once, not on every run. Same numpy calls, so the same bits.
+# attributes looked up once, not on every run. The ops of COMPILED (the cheap ones, run most
+# often) are written only in that form; their KERNELS rule compiles and runs it.
 
 
 def compile_kernel(node, m):
     """`run(args) -> value` for one node."""
-    compiler = _COMPILERS.get(node.op)
+    compiler = COMPILED.get(node.op)
     if compiler is not None:
         return compiler(node, m)
     kernel = KERNELS[node.op]
@@ -376,7 +354,7 @@ def _with_shape(apply):
     return compiler
 
 
-_COMPILERS = {
+COMPILED.update({
     "const": _compiled_const,
     "slice": _compiled_slice,
     "sum": _compiled_sum,
@@ -387,5 +365,6 @@ _COMPILERS = {
     "matmul": lambda node, m: lambda args: folds.matmul(args[0], args[1]),
     "neg": lambda node, m: lambda args: -args[0],
     "square": lambda node, m: lambda args: args[0] * args[0],
-}
-_COMPILERS.update({name: _compiled_binary for name in _NUMPY_BINARY})
+})
+COMPILED.update({name: _compiled_binary for name in _NUMPY_BINARY})
+KERNELS.update({op: lambda node, args, m: COMPILED[node.op](node, m)(args) for op in COMPILED if op not in KERNELS})

@@ -45,7 +45,7 @@ from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_faile
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact.implementations import device_paths
-from sexpgpu.graph.passes.attention_parts import composed_attention
+from sexpgpu.graph.passes.decomposed import composed_attention
 from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
 
 GIVEN = "the backend was made with a policy without it"

@@ -16,7 +16,11 @@ import math
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.core.ir import Attrs, Node, make_graph
 from sexpgpu.graph.core.ops import OPS, dims_text
-from sexpgpu.lang.limits import ELEMENTS_MAX, I32_MAX, I32_MIN, NODES_MAX
+
+# The graph's own limits (docs/language.md, "Limits"; the language's are lang/limits.py)
+ELEMENTS_MAX = 2**40  # elements of any one tensor (a 4 TiB float32 tensor: past every device)
+NODES_MAX = 2**17  # nodes of one graph (forward, gradients and update included)
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1  # the values of an i32
 
 
 def _is_integer(value) -> bool:
@@ -28,7 +32,7 @@ class Emitter:
         self.nodes: list = []
         self.scope = ""  # the `name` of nodes made now: the scope being built
         self.loc = None  # the `loc` of nodes made now: the syntax being built
-        self._consts: dict = {}
+        self._made: dict = {}  # Emitter.once's nodes by key
 
     def __call__(self, op: str, *inputs: Node, **attrs) -> Node:
         definition = OPS[op]
@@ -62,6 +66,26 @@ class Emitter:
         finally:
             self.scope, self.loc = saved
 
+    def rewrite(self, nodes, rule) -> dict:
+        """Make `nodes` (in graph order) again here: {id(node): its new value}. Each is
+        `rule(self, node, inputs)` on its inputs' new values; where that gives None, the node
+        itself when its inputs are unchanged (so inputs and constants stay the same objects),
+        else its op on the new inputs. Each is made under its own scope and location."""
+        mapped: dict = {}
+        saved = self.scope, self.loc
+        try:
+            for node in nodes:
+                self.scope, self.loc = node.name, node.loc
+                inputs = tuple(mapped[id(source)] for source in node.inputs)
+                made = rule(self, node, inputs)
+                if made is None and all(new is old for new, old in zip(inputs, node.inputs)):
+                    self.nodes.append(node)
+                    made = node
+                mapped[id(node)] = made if made is not None else self(node.op, *inputs, **node.attrs)
+        finally:
+            self.scope, self.loc = saved
+        return mapped
+
     def input(self, name: str, dtype: str, shape) -> Node:
         return self("input", name=name, dtype=dtype, shape=tuple(shape))
 
@@ -80,10 +104,15 @@ class Emitter:
             value = int(value)
         else:
             value = float(value)
-        key = (repr(value), dtype, tuple(shape))
-        if key not in self._consts:
-            self._consts[key] = self("const", value=value, dtype=dtype, shape=tuple(shape))
-        return self._consts[key]
+        return self.once(("const", repr(value), dtype, tuple(shape)),
+                         lambda: self("const", value=value, dtype=dtype, shape=tuple(shape)))
+
+    def once(self, key, make) -> Node:
+        """The node `make()` gives, made once for `key` by this emitter: shared constants, and
+        the parts a decomposition shares between ops (ops.py's attention)."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     def minus_one(self, node: Node) -> Node:
         if node.op == "const":

@@ -1,11 +1,19 @@
-"""The one op table: every op's shape/dtype rule and its gradient rule, side by side.
+"""The one op table: every op defined once, as an `OpDef`.
 
-An entry is an `OpDef`: `infer(inputs, attrs) -> (dtype, shape, attrs)` checks the inputs,
-puts the attributes in canonical form (axes made non-negative, sorted where order does not
-matter) and gives the result's dtype and shape; `vjp(e, node, g) -> (grad or None, ...)`
-gives one cotangent per input for the cotangent `g` of the node's result, built from other
-ops of this table through the emitter `e` (see emit.py). An op without a `vjp` has no
-gradient: its result is an integer, a mask, or a draw.
+An `OpDef` carries everything about an op that is not a backend's:
+- `infer(inputs, attrs) -> (dtype, shape, attrs)` checks the inputs, puts the attributes in
+  canonical form (axes made non-negative, sorted where order does not matter) and gives the
+  result's dtype and shape;
+- `vjp(e, node, g) -> (grad or None, ...)` gives one cotangent per input for the cotangent `g`
+  of the node's result, built from other ops through the emitter `e` (see emit.py); an op
+  without one has no gradient: its result is an integer, a mask, or a draw;
+- `precision`: its `Policy` under `:precision bf16` (graph/passes/precision.py applies it);
+- `decompose(e, attrs, *inputs) -> node`, for a composite op: its formula written with other
+  ops (graph/passes/decomposed.py applies it). A backend's kernel for such an op is an
+  override, checked against the decomposition (tests/backends/test_decompositions.py).
+
+What a backend does with an op is a rule registered against it (rules.py). `define` adds an
+op and `undefine` takes it back (tests add ops of their own).
 
 Ops are grouped by kind, in the order of this file:
 - source: input, const, causal_mask
@@ -25,13 +33,13 @@ Ops are grouped by kind, in the order of this file:
   max_pool2d max_pool2d_grad max_pool2d_pick, avg_pool2d avg_pool2d_grad
 
 Derived operations of the language (mean, mse, linear, dropout, ...) are compositions
-(the `attention` layer around its attention_core) built by build.py; their gradients come from these rules.
+(the `attention` layer around its attention_core) built by graph/frontend; their gradients come from these rules.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sexpgpu.graph.core.ir import DTYPES, FLOAT_DTYPES
@@ -47,20 +55,54 @@ class OpError(Exception):
 
 
 @dataclass(frozen=True)
+class Policy:  # an op under `:precision bf16` (graph/passes/precision.py says what each kind does)
+    kind: str  # "product" or "float32"
+    why: str  # the reason, as docs/language.md gives it
+
+
+PRODUCT = Policy("product", "bf16 operands, float32 sums, the result rounded to bf16 and widened")
+ATTENTION = Policy("product", "bf16 q, k, v; float32 softmax statistics and sums; the output rounded to bf16 and "
+                              "widened")
+STATISTIC = Policy("float32", "a normalisation, its statistics or the loss: float32")
+ARITHMETIC = Policy("float32", "elementwise arithmetic: computed and stored in float32")
+MOVES = Policy("float32", "moves, picks or makes values: keeps its input's dtype (float32)")
+
+# an op's policy when its definition gives none
+KIND_PRECISION = {
+    "source": MOVES, "draw": MOVES, "unary": ARITHMETIC, "binary": ARITHMETIC, "compare": ARITHMETIC,
+    "select": ARITHMETIC, "reduce": STATISTIC, "normalize": STATISTIC, "loss": STATISTIC,
+    "index": MOVES, "movement": MOVES, "contract": PRODUCT, "attention": ATTENTION,
+}
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
     kind: str
     infer: Callable
     vjp: Callable | None = None
     arity: int | None = None  # None: any number of inputs (the rule checks)
+    precision: Policy | None = None  # None: its kind's (KIND_PRECISION)
+    decompose: Callable | None = None  # a composite op's formula in other ops
 
 
 OPS: dict = {}
 
 
-def _register(name: str, kind: str, infer, vjp=None, arity=None) -> None:
-    assert name not in OPS, name
-    OPS[name] = OpDef(name, kind, infer, vjp, arity)
+def define(op: OpDef) -> OpDef:
+    """Add `op` to OPS, with its kind's precision policy when it gives none."""
+    if op.name in OPS:
+        raise KeyError(f"a second op named {op.name!r}")
+    OPS[op.name] = op = replace(op, precision=op.precision or KIND_PRECISION[op.kind])
+    return op
+
+
+def undefine(name: str) -> None:  # for tests that define ops; RuleTable.remove takes back rules
+    del OPS[name]
+
+
+def _register(name: str, kind: str, infer, vjp=None, arity=None, **more) -> None:
+    define(OpDef(name, kind, infer, vjp, arity, **more))
 
 
 def dims_text(shape) -> str:
@@ -119,20 +161,15 @@ def _reduced_shape(shape, axes, keep) -> tuple:
     return tuple(dim for axis, dim in enumerate(shape) if axis not in axes)
 
 
-# --- gradient helpers (g is the cotangent of the node's result) ----------------------------
+# --- shape rules of elementwise ops ---------------------------------------------------------
+
+_NUMERIC = FLOAT_DTYPES + ("i32",)
 
 
-def _unary_float(op: str):
+def elementwise(op: str, allowed=FLOAT_DTYPES):
+    """The shape rule of a unary elementwise op on the dtypes `allowed`."""
     def infer(inputs, attrs):
-        _require_dtype(op, inputs[0], FLOAT_DTYPES)
-        return inputs[0].dtype, inputs[0].shape, attrs
-
-    return infer
-
-
-def _numeric_unary(op: str):
-    def infer(inputs, attrs):
-        _require_dtype(op, inputs[0], FLOAT_DTYPES + ("i32",))
+        _require_dtype(op, inputs[0], allowed)
         return inputs[0].dtype, inputs[0].shape, attrs
 
     return infer
@@ -286,23 +323,21 @@ def _vjp_cast(e, node, g):
     return (e("cast", g, dtype=x.dtype),)
 
 
-_register("neg", "unary", _numeric_unary("neg"), _vjp_neg, 1)
-_register("relu", "unary", _unary_float("relu"), _vjp_relu, 1)
-_register("gelu", "unary", _unary_float("gelu"), _vjp_gelu, 1)
-_register("tanh", "unary", _unary_float("tanh"), _vjp_tanh, 1)
-_register("exp", "unary", _unary_float("exp"), _vjp_exp, 1)
-_register("log", "unary", _unary_float("log"), _vjp_log, 1)
-_register("sqrt", "unary", _unary_float("sqrt"), _vjp_sqrt, 1)
-_register("rsqrt", "unary", _unary_float("rsqrt"), _vjp_rsqrt, 1)
-_register("sigmoid", "unary", _unary_float("sigmoid"), _vjp_sigmoid, 1)
-_register("square", "unary", _numeric_unary("square"), _vjp_square, 1)
-_register("erf", "unary", _unary_float("erf"), _vjp_erf, 1)
+_register("neg", "unary", elementwise("neg", _NUMERIC), _vjp_neg, 1)
+_register("relu", "unary", elementwise("relu"), _vjp_relu, 1)
+_register("gelu", "unary", elementwise("gelu"), _vjp_gelu, 1)
+_register("tanh", "unary", elementwise("tanh"), _vjp_tanh, 1)
+_register("exp", "unary", elementwise("exp"), _vjp_exp, 1)
+_register("log", "unary", elementwise("log"), _vjp_log, 1)
+_register("sqrt", "unary", elementwise("sqrt"), _vjp_sqrt, 1)
+_register("rsqrt", "unary", elementwise("rsqrt"), _vjp_rsqrt, 1)
+_register("sigmoid", "unary", elementwise("sigmoid"), _vjp_sigmoid, 1)
+_register("square", "unary", elementwise("square", _NUMERIC), _vjp_square, 1)
+_register("erf", "unary", elementwise("erf"), _vjp_erf, 1)
 _register("cast", "unary", _infer_cast, _vjp_cast, 1)
 
 
 # --- binary ------------------------------------------------------------------------------------
-
-_NUMERIC = FLOAT_DTYPES + ("i32",)
 
 
 def _vjp_add(e, node, g):
@@ -471,6 +506,24 @@ def layernorm_statistics(e, x, eps: float):
     return centered, e("rsqrt", e("add", var, e.const(eps, like=x)))
 
 
+def _shifted(e, x, axis: int):
+    return e("sub", x, e("max", x, axes=(axis,), keep=True))
+
+
+def _decompose_softmax(e, attrs, x):
+    exps = e("exp", _shifted(e, x, attrs["axis"]))
+    return e("div", exps, e("sum", exps, axes=(attrs["axis"],), keep=True))
+
+
+def _decompose_log_softmax(e, attrs, x):
+    shifted = _shifted(e, x, attrs["axis"])
+    return e("sub", shifted, e("log", e("sum", e("exp", shifted), axes=(attrs["axis"],), keep=True)))
+
+
+def _decompose_layernorm(e, attrs, x):
+    return e("mul", *layernorm_statistics(e, x, attrs["eps"]))
+
+
 def _vjp_layernorm(e, node, g):
     # dx = r (g - mean(g) - y mean(g y)), the statistics recomputed from x
     (x,) = node.inputs
@@ -483,9 +536,10 @@ def _vjp_layernorm(e, node, g):
     return (e("mul", inner, rstd),)
 
 
-_register("softmax", "normalize", _infer_over_axis("softmax"), _vjp_softmax, 1)
-_register("log_softmax", "normalize", _infer_over_axis("log_softmax"), _vjp_log_softmax, 1)
-_register("layernorm", "normalize", _infer_layernorm, _vjp_layernorm, 1)
+_register("softmax", "normalize", _infer_over_axis("softmax"), _vjp_softmax, 1, decompose=_decompose_softmax)
+_register("log_softmax", "normalize", _infer_over_axis("log_softmax"), _vjp_log_softmax, 1,
+          decompose=_decompose_log_softmax)
+_register("layernorm", "normalize", _infer_layernorm, _vjp_layernorm, 1, decompose=_decompose_layernorm)
 
 
 # --- loss ----------------------------------------------------------------------------------------------
@@ -514,7 +568,15 @@ def _vjp_cross_entropy(e, node, g):
     return e("mul", spread, e("sub", probs, target)), None
 
 
-_register("cross_entropy", "loss", _infer_cross_entropy, _vjp_cross_entropy, 2)
+def _decompose_cross_entropy(e, attrs, logits, labels):
+    # -log_softmax(logits) at each label: the one term the label's row keeps, summed with zeros
+    axis = logits.rank - 1
+    hit = e("one_hot", labels, depth=logits.shape[-1], dtype="bool")
+    picked = e("where", hit, e("log_softmax", logits, axis=axis), e.const(0, like=logits))
+    return e("neg", e("sum", picked, axes=(axis,), keep=False))
+
+
+_register("cross_entropy", "loss", _infer_cross_entropy, _vjp_cross_entropy, 2, decompose=_decompose_cross_entropy)
 
 
 # --- index -----------------------------------------------------------------------------------------------
@@ -723,7 +785,12 @@ _register("matmul", "contract", _infer_matmul, _vjp_matmul, 2)
 #   cotangent g of the output o. With P the forward's probabilities, dP = g @ v^T,
 #   D = rowsum(g * o) (equal to rowsum(dP * P) when o is the forward's output) and
 #   dS = P * (dP - D): dq = (dS @ k) * scale, dk = (dS^T @ q) * scale, dv = P^T @ g.
-# The interpreter's orders and bf16 rounding points are in backends/cpu/op_kernels.py.
+# Their decompositions write that formula out in this order; the exact modes of both backends
+# sum the decomposed graph, so its nodes and their order are part of its bits. The parts of one
+# attention share their nodes (Emitter.once): P is made once for the output and both
+# cotangents, dS once for dq and dk, so a decomposed backward multiplies by v^T once and never
+# recomputes the scores; each attention's P (T x T a head) then lives from forward to backward.
+# The interpreter's fused orders and bf16 rounding points are in backends/cpu/op_kernels.py.
 
 
 def _attention_operands(op: str, q, k, v, attrs) -> dict:
@@ -782,9 +849,50 @@ def _vjp_attention_core(e, node, g):
     return grad_q, grad_k, grad_v
 
 
-_register("attention_core", "attention", _infer_attention_core, _vjp_attention_core, 3)
-_register("attention_grad_q", "attention", _infer_attention_grad_q, None, 5)
-_register("attention_grad_kv", "attention", _infer_attention_grad_kv, None, 5)
+def _scaled(e, x, attrs):
+    return e("mul", x, e.const(attrs["scale"], like=x))
+
+
+def _attention_probabilities(e, attrs, q, k):
+    """P = softmax(where(causal_mask, (q @ k^T) * scale, -inf)) along the keys."""
+    def make():
+        scores = _scaled(e, e("matmul", q, _swap_last(e, k)), attrs)
+        if attrs["causal"]:
+            mask = e("causal_mask", size=scores.shape[-1])
+            scores = e("where", mask, scores, e.const(float("-inf"), like=scores))
+        return e("softmax", scores, axis=scores.rank - 1)
+
+    return e.once(("P", attrs["scale"], attrs["causal"], q, k), make)
+
+
+def _attention_score_cotangent(e, attrs, q, k, v, o, g):
+    """dS = P * (g @ v^T - D), D = sum(g * o) along the output's width, spread over the keys."""
+    def make():
+        probabilities = _attention_probabilities(e, attrs, q, k)
+        spread = e("broadcast", e("sum", e("mul", g, o), axes=(g.rank - 1,), keep=True), shape=probabilities.shape)
+        return e("mul", probabilities, e("sub", e("matmul", g, _swap_last(e, v)), spread))
+
+    return e.once(("dS", attrs["scale"], attrs["causal"], q, k, v, o, g), make)
+
+
+def _decompose_attention_core(e, attrs, q, k, v):
+    return e("matmul", _attention_probabilities(e, attrs, q, k), v)
+
+
+def _decompose_attention_grad_q(e, attrs, q, k, v, o, g):
+    return _scaled(e, e("matmul", _attention_score_cotangent(e, attrs, q, k, v, o, g), k), attrs)
+
+
+def _decompose_attention_grad_kv(e, attrs, q, k, v, o, g):
+    grad_k = _scaled(e, e("matmul", _swap_last(e, _attention_score_cotangent(e, attrs, q, k, v, o, g)), q), attrs)
+    grad_v = e("matmul", _swap_last(e, _attention_probabilities(e, attrs, q, k)), g)
+    return e("concat", grad_k, grad_v, axis=grad_k.rank - 1)
+
+
+_register("attention_core", "attention", _infer_attention_core, _vjp_attention_core, 3,
+          decompose=_decompose_attention_core)
+_register("attention_grad_q", "attention", _infer_attention_grad_q, None, 5, decompose=_decompose_attention_grad_q)
+_register("attention_grad_kv", "attention", _infer_attention_grad_kv, None, 5, decompose=_decompose_attention_grad_kv)
 
 
 # --- window --------------------------------------------------------------------------------------------------
@@ -966,15 +1074,10 @@ def _vjp_max_pool2d(e, node, g):
     return (e("max_pool2d_grad", x, g, **_window_of(node)),)
 
 
-def _vjp_max_pool2d_grad(e, node, h):
-    # the routing is constant where the first maxima do not move, so x gets no cotangent
-    x, _ = node.inputs
-    return None, e("max_pool2d_pick", x, h, **_window_of(node))
-
-
-def _vjp_max_pool2d_pick(e, node, g):
-    x, _ = node.inputs
-    return None, e("max_pool2d_grad", x, g, **_window_of(node))
+def _vjp_routed(adjoint: str):
+    # max_pool2d_grad and max_pool2d_pick are each other's adjoint in their second input; the
+    # routing is constant where the first maxima do not move, so x gets no cotangent
+    return lambda e, node, h: (None, e(adjoint, node.inputs[0], h, **_window_of(node)))
 
 
 def _vjp_avg_pool2d(e, node, g):
@@ -986,11 +1089,11 @@ def _vjp_avg_pool2d_grad(e, node, h):
     return (e("avg_pool2d", h, **_window_of(node)),)
 
 
-_register("conv2d", "window", _infer_conv2d, _vjp_conv2d, 2)
-_register("conv2d_input_grad", "window", _infer_conv2d_input_grad, _vjp_conv2d_input_grad, 2)
-_register("conv2d_weight_grad", "window", _infer_conv2d_weight_grad, _vjp_conv2d_weight_grad, 2)
-_register("max_pool2d", "window", _infer_pool("max_pool2d"), _vjp_max_pool2d, 1)
-_register("max_pool2d_grad", "window", _infer_max_pool2d_grad, _vjp_max_pool2d_grad, 2)
-_register("max_pool2d_pick", "window", _infer_max_pool2d_pick, _vjp_max_pool2d_pick, 2)
-_register("avg_pool2d", "window", _infer_pool("avg_pool2d"), _vjp_avg_pool2d, 1)
-_register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_grad, 1)
+_register("conv2d", "window", _infer_conv2d, _vjp_conv2d, 2, precision=PRODUCT)
+_register("conv2d_input_grad", "window", _infer_conv2d_input_grad, _vjp_conv2d_input_grad, 2, precision=PRODUCT)
+_register("conv2d_weight_grad", "window", _infer_conv2d_weight_grad, _vjp_conv2d_weight_grad, 2, precision=PRODUCT)
+_register("max_pool2d", "window", _infer_pool("max_pool2d"), _vjp_max_pool2d, 1, precision=MOVES)
+_register("max_pool2d_grad", "window", _infer_max_pool2d_grad, _vjp_routed("max_pool2d_pick"), 2, precision=MOVES)
+_register("max_pool2d_pick", "window", _infer_max_pool2d_pick, _vjp_routed("max_pool2d_grad"), 2, precision=MOVES)
+_register("avg_pool2d", "window", _infer_pool("avg_pool2d"), _vjp_avg_pool2d, 1, precision=ARITHMETIC)
+_register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_grad, 1, precision=ARITHMETIC)

@@ -11,7 +11,8 @@ concern, registered against the op by name:
 
 A table says which ops it must cover (`needs`, every op by default); `missing()` names those
 without a rule, and tests/architecture walks every table made (`TABLES`) so an op added to
-ops.py without its rules fails there, by name.
+ops.py without its rules fails there, by name. `remove` takes a rule back (tests that add an
+op of their own, with ops.undefine).
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ class RuleTable:
         if name in self._rules:
             raise KeyError(f"{self.concern}: a second rule for {name!r}")
         self._rules[name] = rule
+
+    def update(self, rules: dict) -> None:
+        for op, rule in rules.items():
+            self.add(op, rule)
+
+    def remove(self, name: str) -> None:
+        del self._rules[name]
 
     def __getitem__(self, name: str):
         return self._rules[name]

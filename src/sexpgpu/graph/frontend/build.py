@@ -18,9 +18,9 @@ Names and keys (docs/language.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
+from sexpgpu.graph.frontend.layers import BUILTINS
+from sexpgpu.graph.frontend.records import Frame, Initializer, LoadSpec, ParamSpec, initializer_of, join_path
 from sexpgpu.graph.core.ops import OpError, dims_text
 from sexpgpu.graph.core.ir import Node
 from sexpgpu.lang.keywords import first_keyword, split_pairs
@@ -29,48 +29,6 @@ from sexpgpu.lang.values import FLOAT_MAX
 from sexpgpu.lang.syntax import Float, Integer, SList, String, Symbol, describe, shown
 
 SPECIAL_FORMS = ("param", "repeat", "step", "trip")
-
-
-@dataclass(frozen=True)
-class Initializer:
-    """How a parameter starts: `zeros`, `ones` or a draw, with every keyword filled in."""
-
-    name: str  # as in the language: "zeros", "normal", "truncated-normal", "glorot-uniform", ...
-    params: tuple = ()  # ((keyword with '-' as '_', float), ...), sorted by keyword
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    source: str  # the file named by :load
-    tensor: str  # the tensor in it: :tensor, or the parameter's path
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    path: str
-    shape: tuple
-    dtype: str  # "f32" or "bf16"
-    init: Initializer | None
-    load: LoadSpec | None
-    loc: object = field(default=None, compare=False)
-
-
-@dataclass
-class Frame:
-    """One graph body being evaluated: its bindings, scope and definition."""
-
-    env: dict
-    scope: str
-    graph_name: str
-
-
-def join_path(scope: str, name: str) -> str:
-    return f"{scope}/{name}" if scope else name
-
-
-def initializer_of(spec) -> Initializer:
-    """An Initializer from the forms stage's InitSpec (kind, args)."""
-    return Initializer(spec.kind, tuple(sorted((name, float(value)) for name, value in spec.args.items())))
 
 
 class Builder:
@@ -268,8 +226,6 @@ class Builder:
         )
 
     def _form(self, form: SList, frame: Frame):
-        from sexpgpu.graph.frontend.layers import BUILTINS
-
         if not form.items or not isinstance(form.items[0], Symbol):
             found = describe(form.items[0]) if form.items else "nothing"
             raise self.error("E-GRAPH-003", f"expected an op or graph name at the start of a form, found {found}.", form.loc)

@@ -1,8 +1,10 @@
 """The built-in ops of the language (docs/language.md, "Built-in ops" and "Draws").
 
-Each entry declares its positional arguments and keywords; `Builtin.apply` checks a call
-against them (E-GRAPH-003) and hands the converted values to the entry's builder, which
-emits IR through the op table. Derived ops are compositions:
+Each entry declares its positional arguments and keywords; `Builtin.application` checks a
+call against them (E-GRAPH-003) and hands the converted values to the entry's builder, which
+emits IR through the op table with the `Builder` `b` evaluating the call: build.py looks calls
+up in `BUILTINS`, and this module knows the Builder only by what it calls on it. Derived ops
+are compositions:
 
 - mean = sum / count; mse = mean(square(pred - target));
   cross-entropy = sum(cross_entropy(logits, labels)) / positions;
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sexpgpu.errors import did_you_mean, nearest_name
-from sexpgpu.graph.frontend.build import Builder, Frame, Initializer, initializer_of, join_path
+from sexpgpu.graph.frontend.records import Frame, Initializer, initializer_of, join_path
 from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node
 from sexpgpu.graph.core.ops import dims_text
 from sexpgpu.lang.keywords import REQUIRED, first_keyword, split_pairs
@@ -43,7 +45,7 @@ class Builtin:
     keywords: dict  # keyword -> (kind, default or REQUIRED)
     build: Callable  # build(b, frame, *positional values, **keyword values)
 
-    def application(self, b: Builder, form: SList, frame: Frame):
+    def application(self, b, form: SList, frame: Frame):
         """The steps of applying this op to `form` (values of its arguments are yielded for)."""
         end = 1 + first_keyword(form.items[1:])
         given = form.items[1:end]
@@ -59,7 +61,7 @@ class Builtin:
             args.append((yield b.evaluation(item, frame)) if kind == "value" else _convert(b, kind, item, frame))
         return self.build(b, frame, *args, **self._keywords(b, form, end, frame))
 
-    def _keywords(self, b: Builder, form: SList, end: int, frame: Frame) -> dict:
+    def _keywords(self, b, form: SList, end: int, frame: Frame) -> dict:
         pairs = split_pairs(form.items[end:], f"({self.name} ...)")
         values = {}
         for name, (key, value) in pairs.items():
@@ -81,7 +83,7 @@ def _python_name(keyword: str) -> str:
     return "as_" if keyword == "as" else keyword.replace("-", "_")
 
 
-def _convert(b: Builder, kind: str, item, frame: Frame, label: str | None = None):
+def _convert(b, kind: str, item, frame: Frame, label: str | None = None):
     if kind == "dims":
         return b.dims(item, frame)
     if kind == "shape":
@@ -128,7 +130,9 @@ def _convert(b: Builder, kind: str, item, frame: Frame, label: str | None = None
 BUILTINS: dict = {}
 
 
-def _builtin(name: str, positional: tuple, keywords: dict | None = None):
+def builtin(name: str, positional: tuple, keywords: dict | None = None):
+    """A decorator adding `build` as the language's op `name` (docs/language.md lists them);
+    `del BUILTINS[name]` takes it back."""
     def register(build):
         BUILTINS[name] = Builtin(name, positional, keywords or {}, build)
         return build
@@ -136,7 +140,7 @@ def _builtin(name: str, positional: tuple, keywords: dict | None = None):
     return register
 
 
-def _float_tensor(b: Builder, value, what: str) -> Node:
+def _float_tensor(b, value, what: str) -> Node:
     node = b.tensor(value)
     if node.dtype not in FLOAT_DTYPES:
         raise b.error("E-DTYPE-001", f"{what} needs a float tensor (f32 or bf16), got {node.dtype}.", b.e.loc)
@@ -153,7 +157,8 @@ def _binary(op: str):
     return build
 
 
-def _unary(op: str):
+def unary(op: str):
+    """The builder of a built-in that applies the IR op `op` to its one argument."""
     def build(b, frame, x):
         return b.emit(op, b.tensor(x))
 
@@ -161,12 +166,12 @@ def _unary(op: str):
 
 
 for _name in ("add", "sub", "mul", "div"):
-    _builtin(_name, ("value", "value"))(_binary(_name))
+    builtin(_name, ("value", "value"))(_binary(_name))
 for _name in ("neg", "relu", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "square"):
-    _builtin(_name, ("value",))(_unary(_name))
+    builtin(_name, ("value",))(unary(_name))
 
 
-@_builtin("gelu", ("value",))
+@builtin("gelu", ("value",))
 def _gelu(b, frame, x):
     """(x * 0.5) * (1 + erf(x * (1/sqrt 2))): the steps of the `gelu` op, as nodes, so that the
     gradient reuses the forward's erf instead of computing it again."""
@@ -175,19 +180,19 @@ def _gelu(b, frame, x):
     return b.emit("mul", b.emit("mul", x, b.const(0.5, like=x)), b.emit("add", b.const(1.0, like=x), b.emit("erf", scaled)))
 
 
-@_builtin("pow", ("value", "number"))
+@builtin("pow", ("value", "number"))
 def _pow(b, frame, x, exponent):
     x = _float_tensor(b, x, "pow")
     return b.emit("pow", x, b.const(exponent, like=x))
 
 
-@_builtin("cast", ("value", "dtype"))
+@builtin("cast", ("value", "dtype"))
 def _cast(b, frame, x, dtype):
     x = b.tensor(x)
     return x if x.dtype == dtype else b.emit("cast", x, dtype=dtype)
 
 
-@_builtin("matmul", ("value", "value"))
+@builtin("matmul", ("value", "value"))
 def _matmul(b, frame, x, y):
     return b.emit("matmul", *b.tensors([x, y]))
 
@@ -209,26 +214,26 @@ def _reduction(op: str):
 
 
 for _name in ("sum", "mean", "max"):
-    _builtin(_name, ("value",), {"axis": ("axes", None), "keep": ("bool", False)})(_reduction(_name))
+    builtin(_name, ("value",), {"axis": ("axes", None), "keep": ("bool", False)})(_reduction(_name))
 
 
-@_builtin("softmax", ("value",), {"axis": ("int", -1)})
+@builtin("softmax", ("value",), {"axis": ("int", -1)})
 def _softmax(b, frame, x, axis):
     return b.emit("softmax", b.tensor(x), axis=axis)
 
 
-@_builtin("log-softmax", ("value",), {"axis": ("int", -1)})
+@builtin("log-softmax", ("value",), {"axis": ("int", -1)})
 def _log_softmax(b, frame, x, axis):
     return b.emit("log_softmax", b.tensor(x), axis=axis)
 
 
-def cross_entropy_mean(b: Builder, logits: Node, labels: Node) -> Node:
+def cross_entropy_mean(b, logits: Node, labels: Node) -> Node:
     per_position = b.emit("cross_entropy", logits, labels)
     total = b.emit("sum", per_position, axes=None, keep=False)
     return b.emit("div", total, b.const(max(per_position.size, 1), like=total))
 
 
-def mse(b: Builder, prediction: Node, target: Node) -> Node:
+def mse(b, prediction: Node, target: Node) -> Node:
     if prediction.shape != target.shape:
         raise b.error("E-SHAPE-001", f"mse: prediction {dims_text(prediction.shape)} and target "
                                      f"{dims_text(target.shape)} differ in shape.", b.e.loc)
@@ -237,12 +242,12 @@ def mse(b: Builder, prediction: Node, target: Node) -> Node:
     return b.emit("div", total, b.const(max(squared.size, 1), like=total))
 
 
-@_builtin("cross-entropy", ("value", "value"))
+@builtin("cross-entropy", ("value", "value"))
 def _cross_entropy(b, frame, logits, labels):
     return cross_entropy_mean(b, b.tensor(logits), b.tensor(labels))
 
 
-@_builtin("mse", ("value", "value"))
+@builtin("mse", ("value", "value"))
 def _mse(b, frame, prediction, target):
     return mse(b, *b.tensors([prediction, target]))
 
@@ -250,7 +255,7 @@ def _mse(b, frame, prediction, target):
 # --- movement -------------------------------------------------------------------------------------
 
 
-@_builtin("reshape", ("value", "shape"))
+@builtin("reshape", ("value", "shape"))
 def _reshape(b, frame, x, shape):
     x = b.tensor(x)
     if shape.count(-1) > 1:
@@ -264,13 +269,13 @@ def _reshape(b, frame, x, shape):
     return b.emit("reshape", x, shape=shape)
 
 
-@_builtin("transpose", ("value", "axis-list"))
+@builtin("transpose", ("value", "axis-list"))
 def _transpose(b, frame, x, perm):
     x = b.tensor(x)
     return b.emit("transpose", x, perm=tuple(axis % max(x.rank, 1) if -x.rank <= axis < 0 else axis for axis in perm))
 
 
-@_builtin("slice", ("value",), {"axis": ("int", REQUIRED), "start": ("int", 0), "stop": ("int", None)})
+@builtin("slice", ("value",), {"axis": ("int", REQUIRED), "start": ("int", 0), "stop": ("int", None)})
 def _slice(b, frame, x, axis, start, stop):
     x = b.tensor(x)
     if not -x.rank <= axis < max(x.rank, 1):
@@ -278,12 +283,12 @@ def _slice(b, frame, x, axis, start, stop):
     return b.emit("slice", x, axis=axis, start=start, stop=x.shape[axis] if stop is None else stop)
 
 
-@_builtin("concat", ("value*",), {"axis": ("int", REQUIRED)})
+@builtin("concat", ("value*",), {"axis": ("int", REQUIRED)})
 def _concat(b, frame, *xs, axis):
     return b.emit("concat", *b.tensors(xs), axis=axis)
 
 
-@_builtin("broadcast", ("value", "dims"))
+@builtin("broadcast", ("value", "dims"))
 def _broadcast(b, frame, x, shape):
     return b.emit("broadcast", b.tensor(x), shape=shape)
 
@@ -300,19 +305,19 @@ def _layer_frame(frame: Frame, scope: str) -> Frame:
     return Frame(frame.env, join_path(frame.scope, scope), frame.graph_name)
 
 
-def _weight(b: Builder, frame: Frame, name: str, shape: tuple, init, reader: Node) -> Node:
+def _weight(b, frame: Frame, name: str, shape: tuple, init, reader: Node) -> Node:
     """A float32 layer parameter, cast to the dtype of the tensor that reads it."""
     node = b.declare_param(frame, name, shape, "f32", init, None, b.e.loc)
     with b.e.at(scope=frame.scope):
         return node if reader.dtype == "f32" else b.emit("cast", node, dtype=reader.dtype)
 
 
-def _times_transposed(b: Builder, x: Node, w: Node) -> Node:
+def _times_transposed(b, x: Node, w: Node) -> Node:
     """x @ w^T for w (OUT, IN)."""
     return b.emit("matmul", x, b.emit("transpose", w, perm=(1, 0)))
 
 
-@_builtin("linear", ("value",), {"out": ("size", REQUIRED), "as": ("scope", REQUIRED),
+@builtin("linear", ("value",), {"out": ("size", REQUIRED), "as": ("scope", REQUIRED),
                                  "bias": ("bool", True), "init": ("init", _GLOROT)})
 def _linear(b, frame, x, out, as_, bias, init):
     x = _float_tensor(b, x, "linear")
@@ -331,7 +336,7 @@ def _linear(b, frame, x, out, as_, bias, init):
     return y
 
 
-@_builtin("embedding", ("value",), {"vocab": ("size", REQUIRED), "dim": ("size", REQUIRED),
+@builtin("embedding", ("value",), {"vocab": ("size", REQUIRED), "dim": ("size", REQUIRED),
                                     "as": ("scope", REQUIRED), "init": ("init", _NORMAL)})
 def _embedding(b, frame, ids, vocab, dim, as_, init):
     ids = b.tensor(ids)
@@ -343,7 +348,7 @@ def _embedding(b, frame, ids, vocab, dim, as_, init):
         return b.emit("gather", table, ids)
 
 
-@_builtin("layernorm", ("value",), {"as": ("scope", REQUIRED), "eps": ("number", 1e-5)})
+@builtin("layernorm", ("value",), {"as": ("scope", REQUIRED), "eps": ("number", 1e-5)})
 def _layernorm(b, frame, x, as_, eps):
     x = _float_tensor(b, x, "layernorm")
     inner = _layer_frame(frame, as_)
@@ -354,7 +359,7 @@ def _layernorm(b, frame, x, as_, eps):
         return b.emit("add", b.emit("mul", b.emit("layernorm", x, eps=eps), gain), bias)
 
 
-@_builtin("attention", ("value",), {"heads": ("size", REQUIRED), "as": ("scope", REQUIRED),
+@builtin("attention", ("value",), {"heads": ("size", REQUIRED), "as": ("scope", REQUIRED),
                                     "causal": ("bool", True), "init": ("init", _GLOROT)})
 def _attention(b, frame, x, heads, as_, causal, init):
     x = _float_tensor(b, x, "attention")
@@ -370,7 +375,7 @@ def _attention(b, frame, x, heads, as_, causal, init):
         return _times_transposed(b, _merge_heads(b, mixed), weights[3])
 
 
-def _split_heads(b: Builder, x: Node, heads: int) -> Node:
+def _split_heads(b, x: Node, heads: int) -> Node:
     """(... T D) -> (... H T D/H)."""
     lead, (tokens, width) = x.shape[:-2], x.shape[-2:]
     split = b.emit("reshape", x, shape=lead + (tokens, heads, width // heads))
@@ -378,7 +383,7 @@ def _split_heads(b: Builder, x: Node, heads: int) -> Node:
     return b.emit("transpose", split, perm=tuple(range(n)) + (n + 1, n, n + 2))
 
 
-def _merge_heads(b: Builder, x: Node) -> Node:
+def _merge_heads(b, x: Node) -> Node:
     """(... H T E) -> (... T H*E)."""
     lead, (heads, tokens, width) = x.shape[:-3], x.shape[-3:]
     n = len(lead)
@@ -386,7 +391,7 @@ def _merge_heads(b: Builder, x: Node) -> Node:
     return b.emit("reshape", moved, shape=lead + (tokens, heads * width))
 
 
-@_builtin("dropout", ("value",), {"p": ("number", REQUIRED), "salt": ("salt", ())})
+@builtin("dropout", ("value",), {"p": ("number", REQUIRED), "salt": ("salt", ())})
 def _dropout(b, frame, x, p, salt):
     x = _float_tensor(b, x, "dropout")
     if not 0.0 <= p < 1.0:
@@ -401,14 +406,14 @@ def _dropout(b, frame, x, p, salt):
 # --- convolution and pooling (NCHW) ---------------------------------------------------------------
 
 
-def _image(b: Builder, x, what: str) -> Node:
+def _image(b, x, what: str) -> Node:
     x = _float_tensor(b, x, what)
     if x.rank != 4:
         raise b.error("E-SHAPE-001", f"{what} needs images (N C H W), got {dims_text(x.shape)}.", b.e.loc)
     return x
 
 
-@_builtin("conv2d", ("value",), {"out": ("size", REQUIRED), "kernel": ("pair", REQUIRED), "as": ("scope", REQUIRED),
+@builtin("conv2d", ("value",), {"out": ("size", REQUIRED), "kernel": ("pair", REQUIRED), "as": ("scope", REQUIRED),
                                  "stride": ("pair", (1, 1)), "padding": ("pair", (0, 0)),
                                  "bias": ("bool", True), "init": ("init", _GLOROT)})
 def _conv2d(b, frame, x, out, kernel, as_, stride, padding, bias, init):
@@ -432,8 +437,8 @@ def _pool(op: str, name: str):
     return build
 
 
-_builtin("max-pool", ("value",), {"kernel": ("pair", REQUIRED), "stride": ("pair", None)})(_pool("max_pool2d", "max-pool"))
-_builtin("avg-pool", ("value",), {"kernel": ("pair", REQUIRED), "stride": ("pair", None)})(_pool("avg_pool2d", "avg-pool"))
+builtin("max-pool", ("value",), {"kernel": ("pair", REQUIRED), "stride": ("pair", None)})(_pool("max_pool2d", "max-pool"))
+builtin("avg-pool", ("value",), {"kernel": ("pair", REQUIRED), "stride": ("pair", None)})(_pool("avg_pool2d", "avg-pool"))
 
 
 # --- draws ------------------------------------------------------------------------------------------
@@ -451,15 +456,15 @@ def _draw(op_name: str, ir_op: str, checks):
     return build
 
 
-_builtin("normal", ("dims",), {"mean": ("number", 0.0), "std": ("number", 1.0), "salt": _SALT})(
+builtin("normal", ("dims",), {"mean": ("number", 0.0), "std": ("number", 1.0), "salt": _SALT})(
     _draw("normal", "normal", lambda p: "a negative :std" if p["std"] < 0 else None))
-_builtin("uniform", ("dims",), {"low": ("number", 0.0), "high": ("number", 1.0), "salt": _SALT})(
+builtin("uniform", ("dims",), {"low": ("number", 0.0), "high": ("number", 1.0), "salt": _SALT})(
     _draw("uniform", "uniform", lambda p: None if p["low"] < p["high"] else ":low must be less than :high"))
-_builtin("truncated-normal", ("dims",), {"mean": ("number", 0.0), "std": ("number", 1.0), "bound": ("number", 2.0),
+builtin("truncated-normal", ("dims",), {"mean": ("number", 0.0), "std": ("number", 1.0), "bound": ("number", 2.0),
                                          "salt": _SALT})(
     _draw("truncated-normal", "truncated_normal",
           lambda p: None if p["std"] >= 0 and p["bound"] >= 0.1 else ":std must be at least 0 and :bound at least 0.1"))
-_builtin("bernoulli", ("dims",), {"p": ("number", REQUIRED), "salt": _SALT})(
+builtin("bernoulli", ("dims",), {"p": ("number", REQUIRED), "salt": _SALT})(
     _draw("bernoulli", "bernoulli", lambda p: None if 0 <= p["p"] <= 1 else ":p must be from 0 to 1"))
-_builtin("randint", ("dims",), {"low": ("int", REQUIRED), "high": ("int", REQUIRED), "salt": _SALT})(
+builtin("randint", ("dims",), {"low": ("int", REQUIRED), "high": ("int", REQUIRED), "salt": _SALT})(
     _draw("randint", "randint", lambda p: None if p["low"] < p["high"] else ":low must be less than :high"))

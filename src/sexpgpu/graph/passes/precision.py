@@ -3,7 +3,7 @@
     with_precision(e, precision, roots) -> the roots' nodes in the rewritten graph
 
 `:precision bf16` rewrites the nodes an emitter has made so far (the model and its loss,
-before autodiff) by the table `POLICIES`, one policy an op:
+before autodiff) by each op's policy (`OpDef.precision`, graph/core/ops.py):
 
 - `product` (matmul, conv2d and its two cotangents): each float32 operand is cast to bf16,
   the op sums in float32 and rounds its result once to bf16 (every backend's bf16 product,
@@ -31,38 +31,7 @@ written; `:precision f32` leaves the graph as it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sexpgpu.graph.core.ops import OPS
-from sexpgpu.lang.defrun import PRECISIONS
-
-
-@dataclass(frozen=True)
-class Policy:
-    kind: str  # "product" or "float32"
-    why: str  # the reason, as docs/language.md gives it
-
-
-PRODUCT = Policy("product", "bf16 operands, float32 sums, the result rounded to bf16 and widened")
-ATTENTION = Policy("product", "bf16 q, k, v; float32 softmax statistics and sums; the output rounded to bf16 and "
-                              "widened")
-STATISTIC = Policy("float32", "a normalisation, its statistics or the loss: float32")
-ARITHMETIC = Policy("float32", "elementwise arithmetic: computed and stored in float32")
-MOVES = Policy("float32", "moves, picks or makes values: keeps its input's dtype (float32)")
-
-_KIND_POLICY = {
-    "source": MOVES, "draw": MOVES, "unary": ARITHMETIC, "binary": ARITHMETIC, "compare": ARITHMETIC,
-    "select": ARITHMETIC, "reduce": STATISTIC, "normalize": STATISTIC, "loss": STATISTIC,
-    "index": MOVES, "movement": MOVES, "contract": PRODUCT, "attention": ATTENTION,
-}
-_OP_POLICY = {
-    "conv2d": PRODUCT, "conv2d_input_grad": PRODUCT, "conv2d_weight_grad": PRODUCT,
-    "max_pool2d": MOVES, "max_pool2d_grad": MOVES, "max_pool2d_pick": MOVES,
-    "avg_pool2d": ARITHMETIC, "avg_pool2d_grad": ARITHMETIC,
-}
-
-# op -> its Policy under :precision bf16; every op of the table has one (tests check it)
-POLICIES = {name: _OP_POLICY.get(name) or _KIND_POLICY[definition.kind] for name, definition in OPS.items()}
 
 
 def with_precision(e, precision: str, roots: list) -> list:
@@ -71,32 +40,15 @@ def with_precision(e, precision: str, roots: list) -> list:
     if precision == "f32":
         return list(roots)
     if precision != "bf16":
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-    return _Rewrite(e).run(roots)
+        raise ValueError(f"precision must be f32 or bf16 (lang.defrun's PRECISIONS), not {precision!r}")
+    old_nodes, e.nodes = e.nodes, []
+    mapped = e.rewrite(old_nodes, _in_bf16)
+    return [mapped[id(root)] for root in roots]
 
 
-class _Rewrite:
-    def __init__(self, e):
-        self.e = e
-        self.mapped: dict = {}  # id(old node) -> its value in the rewritten graph
-
-    def run(self, roots: list) -> list:
-        old_nodes, self.e.nodes = self.e.nodes, []
-        saved = self.e.scope, self.e.loc
-        try:
-            for node in old_nodes:
-                self.e.scope, self.e.loc = node.name, node.loc
-                self.mapped[id(node)] = self._rewrite(node)
-        finally:
-            self.e.scope, self.e.loc = saved
-        return [self.mapped[id(root)] for root in roots]
-
-    def _rewrite(self, node):
-        inputs = tuple(self.mapped[id(source)] for source in node.inputs)
-        if POLICIES[node.op].kind == "product" and node.dtype == "f32":
-            product = self.e(node.op, *(self.e("cast", source, dtype="bf16") for source in inputs), **node.attrs)
-            return self.e("cast", product, dtype="f32")
-        if all(new is old for new, old in zip(inputs, node.inputs)):
-            self.e.nodes.append(node)
-            return node
-        return self.e(node.op, *inputs, **node.attrs)
+def _in_bf16(e, node, inputs):
+    """A float32 product made on bf16 casts of its operands and widened back; None otherwise."""
+    if OPS[node.op].precision.kind != "product" or node.dtype != "f32":
+        return None
+    product = e(node.op, *(e("cast", source, dtype="bf16") for source in inputs), **node.attrs)
+    return e("cast", product, dtype="f32")
