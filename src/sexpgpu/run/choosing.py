@@ -94,14 +94,6 @@ def backend_probe(backend):
     return probe_for(backend)
 
 
-def hand_over(backend, choices: Choices) -> None:
-    """Give the backend what the plan decided for it to execute (the recompute budget, each
-    product's implementation); a backend that decides nothing takes nothing."""
-    take = getattr(backend, "take_choices", None)
-    if take is not None:
-        take(choices)
-
-
 def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs=dict,
            world: World = World.SOLO) -> Chosen:
     """The run's choices, or E-CHOICE-001/002/003 before its first step; on several
@@ -236,7 +228,7 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned, world: World =
             raise SexpgpuError("E-CHOICE-001", f"this run is pinned to the choices of {source} and cannot take its "
                                                f"{key}: {reason}.",
                                hint="Run with --choices fresh to choose again here (level 3).")
-    if built.backend_facts.get("kind") == "cpu":
+    if not built.backend.takes_choices:
         return interpreter_chosen(built, choices)
     # a backend with no probe yet measures nothing: it states its fixed choices itself
     choices = replace(choices, recompute=STRICT_RECOMPUTE)
@@ -252,7 +244,7 @@ def exact_chosen(built, choices: Choices, world: World = World.SOLO) -> Chosen:
     """An exact run's choices: none that changes a bit. The CPU interpreter runs unstacked; a
     device backend stacks its process's share of a step's microbatches into one call where
     the program allows (plan/choices.py's exact_stacking)."""
-    if built.backend_facts.get("kind") == "cpu":
+    if not built.backend.takes_choices:
         return interpreter_chosen(built, choices)
     program = built.program
     degree = exact_stacking(program.training.microbatches // world.size, program.stackable)

@@ -24,7 +24,7 @@ from sexpgpu import settings
 from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
-from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, hand_over, lowering_annotation, stacked_training
+from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.nonfinite import nonfinite_stop
@@ -110,7 +110,7 @@ def execute(experiment, options: RunOptions) -> RunResult:
                                 lambda: _first_step_inputs(built), world)
             chosen = agreed(chosen, group)
             built.choices = chosen.choices.to_json()
-            hand_over(built.backend, chosen.choices)
+            built.backend.take_choices(chosen.choices)
             report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity,
                                      chosen.report_lines())
             if resumed is not None:

@@ -44,7 +44,7 @@ class Checkpoint:
 
 
 def _steps_module(path: str):
-    return s3_steps if is_s3(path) else local_steps
+    return s3_store if is_s3(path) else local_store
 
 
 def write_checkpoint(dest_root: str, step: int, tensors: dict[str, np.ndarray], experiment: dict,

@@ -28,7 +28,6 @@ from dataclasses import replace
 import numpy as np
 
 from sexpgpu.backends.cuda import cudnn_engines
-from sexpgpu.backends.cuda.backend import CudaBackend
 from sexpgpu.backends.cuda.device import cublas_version
 from sexpgpu.backends.cuda.products import implementations
 from sexpgpu.graph.core.emit import Emitter
@@ -56,7 +55,7 @@ def driver_version() -> str:
 
 
 class CudaProbe:
-    def __init__(self, backend: CudaBackend):
+    def __init__(self, backend):  # a CudaBackend
         self.backend = backend
         self.torch = backend.torch
         self.device = backend.device
@@ -126,7 +125,8 @@ class CudaProbe:
         and out that cost every implementation the same and hide the differences between
         them (the shortest of TIMED_CALLS replays of PRODUCT_REPEATS products each)."""
         graph = product_graph(shape)
-        backend = CudaBackend(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
+        # a backend of the same kind with the candidate's policy: the run's own is left as it is
+        backend = type(self.backend)(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
         env = backend.steps_environment(graph, self._operands(shape, graph))
         steps = backend.lowered(graph).steps
         return self._shortest_replay(lambda: [step(env) for step in steps]) / PRODUCT_REPEATS
