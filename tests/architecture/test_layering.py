@@ -12,23 +12,25 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sexpgpu"
 IMPORT = re.compile(r"^\s*(?:from|import)\s+sexpgpu(?:\.(\w+)|\s+import\s+\(?\s*(\w+))", re.MULTILINE)
 
 # What each stage may import besides itself. `errors` is the shared error type, `settings`
-# the table of SEXPGPU_* environment settings.
+# the table of SEXPGPU_* environment settings, `files` the atomic write and the lock.
 ALLOWED = {
     "numerics": set(),
     "exact": set(),
     "errors": set(),
+    "files": set(),
     "settings": {"errors"},
     "lang": {"errors"},
     "graph": {"errors", "lang", "numerics"},
-    "plan": {"errors", "graph"},
+    "plan": {"errors", "files", "graph"},
     "data": {"errors", "numerics", "store"},
-    "backends": {"errors", "settings", "graph", "plan", "numerics", "exact"},
-    "store": {"errors", "settings"},
+    "backends": {"errors", "files", "settings", "graph", "plan", "numerics", "exact"},
+    "store": {"errors", "files", "settings"},
     "distributed": {"errors", "settings", "backends"},
-    "run": {"errors", "settings", "lang", "graph", "plan", "backends", "distributed", "data", "store", "numerics"},
-    "tools": {"errors", "settings", "lang", "graph", "plan", "backends", "run", "store"},
-    "ladder": {"errors", "settings", "lang", "plan", "backends", "run", "tools", "store"},
-    "cli": {"errors", "settings", "lang", "distributed", "run", "tools", "ladder", "store"},
+    "run": {"errors", "files", "settings", "lang", "graph", "plan", "backends", "distributed", "data", "store",
+            "numerics"},
+    "tools": {"errors", "files", "settings", "lang", "graph", "plan", "backends", "run", "store"},
+    "ladder": {"errors", "files", "settings", "lang", "plan", "backends", "run", "tools", "store"},
+    "cli": {"errors", "files", "settings", "lang", "distributed", "run", "tools", "ladder", "store"},
 }
 
 

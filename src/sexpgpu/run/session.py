@@ -23,6 +23,7 @@ from typing import NamedTuple
 from sexpgpu import settings
 from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.files import write_atomically
 from sexpgpu.lang.forms import experiment_to_json
 from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
@@ -150,8 +151,7 @@ def _write_run_files(places, experiment, built, options, report) -> None:
         "world": options.world.to_json(),
     }
     _write_json(os.path.join(run_dir, "experiment.json"), resolved)
-    with open(os.path.join(run_dir, "report.txt"), "w", encoding="utf-8") as handle:
-        handle.write(report + "\n")
+    write_atomically(os.path.join(run_dir, "report.txt"), report + "\n")
 
 
 def _first_step_inputs(built) -> dict:
@@ -167,9 +167,7 @@ def _record_choices(path: str, choices: dict) -> None:
 
 
 def _write_json(path: str, content: dict) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(content, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    write_atomically(path, json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 class _Silent:
