@@ -1,16 +1,9 @@
-"""Files written whole or not at all, and the one advisory lock: every writer in sexpgpu uses
-these, so that a crash never leaves half a file and two processes never write at once.
+"""Files written whole or not at all, and the one advisory lock, for every writer in sexpgpu.
 
-    write_atomically(path, text_or_bytes)   # the old file or the new one, whatever happens
-    with locked(path): ...                  # an exclusive lock on `path` while the block runs
-    lock(fd, shared=False, wait=False)      # a lock held as long as `fd` stays open
-
-A file is written into a temporary file beside it (`.tmp-<name>-<random>`), fsynced, renamed
-over its name, and its folder fsynced: a crash before the rename leaves the old file (and the
-temporary one, which nothing reads), a crash after it the new one, on the disk as in memory.
-
-The lock is flock's: advisory, and dropped by the kernel when the process ends however it
-ends, so a killed process never leaves a stale one.
+`write_atomically` writes a temporary file beside the file (`.tmp-<name>-<random>`), fsyncs
+it, renames it over the file and fsyncs the folder: a crash before the rename leaves the old
+file, after it the new one, on the disk as in memory. The lock is flock's, which the kernel
+drops when the process ends however it ends: a killed process leaves no stale lock.
 """
 
 from __future__ import annotations

@@ -185,3 +185,23 @@ def test_imports_name_their_module_in_full():
 def test_the_cycle_finder_finds_a_cycle_and_names_its_path():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e2"}, "e2": {"e"}}
     assert cycles(graph) == [["a", "b", "c", "a"], ["e", "e2", "e"]]
+
+
+# What a backend may take from the plan: the generic registry (the probe's records, the cache's
+# state, the report's levels) and the memory planner; the decisions and their spaces are the plan's
+PLAN_FOR_BACKENDS = {"sexpgpu.plan.device", "sexpgpu.plan.cache", "sexpgpu.plan.levels", "sexpgpu.plan.fit",
+                     "sexpgpu.plan.memory"}
+
+
+def test_backends_take_only_the_generic_registry_and_the_memory_planner_from_the_plan():
+    graph = import_graph()
+    wrong = [f"{module} imports {other}" for module, imported in sorted(graph.items())
+             if module.startswith("sexpgpu.backends.")
+             for other in sorted(imported) if other.startswith("sexpgpu.plan") and other not in PLAN_FOR_BACKENDS]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_plan_s_decisions_know_no_backend_s_library():
+    """Each backend's probe supplies its choice spaces and keys (plan/device.py): cuDNN's engines
+    and pattern graphs are named in backends/cuda alone."""
+    assert "cudnn" not in (PACKAGE / "plan" / "choices.py").read_text().lower()

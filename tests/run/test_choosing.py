@@ -411,7 +411,7 @@ def _write(path: Path, content: dict) -> Path:
 def test_the_report_says_which_patterns_are_on_and_the_device_records_them(sexpgpu, tiny, tmp_path):
     from dataclasses import replace
 
-    from sexpgpu.plan.patterns import PATTERN_NAMES, decide_patterns
+    from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, decide_patterns
 
     old = "cuDNN 8907 is older than 90000, the first with its graph"
     decided = decide_patterns(None, dict(dict.fromkeys(PATTERN_NAMES), products=old))

@@ -10,7 +10,7 @@ libraries, the executable's size and modification time, and the hashes of the tr
 and any generator's graphs; the key adds the decision and its candidates (the stacking
 degrees that fit, the product shapes). A convolution's engine ("engines", kept in
 choices.json too) is a measurement of one convolution on one card, so its identity is only
-the GPU, the CUDA driver API version and cuDNN's version, and its key the role, shape and
+the GPU, the CUDA driver API version and its library's version (cuDNN's), and its key the role, shape and
 dtype: another model, or another build of sexpgpu, meets the same convolution again
 without timing it.
 
@@ -89,7 +89,7 @@ def identity(facts: DeviceFacts, training, generators=()) -> dict:
         "gpu": facts.gpu,
         "driver": facts.driver,
         "libraries": dict(sorted(facts.libraries.items())),
-        "patterns": list(facts.patterns),  # another set of cuDNN pattern graphs lowers the graphs otherwise
+        "patterns": list(facts.patterns),  # another set of pattern graphs lowers the graphs otherwise
         "executable": executable_identity(),
         "training": graph_hash([training.micro, training.update]),
         "generators": graph_hash(generators) if generators else None,
@@ -98,7 +98,7 @@ def identity(facts: DeviceFacts, training, generators=()) -> dict:
 
 def engine_identity(facts: DeviceFacts) -> dict:
     """What a convolution engine's timing depends on besides the convolution itself."""
-    return {"gpu": facts.gpu, "driver": facts.driver, "cuDNN": facts.libraries.get("cuDNN")}
+    return {"gpu": facts.gpu, "driver": facts.driver, facts.engine_library: facts.libraries.get(facts.engine_library)}
 
 
 def _digest(value) -> str:

@@ -27,7 +27,6 @@ from sexpgpu.plan.choices import (
     take_pinned,
 )
 from sexpgpu.plan.levels import How, Spread, choices_line, determinism_line, spread_clause
-from sexpgpu.plan.patterns import patterns_line
 from sexpgpu.distributed.world import World
 from sexpgpu.store import read_record
 
@@ -67,7 +66,7 @@ class Chosen:
     how: How
     notes: list = field(default_factory=list)
     described: str | None = None  # the backend's own choices line, for a backend with no probe yet
-    patterns: str | None = None  # the report's patterns line, for a backend with cuDNN's pattern graphs
+    patterns: str | None = None  # the report's patterns line, for a backend with a probe
     spread: Spread = field(default_factory=Spread)  # the processes the run spans
 
     @property
@@ -148,10 +147,7 @@ def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_
 def _patterns(probe, situation: Situation) -> str:
     """The patterns line: those on, and what the lowering of the graphs the run executes (at
     the stacking chosen) does with each group they match."""
-    uses = []
-    for graph in (*situation.running_training().graphs, *situation.passes):
-        uses += probe.pattern_uses(graph)
-    return patterns_line(probe.patterns_in_effect(), uses)
+    return probe.patterns_line((*situation.running_training().graphs, *situation.passes))
 
 
 def _refuse_contradictions(settings: ChoiceSettings) -> None:

@@ -20,7 +20,7 @@ run loop combines and rounds with `exact_sums` (backends/exact_sums.py); before 
 again, over that memory, the backend forms the digits of those still held.
 
 A backend made without a policy takes the environment's (SEXPGPU_OPTIMIZE) with the patterns
-the plan puts on here (plan/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
+the plan puts on here (backends/cuda/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
 supports on this device, cudnn_patterns.py); `patterns` says which and why the others are off.
 A policy given is taken as it is, its patterns included (none by default).
 """
@@ -47,7 +47,7 @@ from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact.implementations import device_paths
 from sexpgpu.graph.passes.attention_parts import composed_attention
-from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
 
 GIVEN = "the backend was made with a policy without it"
 
