@@ -4,7 +4,9 @@ memory (fsynced, with its folder), and one flock serves every lock."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,11 @@ import pytest
 from sexpgpu import files
 
 SOURCE = str(Path(__file__).resolve().parents[2] / "src")
+# a file written, renamed or locked by hand
+BY_HAND = re.compile(r"open\([^)]*[\"'](?:w|wb|a|ab|x)[\"']|os\.replace|os\.rename|fcntl|mkstemp")
+# the writers that are not a whole file's: a checkpoint's directory, written file by file
+# (each fsynced) and renamed whole, and the run directory's write check (a file made and deleted)
+WRITTEN_OTHERWISE = {"store/local_store.py": 3, "run/rundir.py": 1}
 # a child that writes "new" over "old" and is killed at `point`, the moment a crash could come
 CRASHING = """
 import os, signal, sys
@@ -43,7 +50,7 @@ def test_the_file_and_its_folder_are_fsynced(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.fstat(fd).st_mode) or fsync(fd))
     files.write_atomically(str(tmp_path / "a" / "b.txt"), b"bytes")
     assert (tmp_path / "a" / "b.txt").read_bytes() == b"bytes"
-    assert [os.path.stat.S_ISREG(mode) for mode in synced] == [True, False]  # the file, then its folder
+    assert [stat.S_ISREG(mode) for mode in synced] == [True, False]  # the file, then its folder
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch):
@@ -76,3 +83,10 @@ def test_one_lock_excludes_another_and_shared_ones_do_not(tmp_path):
     finally:
         os.close(first)
         os.close(second)
+
+
+def test_every_writer_of_a_whole_file_and_every_lock_go_through_files_py():
+    package = Path(SOURCE) / "sexpgpu"
+    found = {str(path.relative_to(package)): len(BY_HAND.findall(path.read_text()))
+             for path in package.rglob("*.py") if path.name != "files.py" and path.parts[-2] != "exact"}
+    assert {path: count for path, count in found.items() if count} == WRITTEN_OTHERWISE
