@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "src"))
 def convolutions_of(path: Path, precision: str | None):
     from sexpgpu.graph import compile_program
     from sexpgpu.lang.forms import load_experiment
-    from sexpgpu.plan.convolutions import graph_convolutions
+    from sexpgpu.backends.cuda.convolutions import graph_convolutions
 
     experiment = load_experiment(str(path))
     if precision is not None:

@@ -7,17 +7,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sexpgpu.plan.convolutions import graph_convolutions
+from sexpgpu.backends.cuda.convolutions import graph_convolutions
 from sexpgpu.plan.cost import graph_products
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
-from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, PatternsInEffect, patterns_line
+from sexpgpu.backends.cuda.probe import ENGINES_OTHERWISE
 
 GIB = 2**30
 
+# the CUDA probe's words for cuDNN's engines and pattern graphs (backends/cuda/probe.py)
+CUDA_WORDS = {"pattern_names": PATTERN_NAMES, "engine_library": "cuDNN", "engines_otherwise": ENGINES_OTHERWISE}
 A100 = DeviceFacts(gpu="NVIDIA A100-SXM4-80GB", compute="compute_80", multiprocessors=108, driver="13000",
-                   libraries={"cuBLAS": "130101", "cuDNN": "91300", "Triton": "3.6.0"}, patterns=PATTERN_NAMES)
+                   libraries={"cuBLAS": "130101", "cuDNN": "91300", "Triton": "3.6.0"}, patterns=PATTERN_NAMES,
+                   **CUDA_WORDS)
 H200 = DeviceFacts(gpu="NVIDIA H200", compute="compute_90", multiprocessors=132, driver="13000",
-                   libraries={"cuBLAS": "130100", "cuDNN": "91900", "Triton": "3.6.0"}, patterns=PATTERN_NAMES)
+                   libraries={"cuBLAS": "130100", "cuDNN": "91900", "Triton": "3.6.0"}, patterns=PATTERN_NAMES,
+                   **CUDA_WORDS)
 
 
 @dataclass
@@ -31,7 +36,7 @@ class FakeDevice:
     convolution_seconds: dict = field(default_factory=dict)  # engine text -> seconds, offered for every convolution
     engines_for: dict = field(default_factory=dict)  # ConvolutionKey.key() -> the engines offered, in order
     unavailable: str | None = None  # convolutions_unavailable()'s answer
-    patterns: PatternsInEffect = PatternsInEffect(PATTERN_NAMES)  # patterns_in_effect()'s answer
+    patterns: PatternsInEffect = PatternsInEffect(PATTERN_NAMES)  # the patterns on, for patterns_line()
     uses: dict = field(default_factory=dict)  # id(graph) -> the PatternUses of its lowering
     measured: list = field(default_factory=list)
 
@@ -77,8 +82,5 @@ class FakeDevice:
         self.measured.append(("convolution", key.key(), engine))
         return self.convolution_seconds[engine]
 
-    def patterns_in_effect(self) -> PatternsInEffect:
-        return self.patterns
-
-    def pattern_uses(self, graph) -> tuple:
-        return tuple(self.uses.get(id(graph), ()))
+    def patterns_line(self, graphs) -> str:
+        return patterns_line(self.patterns, [use for graph in graphs for use in self.uses.get(id(graph), ())])

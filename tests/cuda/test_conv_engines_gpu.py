@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 from op_cases import CASES, GPU_CASES, OpCase, case_graph, case_id  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
-from sexpgpu.plan.convolutions import ConvolutionKey, graph_convolutions, parse_engine  # noqa: E402
+from sexpgpu.backends.cuda.convolutions import ConvolutionKey, graph_convolutions, parse_engine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CHOICE_SETTINGS = ("SEXPGPU_CHOICES", "SEXPGPU_DETERMINISTIC", "SEXPGPU_NODE_GRADIENTS")

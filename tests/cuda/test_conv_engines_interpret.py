@@ -24,7 +24,7 @@ from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda import cudnn_engines  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
-from sexpgpu.plan.convolutions import graph_convolutions  # noqa: E402
+from sexpgpu.backends.cuda.convolutions import graph_convolutions  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 

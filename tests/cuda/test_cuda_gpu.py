@@ -19,7 +19,8 @@ from op_cases import CASES, FORWARD_CASES, GPU_CASES, assert_matches, case_graph
 from gpu_driver import ENVELOPE_STEP, ENVELOPE_TAIL, run_on_the_gpu, train  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
-from sexpgpu.plan.patterns import patterns_text  # noqa: E402
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES  # noqa: E402
+from sexpgpu.plan.device import patterns_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(path.name for path in (ROOT / "examples").glob("*.sexp"))
@@ -146,7 +147,7 @@ def test_the_facts_name_the_device(backend):
     assert facts["determinism"].startswith("1: ")
     assert facts["choices"].startswith("stacking 1, recompute 9.00 flops a byte, 0 convolution engines; on compute_")
     assert "cuBLAS" in facts["choices"] and "Triton" in facts["choices"]
-    assert facts["choices"].endswith(f"patterns {patterns_text(backend.policy.patterns)}")
+    assert facts["choices"].endswith(f"patterns {patterns_text(backend.policy.patterns, PATTERN_NAMES)}")
 
 
 def test_fingerprints_on_the_gpu_are_the_cpu_fingerprints(backend):

@@ -33,7 +33,7 @@ from attention_checks import attention_case  # noqa: E402
 from op_cases import TOLERANCE, case_graph  # noqa: E402
 from pattern_cases import epilogue_graph, strided_attention_graph  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
-from sexpgpu.plan.patterns import PATTERN_NAMES  # noqa: E402
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = Interpreter()

@@ -31,8 +31,8 @@ from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.probe import CudaProbe  # noqa: E402
 from sexpgpu.graph.core.emit import Emitter  # noqa: E402
-from sexpgpu.plan.convolutions import graph_convolutions  # noqa: E402
-from sexpgpu.plan.patterns import PATTERN_NAMES, patterns_line  # noqa: E402
+from sexpgpu.backends.cuda.convolutions import graph_convolutions  # noqa: E402
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, patterns_line  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 

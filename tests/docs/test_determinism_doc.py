@@ -4,7 +4,7 @@ lines a run prints."""
 from __future__ import annotations
 
 from docs_markdown import ROOT
-from sexpgpu.backends.select import cpu_facts
+from sexpgpu.backends.cpu.facts import cpu_facts
 from sexpgpu.plan.levels import How, determinism_line
 
 PAGE = (ROOT / "docs" / "determinism.md").read_text()

@@ -7,8 +7,8 @@ import sys
 
 from docs_markdown import ROOT
 from sexpgpu.backends.cuda import cudnn_engines
-from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, PatternUse, decide_patterns, patterns_line, \
-    patterns_text
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, PatternsInEffect, PatternUse, decide_patterns, patterns_line
+from sexpgpu.plan.device import patterns_text
 
 CUDA = (ROOT / "docs" / "cuda.md").read_text()
 DETERMINISM = (ROOT / "docs" / "determinism.md").read_text()
@@ -35,6 +35,6 @@ def test_the_page_quotes_the_lines_of_patterns_off(monkeypatch):
 
 def test_the_device_words_are_the_recorded_ones():
     for names in (PATTERN_NAMES, (), ("attention", "convolutions")):
-        assert f"`patterns {patterns_text(names)}`" in DETERMINISM
+        assert f"`patterns {patterns_text(names, PATTERN_NAMES)}`" in DETERMINISM
     declined = patterns_line(PatternsInEffect(("attention",)), [PatternUse("attention", "KEY", False, "WHY")])
     assert "N of M by cuDNN" + declined.split("0 of 1 by cuDNN")[1].split(";")[0] in CUDA.replace("\n", " ")

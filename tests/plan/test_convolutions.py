@@ -1,5 +1,5 @@
 """The convolution engines decision (plan/choices.py's "convolutions"), its keys and engine texts
-(plan/convolutions.py) and its entries in the cache (plan/cache.py), driven by a device whose
+(backends/cuda/convolutions.py) and its entries in the cache (plan/cache.py), driven by a device whose
 offered engines and timings the test sets (determinism.md, "What a run chooses": a
 convolution's cuDNN engine)."""
 
@@ -15,9 +15,9 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
 from sexpgpu.graph.training.stacking import stack_training
 from sexpgpu.lang.forms import load_experiment
-from sexpgpu.plan.cache import open_cache
+from sexpgpu.plan.cache import engine_identity, open_cache
 from sexpgpu.plan.choices import CONVOLUTION_CANDIDATES, Forgetful, Situation, decide, decide_strictly, take_pinned
-from sexpgpu.plan.convolutions import ConvolutionKey, Engine, engine_of, graph_convolutions, parse_engine
+from sexpgpu.backends.cuda.convolutions import ConvolutionKey, Engine, engine_of, graph_convolutions, parse_engine
 from sexpgpu.plan.levels import choices_line
 
 from fake_device import H200, FakeDevice
@@ -223,3 +223,11 @@ def test_an_empty_record_runs_pytorchs_convolutions_as_its_run_did(program):
     device = FakeDevice(convolution_seconds=ENGINES)
     assert take_pinned(situation(program, device), record, "an old checkpoint").convolutions == {}
     assert timed(device) == []
+
+
+def test_the_words_the_probe_supplies_keep_the_records_and_the_cache_written_before():
+    """The plan names no library: the probe's facts do, and what it recorded and remembered
+    before reads the same (the engines' identity, the recorded device)."""
+    assert engine_identity(H200) == {"gpu": "NVIDIA H200", "driver": "13000", "cuDNN": "91900"}
+    assert H200.line() == "compute_90 with 132 multiprocessors, cuBLAS 130100, cuDNN 91900, Triton 3.6.0, patterns on"
+    assert replace(H200, patterns=("convolutions",)).line().endswith(", patterns convolutions")

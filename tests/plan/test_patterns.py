@@ -1,4 +1,4 @@
-"""cuDNN's native pattern graphs as the plan sees them (plan/patterns.py): the table's matches in
+"""cuDNN's native pattern graphs as the plan sees them (backends/cuda/patterns.py): the table's matches in
 the graphs of real models (char-lm and the CNN example, in bf16 and float32), the conditions
 that keep a group from being one (another reader, another bias), which patterns a run has on,
 and the words the recorded device and the report use for them."""
@@ -13,8 +13,9 @@ import pytest
 from sexpgpu.graph import compile_program
 from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.lang.forms import load_experiment
+from sexpgpu.plan.device import patterns_text
 from sexpgpu.plan.levels import How, determinism_line
-from sexpgpu.plan.patterns import (
+from sexpgpu.backends.cuda.patterns import (
     OFF_BY_SETTING,
     PATTERN_NAMES,
     PATTERNS,
@@ -23,7 +24,6 @@ from sexpgpu.plan.patterns import (
     decide_patterns,
     match_patterns,
     patterns_line,
-    patterns_text,
 )
 
 from fake_device import A100
@@ -132,8 +132,9 @@ def test_which_patterns_are_on():
 
 
 def test_the_device_line_names_the_patterns_on():
-    assert patterns_text(PATTERN_NAMES) == "on" and patterns_text(()) == "off"
-    assert patterns_text(("convolutions", "attention")) == "attention+convolutions"
+    assert patterns_text(PATTERN_NAMES, PATTERN_NAMES) == "on" and patterns_text((), PATTERN_NAMES) == "off"
+    assert patterns_text(("convolutions", "attention"), PATTERN_NAMES) == "attention+convolutions"
+    assert patterns_text((), ()) == "off"  # a device without pattern graphs
     assert A100.line().endswith("Triton 3.6.0, patterns on")
     assert replace(A100, patterns=()).line().endswith("Triton 3.6.0, patterns off")
     assert replace(A100, patterns=("attention",)).line().endswith("Triton 3.6.0, patterns attention")

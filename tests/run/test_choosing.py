@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sexpgpu.backends.cpu import Interpreter
-from sexpgpu.backends.select import cpu_facts
+from sexpgpu.backends.cpu.facts import cpu_facts
 from sexpgpu.cli.main import main
 from sexpgpu.run import choosing, setup
 
@@ -396,21 +396,11 @@ def test_every_choice_code_is_documented_and_no_other():
     assert documented == {found for path in sources for found in code.findall(path.read_text())}
 
 
-def test_the_backend_is_handed_what_the_plan_decided(tmp_path):
-    class Executor:
-        """A backend that executes choices: it keeps what it is handed."""
-
-        taken = None
-
-        def take_choices(self, choices):
-            self.taken = choices
-
-    executor = Executor()
+def test_a_pinned_record_is_read_for_the_backend_to_take(tmp_path):
     record = choosing.read_pinned(str(_write(tmp_path / "e.json", {"choices": {"device": "d", "stacking": 1,
                                                                                 "recompute": 9.21}})))
-    choosing.hand_over(executor, record)
-    choosing.hand_over(object(), record)  # a backend that decides nothing takes nothing
-    assert executor.taken.recompute == 9.21
+    assert record.recompute == 9.21
+    Interpreter().take_choices(record)  # a backend that decides nothing takes nothing
 
 
 def _write(path: Path, content: dict) -> Path:
@@ -421,7 +411,7 @@ def _write(path: Path, content: dict) -> Path:
 def test_the_report_says_which_patterns_are_on_and_the_device_records_them(sexpgpu, tiny, tmp_path):
     from dataclasses import replace
 
-    from sexpgpu.plan.patterns import PATTERN_NAMES, decide_patterns
+    from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, decide_patterns
 
     old = "cuDNN 8907 is older than 90000, the first with its graph"
     decided = decide_patterns(None, dict(dict.fromkeys(PATTERN_NAMES), products=old))
@@ -440,7 +430,11 @@ def test_a_backend_without_a_probe_keeps_its_own_choices_line(sexpgpu, tiny, tmp
     """A device backend that measures nothing yet (the CUDA backend before its probe) states
     its fixed choices and device facts itself, at level 1 on its own machine."""
     facts = dict(cpu_facts(), kind="cuda", name="cuda test", choices="stacking 1, recompute 9.00 flops a byte; on compute_80")
-    monkeypatch.setattr(setup, "select_backend", lambda device, arithmetic="float", gpu=None: (Interpreter(), facts))
+
+    class Unprobed(Interpreter):
+        takes_choices = True  # as the CUDA backend on host tensors, which has no probe
+
+    monkeypatch.setattr(setup, "select_backend", lambda device, arithmetic="float", gpu=None: (Unprobed(), facts))
     code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=None)
     assert code == 0 and line(out, "choices") == facts["choices"]
     assert line(out, "determinism").startswith("1: this machine repeats these bits")

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from sexpgpu.backends.cpu import Interpreter
-from sexpgpu.backends.select import cpu_facts
+from sexpgpu.backends.cpu.facts import cpu_facts
 from sexpgpu.cli.main import main
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program

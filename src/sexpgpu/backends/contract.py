@@ -1,8 +1,10 @@
 """The contract every backend meets, and the input checks they share.
 
-The run loop, the store and the tools drive a backend only through `Backend`. A backend
-executes what the plan decided (plan/choices.py); whatever it needs to know of those
-decisions it is handed (`take_choices`), never left to find out for itself.
+The run loop, the plan, the store and the tools drive a backend only through `Backend`, and
+never ask a backend what it is (no getattr, no test of its name). A backend executes what the
+plan decided (plan/choices.py); whatever it needs to know of those decisions it is handed
+(`take_choices`), never left to find out for itself. `BackendDefaults` gives the members a
+backend with nothing to do implements as nothing: both backends inherit it.
 
 A graph's inputs are checked the same way on every backend, here: the names must be the
 graph's own, and a host value must already have the input's kind (floats for f32 and bf16,
@@ -16,6 +18,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from sexpgpu.plan.device import DeviceProbe
+from sexpgpu.plan.memory import plan_memory
+
 INT32_RANGE = (-(2**31), 2**31)
 
 
@@ -24,6 +29,10 @@ class Backend(Protocol):
     """What a backend offers the rest of SexpGPU."""
 
     name: str  # "cpu", "cuda": the device kind a report and a checkpoint name
+    # whether the plan decides for it (a stacking degree, a recompute budget, products'
+    # implementations, convolutions' engines), measured with its probe or by fixed rules
+    # without one; False: it runs unstacked and decides nothing (the CPU interpreter)
+    takes_choices: bool
 
     def run(self, graph, inputs: dict, lent: bool = False) -> dict:
         """The graph's outputs by name, from `inputs` by name (exactly the graph's inputs).
@@ -43,6 +52,43 @@ class Backend(Protocol):
     def fingerprints(self, values: list) -> list[int]:
         """A 64-bit fingerprint of each value's bits, computed where the values live; equal
         bits give equal fingerprints on every backend (run/digest.py)."""
+
+    def facts(self) -> dict:
+        """The lowering report's lines about the device: its `name`, and the `determinism` and
+        `choices` a run that chooses here states (`sexpgpu check` prints them)."""
+
+    def probe(self) -> DeviceProbe | None:
+        """What the plan asks this device before it decides (plan/device.py): its facts, free
+        memory and timings; None where its room is the host's (plan/fit.py)."""
+
+    def take_choices(self, choices) -> None:
+        """Execute from now on what the plan decided (plan/choices.py's Choices)."""
+
+    def memory_peak(self, graph) -> int:
+        """Bytes a run of `graph` holds at its peak on this backend."""
+
+    def release(self, graph) -> None:
+        """Let go of the memory held for `graph`; a later run of it allocates it again (the run
+        loop going on unstacked after a stacked call found the memory full)."""
+
+
+class BackendDefaults:
+    """The contract's members for a backend that has nothing of its own to do there."""
+
+    takes_choices = False
+
+    def probe(self) -> DeviceProbe | None:
+        return None
+
+    def take_choices(self, choices) -> None:
+        """Nothing to execute: the plan decides nothing for this backend."""
+
+    def memory_peak(self, graph) -> int:
+        """The graph's own memory plan (plan/memory.py)."""
+        return plan_memory(graph).peak_bytes
+
+    def release(self, graph) -> None:
+        """Nothing is held between runs."""
 
 
 def check_input_names(graph, inputs: dict) -> None:

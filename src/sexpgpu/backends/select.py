@@ -9,34 +9,17 @@ when one is usable, as for any run, and either states the exact level and no cho
 
 from __future__ import annotations
 
-import platform
-
-import numpy as np
-
+from sexpgpu.backends.cpu import Interpreter
+from sexpgpu.backends.cpu.facts import CPU_CHOICES
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.plan.levels import How, determinism_line
 
 DEVICES = ("auto", "cpu", "cuda")
 
 
-CPU_CHOICES = {
-    "float": "none: stacking 1, sequential folds in a documented order, portable float32 math",
-    "exact": "none: every sum exact and rounded once, so no stacking degree or GPU count changes a bit; "
-             "portable float32 math",
-}
-CPU_LEVELS = {"float": "interpreter", "exact": "exact"}
 # an exact run's closing lines, whichever backend computes it: nothing is left to choose
 EXACT_FACTS = {"determinism": determinism_line(How("exact"), ""), "choices": CPU_CHOICES["exact"]}
 CUDA_LINES = {"float": {}, "exact": EXACT_FACTS}  # the CUDA backend's own lines, or these
-
-
-def cpu_facts(arithmetic: str = "float") -> dict:
-    return {
-        "kind": "cpu",
-        "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
-        "determinism": determinism_line(How(CPU_LEVELS[arithmetic]), ""),
-        "choices": CPU_CHOICES[arithmetic],
-    }
 
 
 def cuda_problem() -> str | None:
@@ -75,9 +58,8 @@ def select_backend(device: str, arithmetic: str = "float", gpu: int | None = Non
 
         backend = CudaBackend(device=None if gpu is None else f"cuda:{gpu}", arithmetic=arithmetic)
         return backend, {"kind": "cuda", **backend.facts(), **CUDA_LINES[arithmetic]}
-    from sexpgpu.backends.cpu import Interpreter
-
-    return Interpreter(arithmetic=arithmetic), cpu_facts(arithmetic)
+    backend = Interpreter(arithmetic=arithmetic)
+    return backend, backend.facts()
 
 
 def computes_exact(backend) -> bool:
@@ -88,15 +70,4 @@ def computes_exact(backend) -> bool:
 def probe_for(backend):
     """The DeviceProbe (plan/device.py) of a backend that offers choices, or None for one that
     decides nothing (the CPU interpreter, and any backend computing exact sums)."""
-    return None if computes_exact(backend) else memory_probe(backend)
-
-
-def memory_probe(backend):
-    """The probe that reports a device backend's free memory (an exact one's too), or None for
-    the CPU interpreter, whose room is the host's (plan/fit.py), as it is for the CUDA backend
-    on host tensors (under Triton's interpreter)."""
-    if getattr(backend, "name", None) != "cuda" or not str(backend.device).startswith("cuda"):
-        return None
-    from sexpgpu.backends.cuda.probe import CudaProbe  # torch is optional: loaded with the CUDA backend
-
-    return CudaProbe(backend)
+    return None if computes_exact(backend) else backend.probe()

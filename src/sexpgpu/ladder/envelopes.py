@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 import sexpgpu
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.files import write_atomically
 from sexpgpu.run.checkpointing import bit_identity, identity_digest
 from sexpgpu.ladder.variations import compute, envelope_variations
 from sexpgpu.run.setup import build_run
@@ -228,12 +228,7 @@ def _recorded_sources(tier, digest: str, say) -> list:
 
 def write_envelope(path: str, envelope: Envelope) -> None:
     """Whole, through a temporary file renamed over the old one."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".envelope-", suffix=".json")
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
-        file.write(_text(envelope.to_json()))
-    os.replace(temporary, path)
+    write_atomically(path, _text(envelope.to_json()))
 
 
 def _text(content: dict) -> str:

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 import sexpgpu
+from sexpgpu.files import write_atomically
 from sexpgpu.tools.plotting import FLOOR, optional_pyplot, relative_difference
 
 REPORT = "report.md"
@@ -26,11 +27,8 @@ def write_report(result) -> None:
     plots = {tier.tier.name: _plot(pyplot, tier, result.directory) for tier in result.tiers} if pyplot else {}
     result.plots_note = "" if pyplot else "no plots: matplotlib is not installed (pip install 'sexpgpu[plot]')"
     result.report = os.path.join(result.directory, REPORT)
-    with open(result.report, "w", encoding="utf-8") as handle:
-        handle.write(markdown(result, plots))
-    with open(os.path.join(result.directory, RECORD), "w", encoding="utf-8") as handle:
-        json.dump(record(result), handle, indent=2)
-        handle.write("\n")
+    write_atomically(result.report, markdown(result, plots))
+    write_atomically(os.path.join(result.directory, RECORD), json.dumps(record(result), indent=2) + "\n")
 
 
 def record(result) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from sexpgpu.plan.choices import CONVOLUTION_CANDIDATES, STRICT_RECOMPUTE, Choices, Situation, take_pinned
 from sexpgpu.run import choosing
-from sexpgpu.run.choosing import choice_settings, hand_over, stacked_training
+from sexpgpu.run.choosing import choice_settings, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
@@ -103,7 +103,7 @@ def compute(experiment, device: str, variation: Variation, steps: int | None = N
             break
         built = build_run(experiment, device)
         choices = segment_choices(built, segment)
-        hand_over(built.backend, choices)
+        built.backend.take_choices(choices)
         state = built.initial_state() if host is None else _on_device(built.backend, host)
         degree = choices.stacking
         trainer = Trainer(experiment.run, built.program, built.backend, built.feeder,

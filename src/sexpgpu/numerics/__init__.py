@@ -6,14 +6,14 @@ multiply-adds, runs on both (see retarget.py and docs/numerics.md). A leaf libra
 imports nothing else of sexpgpu, and needs only numpy (torch and triton for tensors).
 """
 
-from .counter import philox4x32
-from .functions import cos, erf, exp, expm1, log, log1p, pow, rsqrt, sigmoid, sin, tanh
-from .initializers import PARAMETERS as INITIALIZERS
-from .initializers import fans, initialize
-from .keys import Key, fold_in, stream_key
-from .sampling import PARAMETERS as DRAW_PARAMETERS
-from .sampling import DrawSpec, bernoulli, draw, draw_spec, normal, randint, truncated_normal, uniform
-from .device_draws import draw_args, draw_into, fold_keys
+from sexpgpu.numerics.counter import philox4x32
+from sexpgpu.numerics.functions import cos, erf, exp, expm1, log, log1p, pow, rsqrt, sigmoid, sin, tanh
+from sexpgpu.numerics.initializers import PARAMETERS as INITIALIZERS
+from sexpgpu.numerics.initializers import fans, initialize
+from sexpgpu.numerics.keys import Key, fold_in, stream_key
+from sexpgpu.numerics.sampling import PARAMETERS as DRAW_PARAMETERS
+from sexpgpu.numerics.sampling import DrawSpec, bernoulli, draw, draw_spec, normal, randint, truncated_normal, uniform
+from sexpgpu.numerics.device_draws import draw_args, draw_into, fold_keys
 
 __all__ = [
     "DRAW_PARAMETERS", "DrawSpec", "INITIALIZERS", "Key", "bernoulli", "cos", "draw", "draw_args",

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import arrays, cpu
+from sexpgpu.numerics import arrays, cpu
 
 
 def _shapes(counter, key):
@@ -28,7 +28,7 @@ def philox4x32(counter, key):
         raise TypeError(f"{what}: counter and key must be the same kind of array on one device")
     lead = _shapes(counter, key)
     if kind == "cuda":
-        from . import cuda
+        from sexpgpu.numerics import cuda
 
         c = counter.detach().broadcast_to(lead + (4,)).reshape(-1, 4).view(arrays.torch_module().int32)
         k = key.detach().broadcast_to(lead + (2,)).reshape(-1, 2).view(arrays.torch_module().int32)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .portable import draws, philox, tables
+from sexpgpu.numerics.portable import draws, philox, tables
 
 PIECE = 1 << 14
 

@@ -9,8 +9,8 @@ import functools
 
 import numpy as np
 
-from . import retarget
-from .portable import tables
+from sexpgpu.numerics import retarget
+from sexpgpu.numerics.portable import tables
 
 BLOCK = 512
 NUM_WARPS = 4

@@ -18,9 +18,9 @@ Tensors are on a CUDA device, or on the CPU while Triton's interpreter runs them
 (TRITON_INTERPRET=1), which is how the kernels are checked without a GPU.
 """
 
-from . import arrays
-from .keys import Key
-from .sampling import DrawSpec
+from sexpgpu.numerics import arrays
+from sexpgpu.numerics.keys import Key
+from sexpgpu.numerics.sampling import DrawSpec
 
 WHAT = "sexpgpu.numerics"
 SALT_DTYPES = ("int32", "int64")
@@ -50,7 +50,7 @@ def fold_keys(template, salts, out):
                 or tuple(salt.shape) not in ((), (rows,)):
             raise ValueError(f"{what}: a salt is an int32 or int64 tensor of shape () or ({rows},) on "
                              f"{device}, got {salt.dtype} {tuple(salt.shape)} on {salt.device}")
-    from . import cuda
+    from sexpgpu.numerics import cuda
 
     cuda.fold_keys(template, list(salts), out)
 
@@ -65,7 +65,7 @@ def draw_into(spec, out, args, rows=1, copies=1):
     if not isinstance(spec, DrawSpec):
         raise TypeError(f"{what}: spec must be a DrawSpec (draw_spec), got {type(spec).__name__}")
     device = _device(out, what)
-    from . import cuda
+    from sexpgpu.numerics import cuda
 
     want = getattr(arrays.torch_module(), cuda.TORCH_DTYPES[spec.dtype])
     if out.dtype != want or not out.is_contiguous():
@@ -84,7 +84,7 @@ def _device(tensor, what):
         raise TypeError(f"{what} takes torch tensors, got {type(tensor).__name__}")
     if tensor.device.type == "cuda":
         return tensor.device
-    from . import cuda
+    from sexpgpu.numerics import cuda
 
     if tensor.device.type == "cpu" and cuda.interpreting():
         return tensor.device

@@ -10,19 +10,19 @@ import math
 
 import numpy as np
 
-from . import arrays, cpu
-from .portable import erf as _erf
-from .portable import exp as _exp
-from .portable import log as _log
-from .portable import pow as _pow
-from .portable import roots as _roots
-from .portable import trig as _trig
+from sexpgpu.numerics import arrays, cpu
+from sexpgpu.numerics.portable import erf as _erf
+from sexpgpu.numerics.portable import exp as _exp
+from sexpgpu.numerics.portable import log as _log
+from sexpgpu.numerics.portable import pow as _pow
+from sexpgpu.numerics.portable import roots as _roots
+from sexpgpu.numerics.portable import trig as _trig
 
 
 def _unary(fn, name, x):
     what = f"sexpgpu.numerics.{name}"
     if arrays.kind(x, what) == "cuda":
-        from . import cuda
+        from sexpgpu.numerics import cuda
 
         return cuda.unary(fn.__name__, x.detach().contiguous())
     return arrays.like(cpu.unary(fn, arrays.as_numpy(x)), x)
@@ -100,7 +100,7 @@ def pow(x, y):
     kind = arrays.kind(x, what)
     y = _exponent(y, kind, x, what)
     if kind == "cuda":
-        from . import cuda
+        from sexpgpu.numerics import cuda
 
         xb, yb = arrays.torch_module().broadcast_tensors(x.detach(), y.detach())
         return cuda.binary(_pow.pow_f32.__name__, xb.contiguous(), yb.contiguous())

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import arrays, sampling
+from sexpgpu.numerics import arrays, sampling
 
 PARAMETERS = {
     "zeros": {},

@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-from .portable import philox
+from sexpgpu.numerics.portable import philox
 
 DOMAIN = b"sexpgpu.numerics.stream_key.v1\x00"
 WORD = 0xFFFFFFFF

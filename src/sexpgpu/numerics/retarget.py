@@ -18,8 +18,8 @@ import inspect
 import numbers
 import types
 
-from . import triton_exact, triton_ops, triton_wrappers
-from .portable import draws, erf, exp, ieee, log, philox, pow, roots, tables, trig
+from sexpgpu.numerics import triton_exact, triton_ops, triton_wrappers
+from sexpgpu.numerics.portable import draws, erf, exp, ieee, log, philox, pow, roots, tables, trig
 
 PORTABLE_MODULES = (ieee, philox, tables, exp, log, erf, trig, roots, pow, draws)
 

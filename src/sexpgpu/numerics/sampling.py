@@ -16,9 +16,9 @@ import typing
 
 import numpy as np
 
-from . import arrays, cpu
-from .keys import Key
-from .portable import draws
+from sexpgpu.numerics import arrays, cpu
+from sexpgpu.numerics.keys import Key
+from sexpgpu.numerics.portable import draws
 
 MIN_BOUND = 0.1
 INT32_MIN, INT32_LIMIT = -(2**31), 2**31
@@ -67,7 +67,7 @@ class DrawSpec(typing.NamedTuple):
 
 def _run(spec, key, shape, device):
     if device is not None and device.type == "cuda":
-        from . import cuda
+        from sexpgpu.numerics import cuda
 
         return cuda.draw(spec, shape, device, key)
     out = cpu.draw(spec.blocks, spec.per_block, math.prod(shape),

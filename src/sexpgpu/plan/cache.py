@@ -10,14 +10,15 @@ libraries, the executable's size and modification time, and the hashes of the tr
 and any generator's graphs; the key adds the decision and its candidates (the stacking
 degrees that fit, the product shapes). A convolution's engine ("engines", kept in
 choices.json too) is a measurement of one convolution on one card, so its identity is only
-the GPU, the CUDA driver API version and cuDNN's version, and its key the role, shape and
+the GPU, the CUDA driver API version and its library's version (cuDNN's), and its key the role, shape and
 dtype: another model, or another build of sexpgpu, meets the same convolution again
 without timing it.
 
 Files are written whole to a temporary file and renamed into place, so a reader sees the old
 file or the new one. A writer holds an advisory lock while it reads the file
 afresh and adds its entry, and the first entry for a key stays: two runs that measure the same
-thing at once both take the first one remembered (`.lock` in the cache directory), so they and every later run agree. A file that cannot be read as this shape is ignored, and the run says
+thing at once both take the first one remembered (`.lock` in the cache directory), so they and every later run agree
+(sexpgpu/files.py). A file that cannot be read as this shape is ignored, and the run says
 so; an unset HOME or a cache that cannot be written is said too, and the run goes on: it only
 loses level 1 against a later run, whose measurement may choose otherwise. `ChoiceCache.forgets`
 says why, and the determinism line says so (plan/levels.py) instead of naming the cache.
@@ -25,19 +26,18 @@ says why, and the determinism line says so (plan/levels.py) instead of naming th
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
+from sexpgpu.files import locked, write_atomically
 from sexpgpu.plan.device import DeviceFacts
 
 FORMAT = 1
+LOCK_NAME = ".lock"  # the writers' advisory lock, in the cache directory
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -89,7 +89,7 @@ def identity(facts: DeviceFacts, training, generators=()) -> dict:
         "gpu": facts.gpu,
         "driver": facts.driver,
         "libraries": dict(sorted(facts.libraries.items())),
-        "patterns": list(facts.patterns),  # another set of cuDNN pattern graphs lowers the graphs otherwise
+        "patterns": list(facts.patterns),  # another set of pattern graphs lowers the graphs otherwise
         "executable": executable_identity(),
         "training": graph_hash([training.micro, training.update]),
         "generators": graph_hash(generators) if generators else None,
@@ -98,7 +98,7 @@ def identity(facts: DeviceFacts, training, generators=()) -> dict:
 
 def engine_identity(facts: DeviceFacts) -> dict:
     """What a convolution engine's timing depends on besides the convolution itself."""
-    return {"gpu": facts.gpu, "driver": facts.driver, "cuDNN": facts.libraries.get("cuDNN")}
+    return {"gpu": facts.gpu, "driver": facts.driver, facts.engine_library: facts.libraries.get(facts.engine_library)}
 
 
 def _digest(value) -> str:
@@ -141,7 +141,7 @@ class ChoiceCache:
             return value
         digest = _digest([self._identity(file), key])
         try:
-            with _locked(self.root):
+            with locked(os.path.join(self.root, LOCK_NAME)):
                 entries = self._files[file] = self._read(self.path(file))
                 earlier = entries.get(digest)
                 if isinstance(earlier, dict) and earlier.get("key") == key and earlier.get("value") is not None \
@@ -151,7 +151,8 @@ class ChoiceCache:
                                    "and this run takes it")
                     return earlier["value"]
                 entries[digest] = {"identity": self._identity(file), "key": key, "value": value}
-                _write_atomically(self.path(file), {"format": FORMAT, "entries": entries})
+                write_atomically(self.path(file), json.dumps({"format": FORMAT, "entries": entries}, indent=1,
+                                                             sort_keys=True) + "\n")
         except OSError as error:
             self.forgets = f"the cache {self.path(file)} cannot be written"
             self._note(f"{self.forgets} ({error.strerror or error}): nothing measured now is remembered")
@@ -191,29 +192,3 @@ def open_cache(facts: DeviceFacts, training, generators=()) -> ChoiceCache:
         cache.forgets = HOME_UNSET
         cache.notes.append(f"{HOME_UNSET}: every choice is measured now and nothing is remembered")
     return cache
-
-
-@contextlib.contextmanager
-def _locked(root: str):
-    """The cache's exclusive advisory lock (`<root>/.lock`), for the read-add-write of one entry."""
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, ".lock"), "a", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _write_atomically(path: str, content: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(content, stream, indent=1, sort_keys=True)
-            stream.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise

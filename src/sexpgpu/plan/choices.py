@@ -28,7 +28,7 @@ ORDINARY = "ordinary"
 STRICT_RECOMPUTE = 9.0  # flops a byte: the A100's, what --deterministic takes
 COST_MODEL_LEAD = 0.05  # the cost model's pick is taken when ahead of the next by more than this
 PRODUCT_LEAD = 0.01  # another product implementation replaces ordinary when this much faster
-CONVOLUTION_CANDIDATES = 8  # the first this many engines cuDNN's heuristics offer are timed
+CONVOLUTION_CANDIDATES = 8  # the first this many engines the device's library offers are timed
 NODE_GRADIENT_DTYPES = ("bf16", "f32")
 DEFAULT_NODE_GRADIENTS = "bf16"
 RECORD_KEYS = ("device", "strict", "stacking", "recompute", "convolutions", "products", "node_gradients")
@@ -43,7 +43,7 @@ class Choices:
     strict: bool  # made under --deterministic
     stacking: int
     recompute: float | None  # None where no fusion planner runs (the CPU interpreter)
-    convolutions: dict = field(default_factory=dict)  # role, shape and dtype -> cuDNN engine
+    convolutions: dict = field(default_factory=dict)  # the device's convolution key -> its engine
     products: dict | None = field(default_factory=dict)  # ProductShape.key() -> implementation; None: not recorded
     node_gradients: str | None = DEFAULT_NODE_GRADIENTS  # None on one node, where none are sent
 
@@ -282,7 +282,7 @@ def _make_convolutions(situation: Situation) -> dict:
 
 
 def _strict_convolutions(situation: Situation) -> dict:
-    """--deterministic: the first engine cuDNN's heuristics offer, nothing timed."""
+    """--deterministic: the first engine the device's library offers, nothing timed."""
     chosen = {key.key(): situation.probe.convolution_engines(key)[0] for key in situation.convolution_keys()}
     _note_unavailable(situation)
     return chosen
@@ -291,8 +291,8 @@ def _strict_convolutions(situation: Situation) -> dict:
 def _note_unavailable(situation: Situation) -> None:
     why = situation.probe.convolutions_unavailable()
     if why and situation.all_convolution_keys():
-        situation.notes.append(f"convolutions: {why}, so they run PyTorch's cuDNN convolutions with its first "
-                               "deterministic algorithm and no engine is recorded")
+        facts = situation.probe.device_facts()
+        situation.notes.append(f"convolutions: {why}, so they run {facts.engines_otherwise} and no engine is recorded")
 
 
 def _check_convolutions(situation: Situation, engines) -> str | None:
@@ -309,7 +309,9 @@ def _check_convolutions(situation: Situation, engines) -> str | None:
             return f"the convolution {key.key()} has no recorded engine"
         if engine is not None and engine not in offered:
             why = situation.probe.convolutions_unavailable()
-            return f"the convolution {key.key()}: cuDNN does not offer '{engine}' here" + (f" ({why})" if why else "")
+            library = situation.probe.device_facts().engine_library
+            return f"the convolution {key.key()}: {library} does not offer '{engine}' here" + \
+                (f" ({why})" if why else "")
     return None
 
 

@@ -5,15 +5,17 @@ executes what was decided. To decide, the plan needs facts and measurements that
 device has, so each backend that offers choices implements `DeviceProbe`, and tests drive
 the plan with a device whose facts, free memory and timings they set themselves.
 
-A probe measures; it never chooses. It is given a candidate and returns a number.
+A probe measures; it never chooses. It is given a candidate and returns a number. What the
+choices range over is the device's own: the plan handles its keys (a product's shape, a
+convolution's key) and candidates (an implementation, an engine) as opaque values with a
+`key()` and a text, so the CUDA backend's cuDNN engines and pattern graphs stay in
+backends/cuda (convolutions.py, patterns.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
-
-from sexpgpu.plan.patterns import PatternsInEffect, patterns_text
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,12 @@ class DeviceFacts:
     multiprocessors: int
     driver: str  # the CUDA driver API version, e.g. "13000"
     libraries: dict = field(default_factory=dict)  # name -> version: cuBLAS, cuDNN, and the kernels' compiler
-    patterns: tuple = ()  # the names of cuDNN's native pattern graphs on (plan/patterns.py)
+    patterns: tuple = ()  # the names of the device's pattern graphs on (cuDNN's: backends/cuda/patterns.py)
     gpus: int = 1
     nodes: int = 1
+    pattern_names: tuple = ()  # every pattern graph the device has, in the order the recorded device names them
+    engine_library: str = ""  # the library of `libraries` whose engines a convolutions map names (cuDNN)
+    engines_otherwise: str = ""  # how convolutions run where that library offers no engine
 
     def line(self) -> str:
         """The recorded `device` string, in the spec's wording:
@@ -36,10 +41,19 @@ class DeviceFacts:
         libraries = ", ".join(f"{name} {version}" for name, version in self.libraries.items())
         text = f"{self.compute} with {self.multiprocessors} multiprocessors"
         text += f", {libraries}" if libraries else ""
-        text += f", patterns {patterns_text(self.patterns)}"
+        text += f", patterns {patterns_text(self.patterns, self.pattern_names)}"
         if self.gpus > 1 or self.nodes > 1:
             text += f", {self.gpus} GPUs on {self.nodes} nodes"
         return text
+
+
+def patterns_text(on, names) -> str:
+    """The recorded device's word for the patterns on, of all `names`: `on` (all), `off`
+    (none), or their names joined by `+`, in the order of `names`."""
+    on = tuple(name for name in names if name in on)
+    if on and on == tuple(names):
+        return "on"
+    return "+".join(on) if on else "off"
 
 
 @dataclass(frozen=True)
@@ -101,13 +115,12 @@ class DeviceProbe(Protocol):
     def measure_throughput(self) -> Throughput: ...
 
     def convolution_keys(self, graph) -> tuple:
-        """The convolutions of `graph` as this device runs them, each once
-        (plan/convolutions.py's ConvolutionKey): the keys a convolutions map may name."""
+        """The convolutions of `graph` as this device runs them, each once, as keys whose
+        `key()` a convolutions map names (the CUDA backend's: convolutions.py's ConvolutionKey)."""
 
     def convolution_engines(self, key) -> tuple:
-        """The engines this device offers for a convolution, as `Engine.text()` strings in
-        the order of cuDNN's heuristics: the deterministic plans that keep float32
-        arithmetic and build here. Empty where the device runs convolutions another way
+        """The engines this device offers for a convolution, as texts, in the order its
+        library ranks them. Empty where the device runs convolutions another way
         (`convolutions_unavailable` says why, when it is the whole device)."""
 
     def convolutions_unavailable(self) -> str | None:
@@ -117,10 +130,6 @@ class DeviceProbe(Protocol):
     def time_convolution(self, key, engine: str) -> float:
         """Seconds of one convolution of `key` with this engine."""
 
-    def patterns_in_effect(self) -> PatternsInEffect:
-        """cuDNN's native pattern graphs this device lowers (SEXPGPU_PATTERNS and what cuDNN
-        supports here), and why the others are off."""
-
-    def pattern_uses(self, graph) -> tuple:
-        """What the lowering of `graph` does with each group a pattern on matches
-        (plan/patterns.py's PatternUse): cuDNN's graph computes it, or cuDNN declines it."""
+    def patterns_line(self, graphs) -> str:
+        """The report's `patterns` line: the device's pattern graphs on (the CUDA backend's
+        cuDNN graphs), and what the lowering of `graphs` does with each group they match."""

@@ -27,7 +27,6 @@ from sexpgpu.plan.choices import (
     take_pinned,
 )
 from sexpgpu.plan.levels import How, Spread, choices_line, determinism_line, spread_clause
-from sexpgpu.plan.patterns import patterns_line
 from sexpgpu.distributed.world import World
 from sexpgpu.store import read_record
 
@@ -67,7 +66,7 @@ class Chosen:
     how: How
     notes: list = field(default_factory=list)
     described: str | None = None  # the backend's own choices line, for a backend with no probe yet
-    patterns: str | None = None  # the report's patterns line, for a backend with cuDNN's pattern graphs
+    patterns: str | None = None  # the report's patterns line, for a backend with a probe
     spread: Spread = field(default_factory=Spread)  # the processes the run spans
 
     @property
@@ -92,14 +91,6 @@ def backend_probe(backend):
     """The backend's DeviceProbe, or None for a backend that decides nothing (the CPU
     interpreter). Tests replace this to run the whole path with a device they describe."""
     return probe_for(backend)
-
-
-def hand_over(backend, choices: Choices) -> None:
-    """Give the backend what the plan decided for it to execute (the recompute budget, each
-    product's implementation); a backend that decides nothing takes nothing."""
-    take = getattr(backend, "take_choices", None)
-    if take is not None:
-        take(choices)
 
 
 def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs=dict,
@@ -156,10 +147,7 @@ def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_
 def _patterns(probe, situation: Situation) -> str:
     """The patterns line: those on, and what the lowering of the graphs the run executes (at
     the stacking chosen) does with each group they match."""
-    uses = []
-    for graph in (*situation.running_training().graphs, *situation.passes):
-        uses += probe.pattern_uses(graph)
-    return patterns_line(probe.patterns_in_effect(), uses)
+    return probe.patterns_line((*situation.running_training().graphs, *situation.passes))
 
 
 def _refuse_contradictions(settings: ChoiceSettings) -> None:
@@ -236,7 +224,7 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned, world: World =
             raise SexpgpuError("E-CHOICE-001", f"this run is pinned to the choices of {source} and cannot take its "
                                                f"{key}: {reason}.",
                                hint="Run with --choices fresh to choose again here (level 3).")
-    if built.backend_facts.get("kind") == "cpu":
+    if not built.backend.takes_choices:
         return interpreter_chosen(built, choices)
     # a backend with no probe yet measures nothing: it states its fixed choices itself
     choices = replace(choices, recompute=STRICT_RECOMPUTE)
@@ -252,7 +240,7 @@ def exact_chosen(built, choices: Choices, world: World = World.SOLO) -> Chosen:
     """An exact run's choices: none that changes a bit. The CPU interpreter runs unstacked; a
     device backend stacks its process's share of a step's microbatches into one call where
     the program allows (plan/choices.py's exact_stacking)."""
-    if built.backend_facts.get("kind") == "cpu":
+    if not built.backend.takes_choices:
         return interpreter_chosen(built, choices)
     program = built.program
     degree = exact_stacking(program.training.microbatches // world.size, program.stackable)

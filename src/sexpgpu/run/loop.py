@@ -73,9 +73,7 @@ class Trainer:
                 if isinstance(error, MemoryError):
                     raise allocation_failed_on_host(error, f"at step {state.step + 1}") from None
                 raise
-            release = getattr(self.backend, "release", None)
-            if release is not None:  # the stacked graphs' memory is the unstacked run's room
-                release(self.stacking.training.micro)
+            self.backend.release(self.stacking.training.micro)  # the stacked graph's memory is the unstacked run's room
             self.stacking = Stacking(self.program.training)
             if self.on_unstacked is not None:
                 self.on_unstacked(state.step + 1)

@@ -1,7 +1,7 @@
 """A run directory belongs to one run.
 
 Before its first step a run claims its directory: it creates it, takes an exclusive lock on
-`run.lock` there for its whole life (`fcntl.flock`, which the kernel drops when the process
+`run.lock` there for its whole life (files.py's `lock`, flock's, which the kernel drops when the process
 ends, however it ends), and writes its pid and host into that file so that a second process
 can name the holder (E-RUN-002). A fresh run (no `--resume`) refuses a directory that already
 holds another run's files, before it writes anything (E-RUN-001). A local checkpoint
@@ -21,7 +21,6 @@ one that opened it just before the deletion would otherwise hold a file no one e
 from __future__ import annotations
 
 import errno
-import fcntl
 import itertools
 import json
 import os
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.files import lock
 from sexpgpu.store import list_checkpoints
 from sexpgpu.store.local_store import STEP_NAME, UNFINISHED_NAME, disk_errors
 from sexpgpu.store.s3_objects import TransferSettings, delete_keys, put_object
@@ -220,7 +220,7 @@ def _locked(directory: str, kind: DirectoryKind, made: Made) -> int:
         with kind.errors(directory, "create or write in"):
             fd, created = _open_lock(path)
         try:
-            _lock(fd, fcntl.LOCK_EX, directory)
+            _lock(fd, directory)
         except BaseException:
             os.close(fd)
             raise
@@ -258,18 +258,16 @@ def _refuse_while_held(directory: str) -> None:
     except OSError:
         return  # no lock file, or none we can read: the claim proper decides
     try:
-        _lock(fd, fcntl.LOCK_SH, directory)
+        _lock(fd, directory, shared=True)
     finally:
         os.close(fd)
 
 
-def _lock(fd: int, kind: int, directory: str) -> None:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
+def _lock(fd: int, directory: str, shared: bool = False) -> None:
+    if not lock(fd, shared, wait=False):
         raise SexpgpuError("E-RUN-002", f"{directory} is in use by another sexpgpu run: {_describe_holder(fd)}. Two "
                            "runs in one directory would mix their metrics and delete each other's checkpoints.",
-                           hint="Wait for that run to end, or give this one another --run-dir.") from None
+                           hint="Wait for that run to end, or give this one another --run-dir.")
 
 
 def _checkpoint_errors(path: str, doing: str):

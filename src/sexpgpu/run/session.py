@@ -23,8 +23,9 @@ from typing import NamedTuple
 from sexpgpu import settings
 from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.files import write_atomically
 from sexpgpu.lang.forms import experiment_to_json
-from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, hand_over, lowering_annotation, stacked_training
+from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.nonfinite import nonfinite_stop
@@ -110,7 +111,7 @@ def execute(experiment, options: RunOptions) -> RunResult:
                                 lambda: _first_step_inputs(built), world)
             chosen = agreed(chosen, group)
             built.choices = chosen.choices.to_json()
-            hand_over(built.backend, chosen.choices)
+            built.backend.take_choices(chosen.choices)
             report = lowering_report(experiment, built.program, built.backend_facts, built.memory, built.data_identity,
                                      chosen.report_lines())
             if resumed is not None:
@@ -150,8 +151,7 @@ def _write_run_files(places, experiment, built, options, report) -> None:
         "world": options.world.to_json(),
     }
     _write_json(os.path.join(run_dir, "experiment.json"), resolved)
-    with open(os.path.join(run_dir, "report.txt"), "w", encoding="utf-8") as handle:
-        handle.write(report + "\n")
+    write_atomically(os.path.join(run_dir, "report.txt"), report + "\n")
 
 
 def _first_step_inputs(built) -> dict:
@@ -167,9 +167,7 @@ def _record_choices(path: str, choices: dict) -> None:
 
 
 def _write_json(path: str, content: dict) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(content, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+    write_atomically(path, json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 class _Silent:

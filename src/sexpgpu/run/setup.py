@@ -13,12 +13,11 @@ import os
 import numpy as np
 
 from sexpgpu import settings
-from sexpgpu.backends.select import memory_probe, select_backend
+from sexpgpu.backends.select import select_backend
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
 from sexpgpu.plan.fit import (DEVICE_SHARE, HOST_SHARE, Room, check_fits, held_on_device, host_need, host_room,
                               largest_tensors)
-from sexpgpu.plan.memory import plan_memory
 from sexpgpu.run.feed import Feeder
 from sexpgpu.run.state import TrainingState, initial_value, zero_optimizer_state
 
@@ -57,8 +56,8 @@ def build_run(experiment, device: str, read_loads: bool = True, gpu: int | None 
     feeder = Feeder(run, backend)
     program = compile_program(experiment, feeder.field_specs())
     feeder.attach(program)
-    memory = {"microbatch": _peak_bytes(backend, program.training.micro),
-              "update": _peak_bytes(backend, program.training.update)}
+    memory = {"microbatch": backend.memory_peak(program.training.micro),
+              "update": backend.memory_peak(program.training.update)}
     built = BuiltRun(experiment, program, backend, facts, feeder, memory, feeder.identity())
     problem = memory_problem(built, holds) if holds is not None else None
     if problem is not None:
@@ -66,12 +65,6 @@ def build_run(experiment, device: str, read_loads: bool = True, gpu: int | None 
     if read_loads:
         _read_loads(built)
     return built
-
-
-def _peak_bytes(backend, graph) -> int:
-    """The backend's own memory plan when it has one (CUDA's arena), else the graph's."""
-    planner = getattr(backend, "memory_peak", None)
-    return planner(graph) if planner is not None else plan_memory(graph).peak_bytes
 
 
 def _training(program) -> tuple:
@@ -102,7 +95,7 @@ def memory_problem(built: BuiltRun, holds: str = "training") -> SexpgpuError | N
     a device backend; else None."""
     graphs, held = HOLDINGS[holds](built.program)
     largest = largest_tensors(graphs, built.experiment.run.batch, built.program.params)
-    probe = memory_probe(built.backend)
+    probe = built.backend.probe()
     if probe is None:
         need, room, share = host_need(graphs, held), host_room(settings.value("SEXPGPU_HOST_MEMORY")), HOST_SHARE
     else:

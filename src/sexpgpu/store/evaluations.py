@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from sexpgpu.store.local_store import disk_errors
+from sexpgpu.files import write_atomically
 from sexpgpu.store.s3_objects import TransferSettings, get_bytes, put_object
 from sexpgpu.store.uris import MissingFile, basename, is_s3, join, parent
 
@@ -76,17 +76,5 @@ def _write(where: str, data: bytes) -> None:
     if is_s3(where):
         put_object(where, [data], len(data), "write the evaluations", TransferSettings.from_env())
         return
-    folder = os.path.dirname(where)
     with disk_errors(where, "write"):
-        os.makedirs(folder, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=".evaluations-", dir=folder)
-        try:
-            with os.fdopen(handle, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, where)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            raise
+        write_atomically(where, data)

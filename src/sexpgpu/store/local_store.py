@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.files import fsync_directory
 from sexpgpu.store import crash_points
 from sexpgpu.store.checks import MARKER, STEP_NAME
 from sexpgpu.store.digests import CHUNK_BYTES, BackgroundSha256, chunks
@@ -80,7 +81,7 @@ class Writer:
         self.write(MARKER, [marker], len(marker))
         crash_points.reached("commit")
         with disk_errors(self.final, "commit"):
-            _fsync_dir(self.temp)
+            fsync_directory(self.temp)
             if is_committed(self.final) and not self.replacing:
                 raise SexpgpuError("E-CKPT-004", f"{self.final} appeared while this checkpoint was written; it was left as it is.")
             # What is at step-<n> now (an interrupted write without its marker, or a damaged
@@ -88,7 +89,7 @@ class Writer:
             # deleted once ours is durable: a crash in between leaves no step-<n> at all.
             previous = _set_aside(self.final) if os.path.lexists(self.final) else None
             os.rename(self.temp, self.final)
-            _fsync_dir(self.root)
+            fsync_directory(self.root)
             if previous:
                 _remove(previous)
         return self.final
@@ -128,14 +129,6 @@ def _write_all(file, view: memoryview) -> None:
     while view:
         count = file.write(view)
         view = view[count:]
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextmanager

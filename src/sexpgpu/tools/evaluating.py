@@ -33,7 +33,7 @@ from sexpgpu.plan.choices import ORDINARY, Choices, Situation, choices_from_json
 from sexpgpu.plan.levels import How, determinism_line
 from sexpgpu.run.checkpointing import bit_identity, expected_tensors, identity_digest
 from sexpgpu.run import choosing
-from sexpgpu.run.choosing import FRESH, ChoiceSettings, Chosen, choose, hand_over, read_pinned
+from sexpgpu.run.choosing import FRESH, ChoiceSettings, Chosen, choose, read_pinned
 from sexpgpu.run.loop import Trainer
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
@@ -93,7 +93,7 @@ def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     checkpoint = read_checkpoint(path)
     check_tensors(checkpoint, expected_tensors(built))
     chosen = evaluation_choices(built, options.choices, record, path)
-    hand_over(built.backend, chosen.choices)
+    built.backend.take_choices(chosen.choices)
     state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
     state.params = {name: built.backend.from_host(value) for name, value in state.params.items()}
     print(_row("evaluating", f"{path}: {experiment.run.name} at step {checkpoint.step} on {built.backend_facts['name']}"),

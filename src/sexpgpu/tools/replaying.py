@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.run.checkpointing import expected_tensors
-from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over, stacked_training
+from sexpgpu.run.choosing import ChoiceSettings, choose, stacked_training
 from sexpgpu.tools.comparing import METRICS, read_metrics
 from sexpgpu.tools.evaluating import check_same_run, checkpoints_named, experiment_of
 from sexpgpu.run.loop import Stacking, Trainer
@@ -60,7 +60,7 @@ def replay(named: str, options: ReplayOptions) -> Replayed:
     state.optimizer = {name: built.backend.from_host(value) for name, value in state.optimizer.items()}
     unstacked = Trainer(experiment.run, built.program, built.backend, built.feeder)
     chosen = choose(built, ChoiceSettings(), record, lambda: unstacked.first_inputs(built.initial_state()))
-    hand_over(built.backend, chosen.choices)
+    built.backend.take_choices(chosen.choices)
     for label, text in chosen.report_lines():
         print(f"  {label:<20}{text}", file=out)
     degree = chosen.choices.stacking

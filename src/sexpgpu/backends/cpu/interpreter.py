@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
+from sexpgpu.backends.contract import BackendDefaults, check_input_names, check_input_shape, host_input
 from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
+from sexpgpu.backends.cpu.facts import cpu_facts
 from sexpgpu.backends.cpu.fingerprint import fingerprint
 from sexpgpu.backends.cpu.op_kernels import KERNELS, compile_kernel
 from sexpgpu.errors import SexpgpuError
@@ -46,7 +47,7 @@ from sexpgpu.plan.memory import lifetimes
 ARITHMETICS = ("float", "exact")
 
 
-class Interpreter:
+class Interpreter(BackendDefaults):
     name = "cpu"
 
     def __init__(self, precision: str = "f32", arithmetic: str = "float"):
@@ -105,6 +106,9 @@ class Interpreter:
     @staticmethod
     def from_host(array: np.ndarray) -> np.ndarray:
         return np.asarray(array)
+
+    def facts(self) -> dict:
+        return cpu_facts(self.arithmetic)
 
     def _prepare(self, graph):
         """(steps, positions, the graph they run): the graph with its composite ops that have

@@ -20,7 +20,7 @@ run loop combines and rounds with `exact_sums` (backends/exact_sums.py); before 
 again, over that memory, the backend forms the digits of those still held.
 
 A backend made without a policy takes the environment's (SEXPGPU_OPTIMIZE) with the patterns
-the plan puts on here (plan/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
+the plan puts on here (backends/cuda/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
 supports on this device, cudnn_patterns.py); `patterns` says which and why the others are off.
 A policy given is taken as it is, its patterns included (none by default).
 """
@@ -34,25 +34,27 @@ from dataclasses import replace
 import numpy as np
 
 from sexpgpu import settings
-from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
+from sexpgpu.backends.contract import BackendDefaults, check_input_names, check_input_shape, host_input
 from sexpgpu.backends.exact_sums import ExactSums, PendingSum
 from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.captured_sums import CapturedSums
 from sexpgpu.backends.cuda.cudnn_patterns import support
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import Lowerer
+from sexpgpu.backends.cuda.probe import CudaProbe
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact.implementations import device_paths
 from sexpgpu.graph.passes.decomposed import composed_attention
-from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
 
 GIVEN = "the backend was made with a policy without it"
 
 
-class CudaBackend:
+class CudaBackend(BackendDefaults):
     name = "cuda"
+    takes_choices = True
 
     def __init__(self, device: str | None = None, policy=None, arithmetic: str = "float"):
         device_settings.configure()
@@ -197,6 +199,10 @@ class CudaBackend:
 
     def facts(self) -> dict:
         return device_settings.facts(self.device, self.policy)
+
+    def probe(self) -> CudaProbe | None:
+        """The GPU's probe; None on host tensors (under Triton's interpreter), whose room is the host's."""
+        return CudaProbe(self) if self.device.type == "cuda" else None
 
     def profile(self, graph, inputs: dict) -> dict:
         """Seconds per kind of step (matmul, elementwise, rows, ...) of one eager run of

@@ -6,7 +6,7 @@ imported as `cudnn` at the first question, never with this module. Without it, `
 answers () and `unavailable()` says why; the plan then records no engine and the
 convolutions run PyTorch's cuDNN lowering (windows.py).
 
-For a convolution (plan/convolutions.py's ConvolutionKey) a frontend graph of one
+For a convolution (backends/cuda/convolutions.py's ConvolutionKey) a frontend graph of one
 conv_fprop, conv_dgrad or conv_wgrad node is built over NCHW tensors in contiguous layout
 (the layout of the lowering's buffers), float32 compute and the key's dtype for the
 operands. Its plans are cuDNN's heuristics, mode A then the fallback list, in their order;
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sexpgpu.plan.convolutions import ConvolutionKey, engine_of
+from sexpgpu.backends.cuda.convolutions import ConvolutionKey, engine_of
 
 FRONTEND = "nvidia-cudnn-frontend"
 BACKEND_ENGINES = 10_000  # the frontend's engine ids below this are cuDNN's; above, its Python engines

@@ -1,4 +1,4 @@
-"""cuDNN's native pattern graphs (plan/patterns.py) through cuDNN's frontend: where this device
+"""cuDNN's native pattern graphs (backends/cuda/patterns.py) through cuDNN's frontend: where this device
 supports each pattern, the frontend graph of each match (the table `BUILDERS`: pattern ->
 graph builder), and the first plan cuDNN offers for it.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sexpgpu.backends.cuda import cudnn_engines
-from sexpgpu.plan.patterns import PATTERN_NAMES
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES
 
 # The first cuDNN with each graph as built here: the matmul and convolution fusions with
 # float32 epilogues from 9.0; fused attention from 9.13, which fixed Hopper's backward for
@@ -61,7 +61,7 @@ class PatternGraph:
     order (the inputs, then the results)."""
 
     pattern: str
-    key: object  # plan/patterns.py's AttentionKey or EpilogueKey
+    key: object  # backends/cuda/patterns.py's AttentionKey or EpilogueKey
     layouts: tuple
 
     @property

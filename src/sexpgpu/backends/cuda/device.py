@@ -15,8 +15,9 @@ import os
 
 from sexpgpu.backends.cuda.fusion import FusionPolicy
 from sexpgpu.plan.cache import cache_forgets
+from sexpgpu.plan.device import patterns_text
 from sexpgpu.plan.levels import How, determinism_line
-from sexpgpu.plan.patterns import patterns_text
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES
 
 CUBLAS_LIBRARIES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so")
 
@@ -83,6 +84,6 @@ def facts(device, policy: FusionPolicy) -> dict:
         "determinism": determinism_line(How("own", forgets=cache_forgets()), found["device"]),
         "choices": (
             f"stacking 1, recompute {policy.budget:.2f} flops a byte, 0 convolution engines; "
-            f"on {found['device']}, {found['versions']}, patterns {patterns_text(policy.patterns)}"
+            f"on {found['device']}, {found['versions']}, patterns {patterns_text(policy.patterns, PATTERN_NAMES)}"
         ),
     }

@@ -62,7 +62,7 @@ class FusionPolicy:
     default), {ProductShape.key(): implementation} for float32 products (products.py;
     a shape not named is ordinary), {ConvolutionKey.key(): engine text} for
     convolutions (windows.py; one not named runs PyTorch's cuDNN call), and the names of
-    cuDNN's native pattern graphs on (plan/patterns.py; pattern_steps.py)."""
+    cuDNN's native pattern graphs on (backends/cuda/patterns.py; pattern_steps.py)."""
 
     level: str = "on"
     budget: float = BUDGET_FLOPS_PER_BYTE

@@ -56,7 +56,7 @@ class Lowered:
     outputs: dict  # graph output name -> buffer key
     offsets: dict  # arena buffer key -> byte offset
     arena_bytes: int
-    patterns: tuple = ()  # plan/patterns.py's PatternUse of each match met
+    patterns: tuple = ()  # backends/cuda/patterns.py's PatternUse of each match met
     covered: frozenset = frozenset()  # the nodes cuDNN's pattern graphs compute
 
     def kernel_count(self) -> int:

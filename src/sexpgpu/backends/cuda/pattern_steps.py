@@ -1,5 +1,5 @@
 """The lowering's side of cuDNN's native pattern graphs: a group of nodes that a pattern on
-matches (plan/patterns.py) becomes one step running the first plan cuDNN offers for it
+matches (backends/cuda/patterns.py) becomes one step running the first plan cuDNN offers for it
 (cudnn_patterns.py), or, where cuDNN declines it, the ordinary steps of its nodes.
 
     patterns = Patterns(graph, policy.patterns)
@@ -24,7 +24,7 @@ from sexpgpu.backends.cuda.codegen.space import View, contiguous_strides
 from sexpgpu.backends.cuda.cudnn_patterns import Layout, PatternGraph, first_plan
 from sexpgpu.backends.cuda.steps import TorchStep, strided
 from sexpgpu.backends.cuda.views import reshape_strides
-from sexpgpu.plan.patterns import PatternUse, match_patterns
+from sexpgpu.backends.cuda.patterns import PatternUse, match_patterns
 
 STATS = "attention stats"  # Lowerer.shared key of a taken forward's statistics buffer
 

@@ -8,7 +8,7 @@
     probe.product_implementations(shape); probe.time_product(shape, "split-k 2")
     probe.measure_throughput()               # f32 FMA flops and copy bandwidth: the recompute budget
     probe.convolution_engines(key); probe.time_convolution(key, "engine 47 knobs 2=3")
-    probe.patterns_in_effect(); probe.pattern_uses(graph)   # cuDNN's native pattern graphs
+    probe.patterns_line(graphs)              # cuDNN's native pattern graphs: the report's line
 
 A probe measures; it never chooses, and it changes nothing the backend runs: timings use
 backends of their own with the candidate's policy. Timings are CUDA events around warm
@@ -28,18 +28,19 @@ from dataclasses import replace
 import numpy as np
 
 from sexpgpu.backends.cuda import cudnn_engines
-from sexpgpu.backends.cuda.backend import CudaBackend
 from sexpgpu.backends.cuda.device import cublas_version
 from sexpgpu.backends.cuda.products import implementations
 from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.graph.training.stacking import stack_training
-from sexpgpu.plan.convolutions import ConvolutionKey, convolution_key, graph_convolutions
+from sexpgpu.backends.cuda.convolutions import ConvolutionKey, convolution_key, graph_convolutions
 from sexpgpu.plan.device import DeviceFacts, ProductShape, Throughput
 from sexpgpu.plan.fit import held_on_device, running_gradients
-from sexpgpu.plan.patterns import PatternsInEffect
+from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, patterns_line
 
 TIMED_CALLS = 5  # each timing is the median of this many warm calls
 PRODUCT_REPEATS = 10  # a product's steps captured this many times in the graph each timed replay runs
+# how a convolution runs where cuDNN's frontend offers no engine (cudnn_engines.py)
+ENGINES_OTHERWISE = "PyTorch's cuDNN convolutions with its first deterministic algorithm"
 FMA_ROUNDS = 512  # multiply-adds per element of the flops kernel: arithmetic, not memory, bounds it
 FLOPS_ELEMENTS = 1 << 24
 COPY_BYTES = 1 << 28
@@ -56,7 +57,7 @@ def driver_version() -> str:
 
 
 class CudaProbe:
-    def __init__(self, backend: CudaBackend):
+    def __init__(self, backend):  # a CudaBackend
         self.backend = backend
         self.torch = backend.torch
         self.device = backend.device
@@ -77,7 +78,8 @@ class CudaProbe:
         libraries["Triton"] = triton.__version__  # the generated kernels' compiler
         return DeviceFacts(gpu=properties.name, compute=f"compute_{properties.major}{properties.minor}",
                            multiprocessors=properties.multi_processor_count, driver=driver_version(),
-                           libraries=libraries, patterns=self.backend.policy.patterns)
+                           libraries=libraries, patterns=self.backend.policy.patterns, pattern_names=PATTERN_NAMES,
+                           engine_library="cuDNN", engines_otherwise=ENGINES_OTHERWISE)
 
     def free_memory_bytes(self) -> int:
         free, _ = self.torch.cuda.mem_get_info(self.device)
@@ -126,7 +128,8 @@ class CudaProbe:
         and out that cost every implementation the same and hide the differences between
         them (the shortest of TIMED_CALLS replays of PRODUCT_REPEATS products each)."""
         graph = product_graph(shape)
-        backend = CudaBackend(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
+        # a backend of the same kind with the candidate's policy: the run's own is left as it is
+        backend = type(self.backend)(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
         env = backend.steps_environment(graph, self._operands(shape, graph))
         steps = backend.lowered(graph).steps
         return self._shortest_replay(lambda: [step(env) for step in steps]) / PRODUCT_REPEATS
@@ -149,10 +152,13 @@ class CudaProbe:
         keys = (convolution_key(node) for node in lowered.graph.nodes if node not in lowered.covered)
         return tuple(dict.fromkeys(key for key in keys if key is not None))
 
-    def patterns_in_effect(self) -> PatternsInEffect:
-        return self.backend.patterns
+    def patterns_line(self, graphs) -> str:
+        uses = [use for graph in graphs for use in self.pattern_uses(graph)]
+        return patterns_line(self.backend.patterns, uses)
 
     def pattern_uses(self, graph) -> tuple:
+        """What the lowering of `graph` does with each group a pattern on matches (patterns.py's
+        PatternUse): cuDNN's graph computes it, or cuDNN declines it."""
         return self.backend.lowered(graph).patterns if self.backend.policy.patterns else ()
 
     def convolution_engines(self, key: ConvolutionKey) -> tuple:

@@ -1,7 +1,7 @@
 """Convolution and pooling (the op table's window ops) through cuDNN and PyTorch.
 
 A convolution the plan chose a cuDNN engine for (FusionPolicy.convolutions, keyed by
-plan/convolutions.py's ConvolutionKey.key()) runs that engine's plan through cuDNN's
+backends/cuda/convolutions.py's ConvolutionKey.key()) runs that engine's plan through cuDNN's
 frontend (cudnn_engines.py), straight into its buffer, with a workspace in the arena. Any
 other convolution (no frontend, no engine offered, or a policy that names none) runs cuDNN
 through PyTorch with `torch.backends.cudnn.deterministic` on and benchmarking off
@@ -17,7 +17,7 @@ adds them with `scatter_add_`, which PyTorch's deterministic mode runs without a
 from __future__ import annotations
 
 from sexpgpu.backends.cuda.steps import TorchStep, strided
-from sexpgpu.plan.convolutions import convolution_key
+from sexpgpu.backends.cuda.convolutions import convolution_key
 
 
 def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) -> None:

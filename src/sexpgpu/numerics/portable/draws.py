@@ -7,11 +7,11 @@ block i div 2 (docs/numerics.md). Each function here takes the block numbers of 
 and returns the elements of those blocks, in element order.
 """
 
-from . import numpy_ops as K
-from .ieee import f32_to_f64, neg, round_f32
-from .log import log_f64
-from .philox import philox4x32
-from .trig import sin_cos_small
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable.ieee import f32_to_f64, neg, round_f32
+from sexpgpu.numerics.portable.log import log_f64
+from sexpgpu.numerics.portable.philox import philox4x32
+from sexpgpu.numerics.portable.trig import sin_cos_small
 
 TWO_M24 = 2.0**-24
 TWO_M53 = 2.0**-53

@@ -10,10 +10,10 @@ up to 2^-40.5 absolute, and the few inputs that this error rounds the wrong way 
 hard-case table (docs/numerics.md).
 """
 
-from . import numpy_ops as K
-from .exp import clamp_f32, finish
-from .ieee import absolute, f32_to_f64, horner_table, with_sign
-from .tables import ERF_CASES, ERF_COEFFICIENT_COUNT, ERF_COEFFICIENTS_AT, ERF_PIECES
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable.exp import clamp_f32, finish
+from sexpgpu.numerics.portable.ieee import absolute, f32_to_f64, horner_table, with_sign
+from sexpgpu.numerics.portable.tables import ERF_CASES, ERF_COEFFICIENT_COUNT, ERF_COEFFICIENTS_AT, ERF_PIECES
 
 ERF_TOP_SMALL = 0x3EF  # the top 12 bits of |x| below 1/2, clamped: piece 0
 ERF_BITS_LOW = 0x3EF00000

@@ -13,11 +13,11 @@ t, for large |x|), and the few inputs that this error rounds the wrong way are i
 hard-case table (docs/numerics.md).
 """
 
-from . import numpy_ops as K
-from .ieee import (QUIET_NAN, ROUNDING_SHIFT, absolute, f32_to_f64, fast_two_sum, horner, near_midpoint,
-                   neg, pow2, rint, round_f32)
-from .polynomials import EXP_Q
-from .tables import EXP_CASES, EXP_STEPS_AT, EXPM1_CASES, SIGMOID_CASES, TANH_CASES, hard_case
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable.ieee import (QUIET_NAN, ROUNDING_SHIFT, absolute, f32_to_f64, fast_two_sum, horner,
+                                            near_midpoint, neg, pow2, rint, round_f32)
+from sexpgpu.numerics.portable.polynomials import EXP_Q
+from sexpgpu.numerics.portable.tables import EXP_CASES, EXP_STEPS_AT, EXPM1_CASES, SIGMOID_CASES, TANH_CASES, hard_case
 
 INV_LN2 = 1.4426950408889634
 LN2_HI = 0.6931471805598903  # ln 2 to 42 bits: k * LN2_HI is exact for |k| < 2^11

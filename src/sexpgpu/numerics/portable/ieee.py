@@ -5,7 +5,7 @@ instruction can change a subnormal: every float32 is exactly a float64, and a fl
 rounded to float32 once, to nearest even.
 """
 
-from . import numpy_ops as K
+from sexpgpu.numerics.portable import numpy_ops as K
 
 QUIET_NAN = 0x7FC00000
 INFINITY = 0x7F800000

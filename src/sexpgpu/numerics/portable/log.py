@@ -5,11 +5,11 @@ log m = 2 atanh f = 2f + f w S(w), w = f^2, with S the series 2/3 + 2w/5 + ... t
 2 w^10/23 (truncation below 2^-61 relative, as |f| <= 0.1716).
 """
 
-from . import numpy_ops as K
-from .exp import LN2_HI, LN2_LO
-from .ieee import (QUIET_NAN, f32_to_f64, fast_two_sum, horner, near_midpoint, round_f32, two_prod,
-                   two_sum)
-from .tables import LOG1P_CASES, LOG_CASES, hard_case
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable.exp import LN2_HI, LN2_LO
+from sexpgpu.numerics.portable.ieee import (QUIET_NAN, f32_to_f64, fast_two_sum, horner, near_midpoint, round_f32,
+                                            two_prod, two_sum)
+from sexpgpu.numerics.portable.tables import LOG1P_CASES, LOG_CASES, hard_case
 
 SQRT2_FRACTION = 0x6A09E667F3BCD  # the 52 fraction bits of sqrt(2)
 FRACTION = 0xFFFFFFFFFFFFF

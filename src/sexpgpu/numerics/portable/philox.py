@@ -5,7 +5,7 @@ the high and low halves with words 1 and 3 and the key, and bumps the key by the
 constants; ten rounds make one output block.
 """
 
-from . import numpy_ops as K
+from sexpgpu.numerics.portable import numpy_ops as K
 
 MUL0 = 0xD2511F53
 MUL1 = 0xCD9E8D57

@@ -6,10 +6,10 @@ follow C99 Annex F (IEEE 754 pow). y = 2, 1/2, 1 and -1 are computed exactly as 
 sqrt(x), x and 1/x, each correctly rounded.
 """
 
-from . import numpy_ops as K
-from .exp import exp_f64
-from .ieee import QUIET_NAN, absolute, f32_to_f64, fast_two_sum, neg, round_f32, two_prod
-from .log import log_pair
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable.exp import exp_f64
+from sexpgpu.numerics.portable.ieee import QUIET_NAN, absolute, f32_to_f64, fast_two_sum, neg, round_f32, two_prod
+from sexpgpu.numerics.portable.log import log_pair
 
 TWO_P24 = 16777216.0
 INF = float("inf")

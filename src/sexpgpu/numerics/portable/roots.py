@@ -1,9 +1,9 @@
 """rsqrt: 1 / sqrt(x) with IEEE float64 square root and division (error below 2 ulps)."""
 
-from . import numpy_ops as K
-from .exp import finish
-from .ieee import f32_to_f64
-from .tables import RSQRT_CASES
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable.exp import finish
+from sexpgpu.numerics.portable.ieee import f32_to_f64
+from sexpgpu.numerics.portable.tables import RSQRT_CASES
 
 POS_INF = 0x7F800000
 

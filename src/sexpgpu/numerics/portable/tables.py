@@ -16,9 +16,9 @@ whatever the pieces of a warp's lanes.
 
 import numpy as np
 
-from . import numpy_ops as K
-from . import polynomials
-from .hardcases import HARD_CASES
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable import polynomials
+from sexpgpu.numerics.portable.hardcases import HARD_CASES
 
 # 2/pi = 0.A2F9836E 4E441529 ... in hex; one zero word in front so that windows of bits
 # starting before the binary point read zeros

@@ -7,10 +7,10 @@ and is multiplied by pi/2 with an error-free product, so r = x - q pi/2 carries 
 correct bits even for the inputs closest to a multiple of pi/2.
 """
 
-from . import numpy_ops as K
-from .ieee import (QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, near_midpoint, neg,
-                   round_f32, split, two_prod_split)
-from .tables import COS_CASES, SIN_CASES, TWO_OVER_PI, hard_case
+from sexpgpu.numerics.portable import numpy_ops as K
+from sexpgpu.numerics.portable.ieee import (QUIET_NAN, absolute, f32_to_f64, fast_two_sum, horner, near_midpoint, neg,
+                                            round_f32, split, two_prod_split)
+from sexpgpu.numerics.portable.tables import COS_CASES, SIN_CASES, TWO_OVER_PI, hard_case
 
 PIO2_HI = 1.5707963267948966
 PIO2_LO = 6.123233995736766e-17

@@ -30,6 +30,8 @@ import tempfile
 import types
 from dataclasses import dataclass
 
+from sexpgpu.files import write_atomically
+
 HEADER = "import triton\nimport triton.language as tl\n"
 TABLE_ARGUMENT = ", tab):"  # the signature of a kernel that reads the numerics table
 DIGEST_CHARS = 24  # of the SHA-256 in hex: a kernel file's name
@@ -80,10 +82,7 @@ def _cached_file(folder: str, source: str) -> str:
                 return path
     except OSError:
         pass  # missing or unreadable: write it
-    handle, temporary = tempfile.mkstemp(prefix=".k_", suffix=".tmp", dir=folder)
-    with os.fdopen(handle, "wb") as file:
-        file.write(data)
-    os.replace(temporary, path)
+    write_atomically(path, data)
     return path
 
 

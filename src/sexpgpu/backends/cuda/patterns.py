@@ -1,6 +1,6 @@
-"""cuDNN's native pattern graphs as the plan sees them: which groups of a graph's nodes one
-cuDNN graph may compute in their place (the table `PATTERNS`), and which patterns a run has
-on (`decide_patterns`: SEXPGPU_PATTERNS and what the device supports).
+"""cuDNN's native pattern graphs, for the CUDA backend's lowering and probe: which groups of
+a graph's nodes one cuDNN graph may compute in their place (the table `PATTERNS`), and which
+patterns a run has on (`decide_patterns`: SEXPGPU_PATTERNS and what the device supports).
 
 A pattern changes bits by design: cuDNN sums and rounds inside its graph where the
 interpreter rounds between nodes (a bf16 product's result is not rounded to bf16 before its
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from sexpgpu.plan.convolutions import convolution_key
+from sexpgpu.backends.cuda.convolutions import convolution_key
 
 ACTIVATIONS = ("relu", "gelu")  # cuDNN's pointwise modes of these names compute the ops' formulas (gelu with erf)
 BACKWARD_OPS = ("attention_grad_q", "attention_grad_kv")
@@ -307,15 +307,6 @@ def decide_patterns(setting: str | None, support: dict) -> PatternsInEffect:
     on = tuple(name for name in PATTERN_NAMES if name in support and support[name] is None)
     off = tuple((name, support.get(name, absent) or absent) for name in PATTERN_NAMES if name not in on)
     return PatternsInEffect(on, off)
-
-
-def patterns_text(names) -> str:
-    """The recorded device's word for the patterns on: `on` (all), `off` (none), or their
-    names joined by `+`."""
-    names = tuple(name for name in PATTERN_NAMES if name in names)
-    if names == PATTERN_NAMES:
-        return "on"
-    return "+".join(names) if names else "off"
 
 
 def patterns_line(in_effect: PatternsInEffect, uses) -> str:

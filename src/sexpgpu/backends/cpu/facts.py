@@ -1,0 +1,25 @@
+"""The CPU interpreter's lines of the lowering report: its name, level and choices."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+from sexpgpu.plan.levels import How, determinism_line
+
+CPU_CHOICES = {
+    "float": "none: stacking 1, sequential folds in a documented order, portable float32 math",
+    "exact": "none: every sum exact and rounded once, so no stacking degree or GPU count changes a bit; "
+             "portable float32 math",
+}
+CPU_LEVELS = {"float": "interpreter", "exact": "exact"}
+
+
+def cpu_facts(arithmetic: str = "float") -> dict:
+    return {
+        "kind": "cpu",
+        "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
+        "determinism": determinism_line(How(CPU_LEVELS[arithmetic]), ""),
+        "choices": CPU_CHOICES[arithmetic],
+    }
