@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from sexpgpu.backends.cuda.steps import TorchStep, strided
 from sexpgpu.plan.convolutions import convolution_key
+from sexpgpu.graph.core.rules import RuleTable
+
+WINDOWS = RuleTable("cuda windows", needs=lambda op: op.kind == "window")
 
 
 def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) -> None:
@@ -68,6 +71,7 @@ def _convolution(lowerer, node, compute) -> None:
         _window_step(lowerer, node, compute, "convolution")
 
 
+@WINDOWS.rule("conv2d")
 def conv2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
@@ -75,6 +79,7 @@ def conv2d(lowerer, node) -> None:
     _convolution(lowerer, node, lambda x, w: functional.conv2d(x, w, stride=stride, padding=padding))
 
 
+@WINDOWS.rule("conv2d_input_grad")
 def conv2d_input_grad(lowerer, node) -> None:
     import torch
 
@@ -83,6 +88,7 @@ def conv2d_input_grad(lowerer, node) -> None:
     _convolution(lowerer, node, compute)
 
 
+@WINDOWS.rule("conv2d_weight_grad")
 def conv2d_weight_grad(lowerer, node) -> None:
     import torch
 
@@ -91,6 +97,7 @@ def conv2d_weight_grad(lowerer, node) -> None:
     _convolution(lowerer, node, compute)
 
 
+@WINDOWS.rule("max_pool2d")
 def max_pool2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
@@ -106,6 +113,7 @@ def _first_maxima(x, kernel, stride):
     return indices
 
 
+@WINDOWS.rule("max_pool2d_grad")
 def max_pool2d_grad(lowerer, node) -> None:
     import torch
 
@@ -121,6 +129,7 @@ def max_pool2d_grad(lowerer, node) -> None:
     _window_step(lowerer, node, compute, "pooling")
 
 
+@WINDOWS.rule("max_pool2d_pick")
 def max_pool2d_pick(lowerer, node) -> None:
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
 
@@ -132,6 +141,7 @@ def max_pool2d_pick(lowerer, node) -> None:
     _window_step(lowerer, node, compute, "pooling")
 
 
+@WINDOWS.rule("avg_pool2d")
 def avg_pool2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
@@ -139,6 +149,7 @@ def avg_pool2d(lowerer, node) -> None:
     _window_step(lowerer, node, lambda x: functional.avg_pool2d(x, kernel, stride), "pooling", in_float32=True)
 
 
+@WINDOWS.rule("avg_pool2d_grad")
 def avg_pool2d_grad(lowerer, node) -> None:
     import torch
 
@@ -149,15 +160,3 @@ def avg_pool2d_grad(lowerer, node) -> None:
         return torch.ops.aten.avg_pool2d_backward(g, like, list(kernel), list(stride), [0, 0], False, True, None)
 
     _window_step(lowerer, node, compute, "pooling", in_float32=True)
-
-
-WINDOWS = {
-    "conv2d": conv2d,
-    "conv2d_input_grad": conv2d_input_grad,
-    "conv2d_weight_grad": conv2d_weight_grad,
-    "max_pool2d": max_pool2d,
-    "max_pool2d_grad": max_pool2d_grad,
-    "max_pool2d_pick": max_pool2d_pick,
-    "avg_pool2d": avg_pool2d,
-    "avg_pool2d_grad": avg_pool2d_grad,
-}

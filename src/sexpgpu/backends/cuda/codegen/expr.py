@@ -172,6 +172,18 @@ def shift_operands(value: Expr, by: int) -> Expr:
     return map_leaves(value, change)
 
 
+def expression_text(roots) -> list[str]:
+    """The expressions as lines, each node once and named by its place (`%2 = mul(%0, %1)`),
+    then the roots."""
+    names: dict = {}
+    lines = []
+    for node in nodes_in_order(roots):
+        attr = "" if node.attr is None else f" {node.attr}"
+        lines.append(f"%{len(names)} = {node.op}{attr}({', '.join(names[arg] for arg in node.args)}) {node.dtype}")
+        names[node] = f"%{len(names)}"
+    return lines + ([f"roots {' '.join(names[root] for root in roots)}"] if lines else [])
+
+
 def nodes_in_order(roots) -> list[Expr]:
     """Every node reachable from `roots`, children before parents, each once, in a fixed
     order (depth first, arguments left to right)."""
