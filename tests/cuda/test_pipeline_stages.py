@@ -48,7 +48,8 @@ graph = e.graph({"x": x, "w": w}, {"p": e("softmax", h), "s": e("sum", e("exp", 
 (fused, fused_arena), (unfused, unfused_arena) = stages(graph), stages(graph, "off")
 found["mixed"] = {"fused": [type(step).__name__ for step in fused.steps],
                   "unfused": [type(step).__name__ for step in unfused.steps],
-                  "dump": fused.dump(), "arena": [fused_arena.arena_bytes, unfused_arena.arena_bytes]}
+                  "dump": fused.dump(), "arena": [fused_arena.arena_bytes, unfused_arena.arena_bytes],
+                  "arena_dump": fused_arena.dump()}
 
 e = Emitter()
 x = e.input("x", "f32", (4, 64))
@@ -82,6 +83,7 @@ def test_the_stages_before_code_generation_run_without_triton_and_say_what_they_
     dump = found["dump"]
     assert "step 1: rows RowStep" in dump and "= neg(" in dump and "step 2: columns ColumnStep" in dump
     assert found["arena"][0] < found["arena"][1]  # fewer buffers written out, a smaller arena
+    assert found["arena_dump"].startswith(f"arena {found['arena'][0]} bytes\n")
 
 
 def test_reductions_over_the_same_rows_and_their_readers_join_one_row_kernel(found):

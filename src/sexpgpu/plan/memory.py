@@ -41,6 +41,9 @@ class ArenaPlan:
     offsets: dict  # key -> byte offset in the arena
     arena_bytes: int
 
+    def dump(self) -> str:
+        return "\n".join([f"arena {self.arena_bytes} bytes"] + [f"{key} at {at}" for key, at in self.offsets.items()])
+
 
 @dataclass(frozen=True)
 class MemoryPlan:

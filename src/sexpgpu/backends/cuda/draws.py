@@ -62,5 +62,4 @@ def draw(lowerer, node) -> None:
         nx.draw_into(distribution, env[out], env[args], places.rows, places.copies)
 
     reads = (template,) + tuple(key for key, _ in salts)
-    lowerer.steps.append(TorchStep(run, reads, (out, args) if salts else (out,), "draw"))
-    lowerer.values[node] = lowerer.loaded(node, out)
+    lowerer.emit_result(node, TorchStep(run, reads, (out, args) if salts else (out,), "draw"))

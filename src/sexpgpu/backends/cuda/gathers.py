@@ -23,8 +23,7 @@ def gather(lowerer, node) -> None:
         picked = strided(env, index, index_view).reshape(-1)
         torch.index_select(strided(env, rows, rows_view), 0, picked, out=env[key].view((-1,) + row_shape))
 
-    lowerer.steps.append(TorchStep(run, (rows, index), (key,), "gather"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, (rows, index), (key,), "gather"))
 
 
 @GATHERS.rule("scatter_add")
@@ -39,5 +38,4 @@ def scatter_add(lowerer, node) -> None:
     def run(env):
         scatter(strided(env, index, index_view), strided(env, source, source_view).contiguous(), env[key])
 
-    lowerer.steps.append(TorchStep(run, (index, source), (key,), "scatter"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, (index, source), (key,), "scatter"))

@@ -37,7 +37,7 @@ from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.exact import ExactLowering
 from sexpgpu.backends.cuda.gathers import GATHERS
 from sexpgpu.backends.cuda.fusion import VIEW_OPS, FusionPolicy, KernelReaders, broadcastable, loaded_bytes, recompute
-from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, nodes_in_order, scalar
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, map_leaves, nodes_in_order, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.pads import PADS
 from sexpgpu.backends.cuda.pattern_steps import Patterns
@@ -248,8 +248,6 @@ class Lowerer:
     @staticmethod
     def _substituted(step: FlatStep, value: Expr) -> Expr:
         """`value` with reads of the step's own outputs replaced by their expressions."""
-        from sexpgpu.backends.cuda.codegen.expr import map_leaves
-
         produced = {key: expression for key, _, _, expression in step.outputs}
 
         def leaf(node: Expr) -> Expr:
@@ -294,6 +292,11 @@ class Lowerer:
         outputs = self._outputs()
         return Schedule(self.graph, _without_dead_stores(self.steps, self.buffers), self.buffers, inputs, outputs,
                         tuple(self.patterns.uses), frozenset(self.patterns.covered))
+
+    def emit_result(self, node, step) -> None:
+        """A step that writes `node`'s result to its first buffer; the node's value reads it."""
+        self.steps.append(step)
+        self.values[node] = self.loaded(node, step.writes[0])
 
     def emit_rows(self, step: rowmerge.RowStep) -> None:
         """A row kernel, joined with the open row kernel before it when they read the same
@@ -342,11 +345,7 @@ class Lowerer:
         (source,) = node.inputs
         if node.op == "broadcast":
             self._before_broadcast(source, node.shape)
-        change = view_change(node, source)
-        value = views.through(self.values[source], change)
-        if value is None:
-            self.realize(source)
-            value = views.through(self.values[source], change)
+        value = self.value_through(source, view_change(node, source))
         if value is None:  # a view of a written-out value always works; this is a bug
             raise AssertionError(f"cannot view {source!r} as {node!r}")
         self.values[node] = value

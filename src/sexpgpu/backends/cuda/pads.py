@@ -24,8 +24,7 @@ def pad(lowerer, node) -> None:
         out.zero_()
         out.narrow(axis, before, x.shape[axis]).copy_(strided(env, source, view))
 
-    lowerer.steps.append(TorchStep(run, (source,), (key,), "pad"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, (source,), (key,), "pad"))
 
 
 @PADS.rule("concat")
@@ -38,9 +37,8 @@ def concat(lowerer, node) -> None:
     aliases = tuple(_place_in(lowerer.buffers[source], key, node.shape, axis, start) for (source, view), start
                     in zip(parts, starts) if _placeable(lowerer.buffers[source], view, node.shape, axis))
     lowerer.buffers[key].live_from_start = bool(aliases)
-    lowerer.steps.append(TorchStep(run, tuple(dict.fromkeys(source for source, _ in parts)), (key,), "concat",
-                                   aliases=aliases))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    reads = tuple(dict.fromkeys(source for source, _ in parts))
+    lowerer.emit_result(node, TorchStep(run, reads, (key,), "concat", aliases=aliases))
 
 
 def _placeable(buffer, view, shape, axis: int) -> bool:

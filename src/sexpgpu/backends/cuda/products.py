@@ -136,8 +136,7 @@ def matmul(lowerer, node) -> None:
             run_product(implementation, *form.batched(*operands), env[writes[1]])
 
     choosable = form.shape if node.dtype == "f32" else None
-    lowerer.steps.append(TorchStep(run, (left, right), writes, "matmul", product=choosable))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, (left, right), writes, "matmul", product=choosable))
 
 
 @dataclass(frozen=True)

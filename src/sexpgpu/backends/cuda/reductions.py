@@ -89,8 +89,7 @@ def integer_reduction(lowerer, node) -> None:
             total = torch.amax(data, dim=axes, keepdim=keep)
         env[key].copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
 
-    lowerer.steps.append(TorchStep(run, (source,), (key,), "integer-reduction"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, (source,), (key,), "integer-reduction"))
 
 
 def _over_axis(node, axis: int):

@@ -36,8 +36,7 @@ def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) ->
         env[key].copy_(compute(*[widen(strided(env, source, view)) for source, view in sources]))
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.steps.append(TorchStep(run, reads, (key,), kind))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, reads, (key,), kind))
 
 
 def _engine_step(lowerer, node, engine: str) -> None:
@@ -58,8 +57,7 @@ def _engine_step(lowerer, node, engine: str) -> None:
         plan.run(first, second, env[key], env[writes[1]] if len(writes) > 1 else None)
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.steps.append(TorchStep(run, reads, writes, "convolution", engine=engine))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, reads, writes, "convolution", engine=engine))
 
 
 def _convolution(lowerer, node, compute) -> None:
