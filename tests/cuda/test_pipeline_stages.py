@@ -19,6 +19,7 @@ import json, sys
 sys.modules["triton"] = None  # any import of Triton fails
 from sexpgpu.backends.cuda.fusion import FusionPolicy
 from sexpgpu.backends.cuda.lowering import Lowerer, arena_plan
+from sexpgpu.backends.cuda.steps import step_text
 from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.plan.memory import liveness
 
@@ -67,6 +68,18 @@ buffers = schedule.buffers
 lives = liveness([(step.reads, step.writes) for step in schedule.steps], lambda key: buffers[key].nbytes)
 found["chain"] = {"lives": [[life.key, life.born, life.dies, arena.offsets[life.key], life.nbytes]
                             for life in lives if life.key in arena.offsets], "arena": arena.arena_bytes}
+
+from sexpgpu.backends.cuda.codegen.expr import load
+from sexpgpu.backends.cuda.codegen.space import View, contiguous
+from sexpgpu.backends.cuda.fusion import add_output
+from sexpgpu.backends.cuda.steps import FlatStep
+
+x = load("x", contiguous((4, 8)))
+open_kernel = FlatStep((4, 8), [("t", contiguous((4, 8)), "f32", x * x)])
+found["legal"] = [add_output(open_kernel, (4, 8), "a", "f32", load("t", View((4, 8), (1, 4))) + 1.0),  # another view
+                  add_output(open_kernel, (8, 4), "b", "f32", x * 2.0),  # another space
+                  add_output(open_kernel, (4, 8), "c", "f32", load("t", contiguous((4, 8))) + 1.0)]
+found["legal_kernel"] = step_text(open_kernel)
 """
 
 
@@ -100,3 +113,9 @@ def test_the_arena_gives_buffers_that_live_together_apart_and_reuses_the_rest(fo
         for other, born2, dies2, offset2, size2 in lives:
             if key < other and not (dies < born2 or dies2 < born):
                 assert offset + size <= offset2 or offset2 + size2 <= offset
+
+
+def test_an_open_kernel_takes_a_value_of_its_space_that_reads_its_outputs_through_their_own_views(found):
+    assert found["legal"] == [False, False, True]
+    text = found["legal_kernel"]  # the read of t became t's own expression: x is loaded, t is not
+    assert "reads=x writes=t,c" in text and "load ('t'" not in text

@@ -36,8 +36,9 @@ from sexpgpu.backends.cuda.draws import DRAWS
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.exact import ExactLowering
 from sexpgpu.backends.cuda.gathers import GATHERS
-from sexpgpu.backends.cuda.fusion import VIEW_OPS, FusionPolicy, KernelReaders, broadcastable, loaded_bytes, recompute
-from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, map_leaves, nodes_in_order, scalar
+from sexpgpu.backends.cuda.fusion import MAX_FUSED_DEPTH, VIEW_OPS, FusionPolicy, KernelReaders, add_output, broadcastable
+from sexpgpu.backends.cuda.fusion import loaded_bytes, recompute
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.pads import PADS
 from sexpgpu.backends.cuda.pattern_steps import Patterns
@@ -50,12 +51,6 @@ from sexpgpu.plan.memory import ArenaPlan, liveness, plan_arena
 
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
 _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
-MAX_FLAT_OUTPUTS = 8
-# A fused expression deeper than this is written out: a chain of thousands of elementwise ops
-# becomes kernels of at most this many levels each. Comparing, hashing and rewriting an
-# expression recurse through its levels, and each node keeps its own rounding, so the split
-# changes no bits.
-MAX_FUSED_DEPTH = 32
 
 
 @dataclass
@@ -75,9 +70,6 @@ class Schedule:
     def dump(self) -> str:
         buffers = [f"{key} {b.kind} {b.dtype}{list(b.shape)}" for key, b in self.buffers.items()]
         return "\n".join(buffers + [f"step {index}: {step_text(step)}" for index, step in enumerate(self.steps)])
-
-    def kernel_count(self) -> int:
-        return len(self.steps)
 
 
 @dataclass
@@ -215,47 +207,15 @@ class Lowerer:
         return self.steps[-1] if self.policy.fuses and self.steps else None
 
     def emit_elementwise(self, shape, key: str, dtype: str, value: Expr) -> None:
-        """Write `value` to `key`: a store of the open row kernel before it when rowmerge.py
-        allows, else an output of the fused elementwise kernel before it when it is of the
-        same space and reads none of its outputs through another view, else a kernel of
-        its own."""
+        """Write `value` to `key`: a store of the open row kernel before it, or an output of
+        the fused elementwise kernel before it, where fusion allows (rowmerge.add_store,
+        fusion.add_output); else a kernel of its own."""
         last = self._last()
         if rowmerge.joinable(last) and rowmerge.add_store(last, shape, key, dtype, value):
             return
-        view = contiguous(shape)
-        merged = self._merge_into_last(tuple(shape), value)
-        if merged is not None:
-            substituted = self._substituted(merged, value)
-            if substituted.depth <= MAX_FUSED_DEPTH:
-                merged.outputs.append((key, view, dtype, substituted))
-                return
-        step = FlatStep(tuple(shape))
-        step.outputs.append((key, view, dtype, value))
-        self.steps.append(step)
-
-    def _merge_into_last(self, shape, value: Expr):
-        last = self._last()
-        if not isinstance(last, FlatStep) or last.shape != shape or len(last.outputs) >= MAX_FLAT_OUTPUTS:
-            return None
-        written = {key: view for key, view, _, _ in last.outputs}
-        for node in nodes_in_order([value]):
-            if node.op == "load" and node.attr[0] in written and node.attr[1] != written[node.attr[0]]:
-                return None
-            if node.op == "scalar" and node.attr in written:
-                return None
-        return last
-
-    @staticmethod
-    def _substituted(step: FlatStep, value: Expr) -> Expr:
-        """`value` with reads of the step's own outputs replaced by their expressions."""
-        produced = {key: expression for key, _, _, expression in step.outputs}
-
-        def leaf(node: Expr) -> Expr:
-            if node.op == "load" and node.attr[0] in produced:
-                return produced[node.attr[0]]
-            return node
-
-        return map_leaves(value, leaf)
+        if isinstance(last, FlatStep) and add_output(last, tuple(shape), key, dtype, value):
+            return
+        self.steps.append(FlatStep(tuple(shape), [(key, contiguous(shape), dtype, value)]))
 
     # --- the walk -----------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ class Expr:
     attr: object = None
     dtype: str = "f32"  # f32, i32 or bool: the type the kernel computes in
     # Levels from here to the deepest leaf. Comparing, hashing and rewriting an expression
-    # recurse through it, so the lowering keeps it bounded (lowering.MAX_FUSED_DEPTH).
+    # recurse through it, so the lowering keeps it bounded (fusion.MAX_FUSED_DEPTH).
     depth: int = field(default=1, init=False, compare=False, repr=False)
     # The hash, made once from the arguments' own: hashing anew would walk the whole tree
     # each time, and the lowering hashes every node of every kernel many times.
