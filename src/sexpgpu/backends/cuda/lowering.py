@@ -36,7 +36,7 @@ from sexpgpu.backends.cuda.draws import DRAWS
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.exact import ExactLowering
 from sexpgpu.backends.cuda.gathers import GATHERS
-from sexpgpu.backends.cuda.fusion import MAX_FUSED_DEPTH, VIEW_OPS, FusionPolicy, KernelReaders, add_output, broadcastable
+from sexpgpu.backends.cuda.fusion import MAX_FUSED_DEPTH, FusionPolicy, KernelReaders, add_output, broadcastable
 from sexpgpu.backends.cuda.fusion import loaded_bytes, recompute
 from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
@@ -238,7 +238,7 @@ class Lowerer:
                 continue
             if self.patterns.take(self, node):
                 continue
-            if node.op in VIEW_OPS:
+            if node.op in views.VIEWS:
                 self._view(node)
             elif node.op in EXPRESSIONS:
                 self._elementwise(node)
@@ -305,7 +305,7 @@ class Lowerer:
         (source,) = node.inputs
         if node.op == "broadcast":
             self._before_broadcast(source, node.shape)
-        value = self.value_through(source, view_change(node, source))
+        value = self.value_through(source, views.VIEWS[node.op](node, source))
         if value is None:  # a view of a written-out value always works; this is a bug
             raise AssertionError(f"cannot view {source!r} as {node!r}")
         self.values[node] = value
@@ -365,18 +365,7 @@ def _copier(key: str, source: str, view: View):
 def lowered_ops() -> frozenset:
     """Every op the lowering handles: inputs, views, expressions, and the ops of the tables
     whose rules emit steps."""
-    return frozenset(("input",) + VIEW_OPS).union(EXPRESSIONS, STEP_RULES)
-
-
-def view_change(node, source):
-    if node.op == "reshape":
-        return lambda view: views.reshape(view, source.shape, node.shape)
-    if node.op == "transpose":
-        return lambda view: views.transpose(view, source.shape, node.attrs["perm"])
-    if node.op == "slice":
-        attrs = node.attrs
-        return lambda view: views.slice_axis(view, source.shape, attrs["axis"], attrs["start"], attrs["stop"])
-    return lambda view: views.broadcast(view, source.shape, node.shape)
+    return frozenset(("input",)).union(views.VIEWS, EXPRESSIONS, STEP_RULES)
 
 
 # --- the stages after the schedule --------------------------------------------------------------
