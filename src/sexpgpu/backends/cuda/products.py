@@ -92,7 +92,7 @@ def run_product(implementation: str, a, b, out, scratch) -> None:
         terms = slice(index * width, (index + 1) * width)
         _product(a[:, :, terms], b[:, terms, :], scratch[index])
     # imported at the first split, not with the module: Triton reads TRITON_INTERPRET when
-    # it decorates a kernel, as for the scatter kernel (special.py)
+    # it decorates a kernel, as for the scatter kernel (gathers.py)
     from sexpgpu.backends.cuda.partial_sums import sum_partials
 
     sum_partials(scratch, out)
