@@ -22,7 +22,7 @@ from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda import views  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
-from sexpgpu.backends.cuda.memory import Lifetime, plan_arena  # noqa: E402
+from sexpgpu.plan.memory import Lifetime, plan_arena  # noqa: E402
 from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
@@ -131,7 +131,7 @@ def test_the_arena_never_overlaps_buffers_that_live_together():
     for index in range(60):
         born = int(rng.integers(0, 40))
         lives.append(Lifetime(f"b{index}", int(rng.integers(1, 5000)), born, born + int(rng.integers(0, 10))))
-    plan = plan_arena(lives)
+    plan = plan_arena(lives, alignment=256)
     for first in lives:
         for second in lives:
             if first.key >= second.key or first.dies < second.born or second.dies < first.born:
@@ -217,7 +217,7 @@ def test_an_op_without_a_cuda_lowering_is_a_clear_error():
     odd = Node("frobnicate", "f32", (2, 3), (x,), loc=Location("f.sexp", 4, 7))
     graph = make_graph({"x": x}, {"y": odd}, [x, odd])
     with pytest.raises(SexpgpuError) as error:
-        Lowerer(graph, policy_from_environment()).lower()
+        Lowerer(graph, policy_from_environment()).schedule()
     assert error.value.code == "E-DEVICE-002" and "frobnicate" in error.value.message
     assert str(error.value.location) == "f.sexp:4:7"
 

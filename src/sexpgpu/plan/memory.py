@@ -1,21 +1,25 @@
-"""The static memory plan of a graph: when each value lives, which buffer holds it, peak bytes.
+"""The static memory plan: when each value lives (`liveness`), where it lies (`plan_arena`),
+peak bytes. One analysis for every backend: the interpreter's graph, whose steps are its
+nodes (`plan_memory`), and the CUDA backend's kernel steps, whose arena is this plan with
+its 256-byte alignment (backends/cuda/lowering.py).
 
-Lifetimes follow the graph's node order (the order every backend executes):
-- a graph input is held by the caller for the whole graph;
-- a node's value is made at its own step and lives until the step of its last reader; an
-  output lives to the end;
-- during step i, the values read by node i and the value it makes are all live (no node
-  writes over its own inputs).
+Liveness, over a sequence of steps that each read and write values:
+- a value is made at the first step that writes it and lives to the last step that reads or
+  writes it, both included, so a step never writes over memory that it or a step before it
+  still reads (no node writes over its own inputs);
+- a value held for the whole sequence (a graph input, which the caller holds; a CUDA buffer
+  that inputs may be placed in) lives from the first step to the last, and an output from
+  the step that makes it to the last.
 
-Every value gets its own buffer (views such as reshape count as values too, so the plan is
-an upper bound for a backend that aliases them). Buffers are reused greedily in node order:
-before step i frees anything, node i takes the smallest free buffer that fits (the earliest
-made among equals), growing nothing; with none free it gets a new buffer. After step i the
-buffers of values whose last reader is node i return to the free list.
+The arena: steps are taken in order; at each step the values it makes take the best-fitting
+free block (the smallest that fits, the lowest offset among equals), then the values it read
+for the last time give their blocks back, merged with free neighbours. The plan is fixed by
+the graph and the shapes, so every run of the graph uses the same addresses, which is also
+what lets a CUDA step be captured as a CUDA graph.
 
 `peak_bytes` is the most bytes live at any step, inputs included: what a backend that
-frees every value after its last reader needs at the least. `arena_bytes` is the sum of the
-reused buffers: what this plan's allocation needs for values besides the inputs.
+frees every value after its last reader needs at the least. `arena_bytes` is the arena's
+size: what this plan's allocation needs for values besides the inputs.
 """
 
 from __future__ import annotations
@@ -25,12 +29,28 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Lifetime:
+    key: object
+    nbytes: int
+    born: int
+    dies: int
+
+
+@dataclass(frozen=True)
+class ArenaPlan:
+    offsets: dict  # key -> byte offset in the arena
+    arena_bytes: int
+
+    def dump(self) -> str:
+        return "\n".join([f"arena {self.arena_bytes} bytes"] + [f"{key} at {at}" for key, at in self.offsets.items()])
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     peak_bytes: int
     input_bytes: int
     arena_bytes: int
-    buffers: tuple  # size in bytes of each buffer, in order of creation
-    assignment: dict  # node position -> buffer index, for every value that is not an input
+    offsets: dict  # node position -> byte offset in the arena, for every value that is not an input
     live_bytes: tuple  # bytes live during each step (inputs included), one per node
 
 
@@ -39,19 +59,29 @@ def gib_text(count) -> str:
     return f"{(count or 0) / 2**30:,.1f} GiB"
 
 
+def liveness(steps, nbytes, whole=frozenset(), to_end=frozenset()) -> list[Lifetime]:
+    """The lifetime of every value a step writes, in the order they are first written.
+    `steps`: (reads, writes) of each step, in order; `nbytes(key)`: a value's size; `whole`:
+    values held from the first step to the last; `to_end`: values held to the last step."""
+    born: dict = {}
+    dies: dict = {}
+    last = -1
+    for last, (reads, writes) in enumerate(steps):
+        for key in writes:
+            born.setdefault(key, 0 if key in whole else last)
+            dies[key] = last
+        for key in reads:
+            dies[key] = last
+    return [Lifetime(key, nbytes(key), born[key], last if key in whole or key in to_end else dies[key]) for key in born]
+
+
 def lifetimes(graph) -> list:
     """(born, dies) step positions of every node's value; inputs live from 0 to the end."""
     positions = graph.positions()
-    end = len(graph.nodes) - 1
-    spans = []
-    for index, node in enumerate(graph.nodes):
-        spans.append([0 if node.op == "input" else index, index])
-    for index, node in enumerate(graph.nodes):
-        for source in node.inputs:
-            spans[positions[source]][1] = max(spans[positions[source]][1], index)
-    for node in list(graph.outputs.values()) + list(graph.inputs.values()):
-        spans[positions[node]][1] = end
-    return [tuple(span) for span in spans]
+    steps = [([positions[source] for source in node.inputs], (index,)) for index, node in enumerate(graph.nodes)]
+    held = {index for index, node in enumerate(graph.nodes) if node.op == "input"}
+    to_end = {positions[node] for node in list(graph.outputs.values()) + list(graph.inputs.values())}
+    return [(life.born, life.dies) for life in liveness(steps, lambda key: 0, held, to_end)]
 
 
 def plan_memory(graph) -> MemoryPlan:
@@ -66,27 +96,76 @@ def plan_memory(graph) -> MemoryPlan:
     for step in range(count):
         running += live[step]
         live_bytes.append(running)
-    buffers, assignment = _assign_buffers(graph, spans, sizes)
+    made = [Lifetime(index, sizes[index], born, dies) for index, (born, dies) in enumerate(spans)
+            if graph.nodes[index].op != "input"]
+    arena = plan_arena(made, alignment=1)
     input_bytes = sum(node.nbytes for node in graph.inputs.values())
-    return MemoryPlan(max(live_bytes, default=0), input_bytes, sum(buffers), tuple(buffers), assignment, tuple(live_bytes))
+    return MemoryPlan(max(live_bytes, default=0), input_bytes, arena.arena_bytes, arena.offsets, tuple(live_bytes))
 
 
-def _assign_buffers(graph, spans: list, sizes: list) -> tuple:
-    buffers: list = []
-    free: list = []  # (size, buffer index) of the free buffers, sorted: the best fit is a bisection away
-    dying: dict = {}
-    assignment = {}
-    for index, node in enumerate(graph.nodes):
-        if node.op == "input":
-            continue
-        at = bisect.bisect_left(free, (sizes[index], -1))
-        if at == len(free):
-            buffers.append(sizes[index])
-            chosen = len(buffers) - 1
-        else:
-            chosen = free.pop(at)[1]
-        assignment[index] = chosen
-        dying.setdefault(spans[index][1], []).append(chosen)
-        for released in dying.pop(index, []):
-            bisect.insort(free, (buffers[released], released))
-    return buffers, assignment
+def plan_arena(lives: list[Lifetime], alignment: int) -> ArenaPlan:
+    """Offsets in one arena for values whose lifetimes are `lives`, each block a multiple of
+    `alignment` bytes (at least one)."""
+    free = _FreeBlocks()
+    top = 0
+    offsets: dict = {}
+    births: dict = {}
+    deaths: dict = {}
+    for life in lives:
+        births.setdefault(life.born, []).append(life)
+        deaths.setdefault(life.dies, []).append(life)
+    for step in sorted(set(births) | set(deaths)):
+        for life in births.get(step, []):
+            size = _aligned(life.nbytes, alignment)
+            offset = free.take(size)
+            if offset is None:
+                offset, top = top, top + size
+            offsets[life.key] = offset
+        for life in deaths.get(step, []):
+            free.give_back(offsets[life.key], _aligned(life.nbytes, alignment))
+    return ArenaPlan(offsets, top)
+
+
+def _aligned(size: int, alignment: int) -> int:
+    return max(alignment, -(-size // alignment) * alignment)
+
+
+class _FreeBlocks:
+    """The arena's free blocks, never two adjacent: the best fit is a bisection away."""
+
+    def __init__(self):
+        self.by_size: list = []  # (size, offset), sorted
+        self.starts: dict = {}  # offset -> size
+        self.ends: dict = {}  # offset + size -> offset
+
+    def take(self, size: int) -> int | None:
+        at = bisect.bisect_left(self.by_size, (size, -1))
+        if at == len(self.by_size):
+            return None
+        block, offset = self.by_size[at]
+        self._remove(offset, block)
+        if block > size:
+            self._add(offset + size, block - size)
+        return offset
+
+    def give_back(self, offset: int, size: int) -> None:
+        if offset in self.ends:  # a free block ends where this one starts
+            before = self.ends[offset]
+            size += self.starts[before]
+            self._remove(before, self.starts[before])
+            offset = before
+        if offset + size in self.starts:
+            after = offset + size
+            size += self.starts[after]
+            self._remove(after, self.starts[after])
+        self._add(offset, size)
+
+    def _add(self, offset: int, size: int) -> None:
+        bisect.insort(self.by_size, (size, offset))
+        self.starts[offset] = size
+        self.ends[offset + size] = offset
+
+    def _remove(self, offset: int, size: int) -> None:
+        self.by_size.pop(bisect.bisect_left(self.by_size, (size, offset)))
+        del self.starts[offset]
+        del self.ends[offset + size]

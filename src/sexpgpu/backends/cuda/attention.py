@@ -30,6 +30,9 @@ from math import prod
 from sexpgpu.backends.cuda.codegen.expr import load
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
 from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.graph.core.rules import RuleTable
+
+ATTENTION = RuleTable("cuda attention", needs=lambda op: op.kind == "attention")
 
 COTANGENTS = ("attention_grad_q", "attention_grad_kv")
 
@@ -102,6 +105,7 @@ def _forward_step(lowerer, node, out: tuple, lse: str) -> None:
     lowerer.steps.append(TorchStep(run, _reads(operands), (out[0], lse), "attention"))
 
 
+@ATTENTION.rule("attention_core")
 def attention_core(lowerer, node) -> None:
     out = _result(lowerer, node, also=COTANGENTS)
     lse = lowerer.new_buffer("f32", node.shape[:-1])
@@ -197,6 +201,7 @@ def _cotangent_step(lowerer, node, launch, results: list, scratch: tuple = ()) -
     lowerer.steps.append(TorchStep(run, _reads(operands, *statistics), writes, "attention"))
 
 
+@ATTENTION.rule("attention_grad_q")
 def attention_grad_q(lowerer, node) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_backward_q
 
@@ -239,6 +244,7 @@ def _kv_results(lowerer, node) -> list:
     return [(key, half) for half in halves]
 
 
+@ATTENTION.rule("attention_grad_kv")
 def attention_grad_kv(lowerer, node) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_backward_kv
 
@@ -284,10 +290,3 @@ def _paired(lowerer, node, other: str) -> bool:
     lowerer.values[q_node] = load(*dq, q_node.dtype)
     lowerer.shared[("attention paired", sibling)] = True
     return True
-
-
-ATTENTION = {
-    "attention_core": attention_core,
-    "attention_grad_q": attention_grad_q,
-    "attention_grad_kv": attention_grad_kv,
-}

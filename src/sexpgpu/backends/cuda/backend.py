@@ -40,7 +40,7 @@ from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.captured_sums import CapturedSums
 from sexpgpu.backends.cuda.cudnn_patterns import support
 from sexpgpu.backends.cuda.fusion import policy_from_environment
-from sexpgpu.backends.cuda.lowering import Lowerer
+from sexpgpu.backends.cuda.lowering import lower
 from sexpgpu.backends.cuda.probe import CudaProbe
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
@@ -155,7 +155,7 @@ class CudaBackend(BackendDefaults):
             # exact runs sum attention's products and softmax exactly, op by op as the
             # interpreter writes float32 attention out; float runs take the fused kernels
             form = composed_attention(graph) if self.arithmetic == "exact" else graph
-            entry = (graph, Lowerer(form, self.policy, self.arithmetic).lower())
+            entry = (graph, lower(form, self.policy, self.arithmetic))
             self._lowerings[id(graph)] = entry
         return entry[1]
 

@@ -23,6 +23,9 @@ from typing import NamedTuple
 
 from sexpgpu import numerics as nx
 from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.graph.core.rules import RuleTable
+
+DRAWS = RuleTable("cuda draws", needs=lambda op: op.kind == "draw")
 
 
 class Layout(NamedTuple):
@@ -42,6 +45,7 @@ def spec(node) -> nx.DrawSpec:
     return nx.draw_spec(node.op, **{name: node.attrs[name] for name in nx.DRAW_PARAMETERS[node.op]})
 
 
+@DRAWS.rule(*nx.DRAW_PARAMETERS)
 def draw(lowerer, node) -> None:
     """A step of one or two kernels: the salts folded into the args words (when the draw has
     salts), then the draw under them into the node's buffer."""
@@ -58,8 +62,4 @@ def draw(lowerer, node) -> None:
         nx.draw_into(distribution, env[out], env[args], places.rows, places.copies)
 
     reads = (template,) + tuple(key for key, _ in salts)
-    lowerer.steps.append(TorchStep(run, reads, (out, args) if salts else (out,), "draw"))
-    lowerer.values[node] = lowerer.loaded(node, out)
-
-
-DRAWS = {op: draw for op in nx.DRAW_PARAMETERS}
+    lowerer.emit_result(node, TorchStep(run, reads, (out, args) if salts else (out,), "draw"))

@@ -12,10 +12,13 @@ import numpy as np
 
 from sexpgpu.backends.cuda.codegen.expr import Expr, binary, cast, const, iota, unary, where
 from sexpgpu.backends.cuda.codegen.space import unit_view
+from sexpgpu.graph.core.rules import RuleTable
 
 _INT32_LOW = float(-(2**31))
 _INT32_HIGH = float(2**31 - 128)  # the largest float32 below 2^31
 _ROOT_HALF = float(np.float32(0.7071067811865476))
+ELEMENTWISE_KINDS = ("unary", "binary", "compare", "select")
+ELEMENTWISE_OTHERS = ("const", "causal_mask", "one_hot")  # sources and an index op that are expressions too
 
 
 def constant(value, dtype: str) -> Expr:
@@ -78,21 +81,20 @@ def _causal_mask(node, args):
     return binary("le", iota(unit_view(node.shape, 1)), iota(unit_view(node.shape, 0)))
 
 
-EXPRESSIONS = {
-    "const": lambda node, args: constant(node.attrs["value"], node.dtype),
-    "causal_mask": _causal_mask,
-    "neg": _neg,
-    "relu": _relu,
-    "gelu": _gelu,
-    "square": lambda node, args: args[0] * args[0],
-    "cast": lambda node, args: convert(args[0], node.inputs[0].dtype, node.dtype),
-    "where": lambda node, args: where(*args),
-    "one_hot": _one_hot,
-    "maximum": _binary("max"),
-    "minimum": _binary("min"),
-    "pow": lambda node, args: Expr("pow", tuple(args), None, "f32"),
-}
+EXPRESSIONS = RuleTable("cuda expressions", needs=lambda op: op.kind in ELEMENTWISE_KINDS or op.name in ELEMENTWISE_OTHERS)
+EXPRESSIONS.add("const", lambda node, args: constant(node.attrs["value"], node.dtype))
+EXPRESSIONS.add("causal_mask", _causal_mask)
+EXPRESSIONS.add("neg", _neg)
+EXPRESSIONS.add("relu", _relu)
+EXPRESSIONS.add("gelu", _gelu)
+EXPRESSIONS.add("square", lambda node, args: args[0] * args[0])
+EXPRESSIONS.add("cast", lambda node, args: convert(args[0], node.inputs[0].dtype, node.dtype))
+EXPRESSIONS.add("where", lambda node, args: where(*args))
+EXPRESSIONS.add("one_hot", _one_hot)
+EXPRESSIONS.add("maximum", _binary("max"))
+EXPRESSIONS.add("minimum", _binary("min"))
+EXPRESSIONS.add("pow", lambda node, args: Expr("pow", tuple(args), None, "f32"))
 for _op in ("tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "erf"):
-    EXPRESSIONS[_op] = _unary(_op)
+    EXPRESSIONS.add(_op, _unary(_op))
 for _op in ("add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge"):
-    EXPRESSIONS[_op] = _binary(_op)
+    EXPRESSIONS.add(_op, _binary(_op))

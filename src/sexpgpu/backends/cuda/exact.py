@@ -46,7 +46,7 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, load, scalar, unary
 from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
 from sexpgpu.backends.cuda.elementwise import constant
 from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
-from sexpgpu.backends.cuda.special import gather
+from sexpgpu.backends.cuda.gathers import gather
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, same_memory, strided
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.passes.exact_region import gradient_region

@@ -32,6 +32,11 @@ output of the graph), the node is written out by a fused elementwise kernel, whi
 takes the other values of the same shape written out just before it, or by the row kernel
 just before it (rowmerge.py).
 
+What may fuse with the kernel before it, and why, is said where it is decided: a value
+written out joins the open elementwise kernel of its space (`add_output`) or the open row
+kernel (rowmerge.add_store), and a row kernel joins the row kernel before it
+(rowmerge.merged); anything else starts a kernel of its own.
+
 Recomputing keeps every node's rounding: the inlined expression is the node's own, in
 float32 with the node's bf16 rounding, and no multiply-add is contracted (enable_fp_fusion
 is off), so fusion decides where a value is computed, never what it is.
@@ -46,8 +51,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sexpgpu import settings
-from sexpgpu.backends.cuda.codegen.expr import flops, nodes_in_order
+from sexpgpu.backends.cuda.codegen.expr import flops, map_leaves, nodes_in_order
+from sexpgpu.backends.cuda.codegen.space import contiguous
+from sexpgpu.backends.cuda.steps import FlatStep
 
+MAX_FLAT_OUTPUTS = 8
+# A fused expression deeper than this is written out: a chain of thousands of elementwise ops
+# becomes kernels of at most this many levels each. Comparing, hashing and rewriting an
+# expression recurse through its levels, and each node keeps its own rounding, so the split
+# changes no bits.
+MAX_FUSED_DEPTH = 32
 BUDGET_FLOPS_PER_BYTE = 9.0
 MAX_INLINE_NODES = 160  # a longer expression is written out, to bound compile time
 MAX_RECOMPUTING_READERS = 8  # more kernel readers than this read the value back: each is a kernel to compile
@@ -163,3 +176,28 @@ def recompute(policy: FusionPolicy, value, readers: int, itemsize: int, loads: f
         return True
     within_budget = cost <= policy.budget * itemsize
     return within_budget and readers * loads <= loads + itemsize + readers * itemsize
+
+
+def add_output(step: FlatStep, shape, key: str, dtype: str, value) -> bool:
+    """Whether the open elementwise kernel `step` takes `value` as one more output, and takes
+    it. Legal when it is of the same space, has fewer than MAX_FLAT_OUTPUTS outputs, and
+    `value` reads none of its outputs through another view or as a scalar: a read of an
+    output through its own view becomes the output's expression (the kernel recomputes it
+    rather than read what it writes), unless that makes it deeper than MAX_FUSED_DEPTH."""
+    if step.shape != shape or len(step.outputs) >= MAX_FLAT_OUTPUTS:
+        return False
+    written = {key: (view, expression) for key, view, _, expression in step.outputs}
+    for node in nodes_in_order([value]):
+        if node.op == "load" and node.attr[0] in written and node.attr[1] != written[node.attr[0]][0]:
+            return False
+        if node.op == "scalar" and node.attr in written:
+            return False
+
+    def own(leaf):
+        return written[leaf.attr[0]][1] if leaf.op == "load" and leaf.attr[0] in written else leaf
+
+    substituted = map_leaves(value, own)
+    if substituted.depth > MAX_FUSED_DEPTH:
+        return False
+    step.outputs.append((key, contiguous(shape), dtype, substituted))
+    return True

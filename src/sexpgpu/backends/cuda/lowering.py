@@ -1,69 +1,91 @@
-"""A graph to the steps that run it on the GPU.
+"""A graph to the steps that run it on the GPU, in stages over plain data.
 
-The lowerer walks the graph's nodes in the graph's order and gives each node a value: a
-kernel expression over the node's shape (expr.py). An input is a load of its buffer; a
-movement op changes the views of its source's loads (views.py); an elementwise op combines
-its inputs' expressions (elementwise.py), so chains of them fuse; the fusion planner
-(fusion.py) decides where a value is written out instead. Reductions, normalisations and
-the loss become row or column kernels that inline their input's expression (reductions.py);
-products, gathers, scatters, copies and draws become steps of their own (special.py). A group of
-nodes that one of cuDNN's native pattern graphs on computes is one step (pattern_steps.py).
-Every step names its buffers; `finish` places them in one arena (memory.py).
+(a, b) `Lowerer.schedule()`: lowering with fusion. The lowerer walks the graph's nodes in
+the graph's order and gives each node a value: a kernel expression over the node's shape
+(codegen/expr.py). An input is a load of its buffer; a movement op changes the views of its
+source's loads (views.py); an elementwise op combines its inputs' expressions
+(elementwise.py), so chains of them fuse; the fusion planner (fusion.py) decides where a
+value is written out instead, into the kernel before it when that is legal (`emit_elementwise`,
+`emit_rows`; rowmerge.py). Reductions, normalisations and the loss become row or column
+kernels that inline their input's expression (reductions.py); products, gathers, pads,
+windows, attention and draws are steps of their own, each kind a RuleTable in its module
+(`STEP_RULES`). A group of nodes that one of cuDNN's native pattern graphs computes is one
+step (pattern_steps.py). The result, a `Schedule`, holds the kernels as data and no Triton.
+(c) `arena_plan`: every arena buffer's offset, from plan/memory.py's liveness and arena.
+(d) `generate`: each kernel's Triton source (codegen/), the `Lowered` steps the runtime runs.
+`lower` runs them in order.
 
 What this decides depends only on the graph, the shapes, SEXPGPU_OPTIMIZE and the plan's
 choices, never on timing; with patterns on, also on which groups cuDNN builds plans for, a
 fact of the device and its cuDNN.
 
 Under `:arithmetic exact` (`Lowerer(graph, policy, "exact")`) every op that sums takes
-exact.py's lowering instead, and the nodes of the gradient region give unrounded sums.
+exact.py's lowering instead (`self.exact.lowering(node)` in the walk, `self.exact.finish` after
+it), and the nodes of the gradient region give unrounded sums.
 """
 
 from __future__ import annotations
 
 from sexpgpu.errors import SexpgpuError
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from sexpgpu.backends.cuda import rowmerge, views
+from sexpgpu.backends.cuda.attention import ATTENTION
+from sexpgpu.backends.cuda.draws import DRAWS
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.exact import ExactLowering
-from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, broadcastable, loaded_bytes, recompute
-from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, nodes_in_order, scalar
+from sexpgpu.backends.cuda.gathers import GATHERS
+from sexpgpu.backends.cuda.fusion import MAX_FUSED_DEPTH, FusionPolicy, KernelReaders, add_output, broadcastable
+from sexpgpu.backends.cuda.fusion import loaded_bytes, recompute
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
-from sexpgpu.backends.cuda.memory import Lifetime, plan_arena
+from sexpgpu.backends.cuda.pads import PADS
 from sexpgpu.backends.cuda.pattern_steps import Patterns
+from sexpgpu.backends.cuda.products import PRODUCTS
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
-from sexpgpu.backends.cuda.special import SPECIAL
-from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, FlatStep, TorchStep, same_memory, strided
+from sexpgpu.backends.cuda.windows import WINDOWS
+from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, ColumnStep, FlatStep, TorchStep, same_memory, step_text, strided
 from sexpgpu.exact.layout import WIDTH
+from sexpgpu.plan.memory import ArenaPlan, liveness, plan_arena
 
 # Ops whose bf16 result needs no rounding: it is one of their bf16 inputs, or exact.
 _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
-MAX_FLAT_OUTPUTS = 8
-# A fused expression deeper than this is written out: a chain of thousands of elementwise ops
-# becomes kernels of at most this many levels each. Comparing, hashing and rewriting an
-# expression recurse through its levels, and each node keeps its own rounding, so the split
-# changes no bits.
-MAX_FUSED_DEPTH = 32
 
 
 @dataclass
-class Lowered:
+class Schedule:
+    """What lowering and fusion make (stages a and b): the kernels in order as plain data
+    (FlatStep, RowStep and ColumnStep: expressions reading buffers by key; TorchStep: a
+    PyTorch call), their buffers, and no Triton source yet."""
+
     graph: object
     steps: list
     buffers: dict  # key -> Buffer
     inputs: dict  # graph input name -> buffer key
     outputs: dict  # graph output name -> buffer key
-    offsets: dict  # arena buffer key -> byte offset
-    arena_bytes: int
     patterns: tuple = ()  # backends/cuda/patterns.py's PatternUse of each match met
     covered: frozenset = frozenset()  # the nodes cuDNN's pattern graphs compute
 
-    def kernel_count(self) -> int:
-        return len(self.steps)
+    def dump(self) -> str:
+        buffers = [f"{key} {b.kind} {b.dtype}{list(b.shape)}" for key, b in self.buffers.items()]
+        return "\n".join(buffers + [f"step {index}: {step_text(step)}" for index, step in enumerate(self.steps)])
+
+
+@dataclass
+class Lowered(Schedule):
+    """The schedule after the memory plan and code generation: the steps the runtime runs."""
+
+    offsets: dict = field(default_factory=dict)  # arena buffer key -> byte offset
+    arena_bytes: int = 0
 
 
 ARITHMETICS = ("float", "exact")
+# The tables whose rules `rule(lowerer, node)` emit steps of their own, one module per kind
+STEP_RULES = {op: rule for table in (REDUCTIONS, PRODUCTS, GATHERS, PADS, WINDOWS, ATTENTION, DRAWS)
+              for op, rule in table.items()}
+KERNEL_NODES = (FlatStep, rowmerge.RowStep, ColumnStep)  # steps whose code generation makes a Triton kernel
+ARENA_ALIGNMENT = 256
 
 
 class Lowerer:
@@ -180,52 +202,25 @@ class Lowerer:
         self.emit_elementwise(node.shape, key, node.dtype, value)
         self.values[node] = self.loaded(node, key)
 
+    def _last(self):
+        """The step a new one may fuse into: the last one, when the policy fuses."""
+        return self.steps[-1] if self.policy.fuses and self.steps else None
+
     def emit_elementwise(self, shape, key: str, dtype: str, value: Expr) -> None:
-        last = self.steps[-1] if self.policy.fuses and self.steps else None
-        if isinstance(last, rowmerge.RowStep) and rowmerge.add_store(last, shape, key, dtype, value):
+        """Write `value` to `key`: a store of the open row kernel before it, or an output of
+        the fused elementwise kernel before it, where fusion allows (rowmerge.add_store,
+        fusion.add_output); else a kernel of its own."""
+        last = self._last()
+        if rowmerge.joinable(last) and rowmerge.add_store(last, shape, key, dtype, value):
             return
-        view = contiguous(shape)
-        merged = self._merge_into_last(tuple(shape), value)
-        if merged is not None:
-            substituted = self._substituted(merged, value)
-            if substituted.depth <= MAX_FUSED_DEPTH:
-                merged.outputs.append((key, view, dtype, substituted))
-                return
-        step = FlatStep(tuple(shape))
-        step.outputs.append((key, view, dtype, value))
-        self.steps.append(step)
-
-    def _merge_into_last(self, shape, value: Expr):
-        if not self.policy.fuses or not self.steps:
-            return None
-        last = self.steps[-1]
-        if not isinstance(last, FlatStep) or last.shape != shape or len(last.outputs) >= MAX_FLAT_OUTPUTS:
-            return None
-        written = {key: view for key, view, _, _ in last.outputs}
-        for node in nodes_in_order([value]):
-            if node.op == "load" and node.attr[0] in written and node.attr[1] != written[node.attr[0]]:
-                return None
-            if node.op == "scalar" and node.attr in written:
-                return None
-        return last
-
-    @staticmethod
-    def _substituted(step: FlatStep, value: Expr) -> Expr:
-        """`value` with reads of the step's own outputs replaced by their expressions."""
-        from sexpgpu.backends.cuda.codegen.expr import map_leaves
-
-        produced = {key: expression for key, _, _, expression in step.outputs}
-
-        def leaf(node: Expr) -> Expr:
-            if node.op == "load" and node.attr[0] in produced:
-                return produced[node.attr[0]]
-            return node
-
-        return map_leaves(value, leaf)
+        if isinstance(last, FlatStep) and add_output(last, tuple(shape), key, dtype, value):
+            return
+        self.steps.append(FlatStep(tuple(shape), [(key, contiguous(shape), dtype, value)]))
 
     # --- the walk -----------------------------------------------------------------------------
 
-    def lower(self) -> Lowered:
+    def schedule(self) -> Schedule:
+        """Stages (a) and (b): the graph's kernels in order, as plain data."""
         self._output_nodes = set(self.graph.outputs.values())
         inputs = {}
         for name, node in self.graph.inputs.items():
@@ -243,36 +238,35 @@ class Lowerer:
                 continue
             if self.patterns.take(self, node):
                 continue
-            if node.op in views_ops():
+            if node.op in views.VIEWS:
                 self._view(node)
             elif node.op in EXPRESSIONS:
                 self._elementwise(node)
-            elif node.op in REDUCTIONS:
-                REDUCTIONS[node.op](self, node)
-                self._join_rows()
-            elif node.op in SPECIAL:
-                SPECIAL[node.op](self, node)
+            elif node.op in STEP_RULES:
+                STEP_RULES[node.op](self, node)
             else:
                 raise SexpgpuError("E-DEVICE-002", f"the CUDA backend has no lowering for the op '{node.op}'.",
                                    node.loc, hint="Run this file with --device cpu.")
         if self.exact is not None:
             self.exact.finish(self)
         outputs = self._outputs()
-        return self._finish(inputs, outputs)
+        return Schedule(self.graph, _without_dead_stores(self.steps, self.buffers), self.buffers, inputs, outputs,
+                        tuple(self.patterns.uses), frozenset(self.patterns.covered))
 
-    def _join_rows(self) -> None:
-        """Keep a row kernel just emitted open, inside the open row kernel before it when
-        they read the same rows (rowmerge.py)."""
-        if not self.policy.fuses or not self.steps:
-            return
-        opened = rowmerge.opened(self.steps[-1])
-        if opened is None:
-            return
-        self.steps[-1] = opened
-        if len(self.steps) >= 2 and isinstance(self.steps[-2], rowmerge.RowStep):
-            joined = rowmerge.merged(self.steps[-2], opened)
-            if joined is not None:
-                self.steps[-2:] = [joined]
+    def emit_result(self, node, step) -> None:
+        """A step that writes `node`'s result to its first buffer; the node's value reads it."""
+        self.steps.append(step)
+        self.values[node] = self.loaded(node, step.writes[0])
+
+    def emit_rows(self, step: rowmerge.RowStep) -> None:
+        """A row kernel, joined with the open row kernel before it when they read the same
+        rows (rowmerge.py)."""
+        last = self._last()
+        joined = rowmerge.merged(last, step) if rowmerge.joinable(last) and rowmerge.joinable(step) else None
+        if joined is None:
+            self.steps.append(step)
+        else:
+            self.steps[-1] = joined
 
     def value_through(self, node, change) -> Expr:
         """`node`'s value with `change` applied to its views, writing it out first when a
@@ -311,11 +305,7 @@ class Lowerer:
         (source,) = node.inputs
         if node.op == "broadcast":
             self._before_broadcast(source, node.shape)
-        change = view_change(node, source)
-        value = views.through(self.values[source], change)
-        if value is None:
-            self.realize(source)
-            value = views.through(self.values[source], change)
+        value = self.value_through(source, views.VIEWS[node.op](node, source))
         if value is None:  # a view of a written-out value always works; this is a bug
             raise AssertionError(f"cannot view {source!r} as {node!r}")
         self.values[node] = value
@@ -345,17 +335,6 @@ class Lowerer:
             return
         self.emit_elementwise(node.shape, key, node.dtype, value)
 
-    def _finish(self, inputs: dict, outputs: dict) -> Lowered:
-        open_steps = (FlatStep, rowmerge.RowStep)
-        kept = _without_dead_stores(self.steps, self.buffers)
-        steps = [step.finish(self.buffers) if isinstance(step, open_steps) else step for step in kept]
-        lifetimes = _lifetimes(steps, self.buffers)
-        plan = plan_arena(lifetimes)
-        used = {key for step in steps for key in step.reads + step.writes}
-        buffers = {key: buffer for key, buffer in self.buffers.items() if key in used or buffer.kind != "arena"}
-        return Lowered(self.graph, steps, buffers, inputs, outputs, plan.offsets, plan.arena_bytes,
-                       tuple(self.patterns.uses), frozenset(self.patterns.covered))
-
 
 def _without_dead_stores(steps: list, buffers: dict) -> list:
     """The steps with the fused kernels' stores that no step reads taken out. A value is
@@ -369,7 +348,7 @@ def _without_dead_stores(steps: list, buffers: dict) -> list:
             live = [output for output in step.outputs if output[0] in read or buffers[output[0]].kind != "arena"]
             if not live:
                 continue
-            step.outputs[:] = live
+            step = replace(step, outputs=live)
         kept.append(step)
     return kept
 
@@ -383,40 +362,33 @@ def _copier(key: str, source: str, view: View):
     return run
 
 
-def views_ops() -> tuple:
-    return ("reshape", "transpose", "slice", "broadcast")
-
-
 def lowered_ops() -> frozenset:
-    """Every op the lowering handles: inputs, views, expressions, row and column kernels, and
-    the special steps (products, gathers, copies, draws, windows)."""
-    return frozenset(("input",) + views_ops()).union(EXPRESSIONS, REDUCTIONS, SPECIAL)
+    """Every op the lowering handles: inputs, views, expressions, and the ops of the tables
+    whose rules emit steps."""
+    return frozenset(("input",)).union(views.VIEWS, EXPRESSIONS, STEP_RULES)
 
 
-def view_change(node, source):
-    if node.op == "reshape":
-        return lambda view: views.reshape(view, source.shape, node.shape)
-    if node.op == "transpose":
-        return lambda view: views.transpose(view, source.shape, node.attrs["perm"])
-    if node.op == "slice":
-        attrs = node.attrs
-        return lambda view: views.slice_axis(view, source.shape, attrs["axis"], attrs["start"], attrs["stop"])
-    return lambda view: views.broadcast(view, source.shape, node.shape)
+# --- the stages after the schedule --------------------------------------------------------------
 
 
-def _lifetimes(steps: list, buffers: dict) -> list[Lifetime]:
-    born: dict = {}
-    dies: dict = {}
-    for index, step in enumerate(steps):
-        for key in step.writes:
-            born.setdefault(key, 0 if buffers[key].live_from_start else index)
-            dies[key] = max(dies.get(key, index), index)
-        for key in step.reads:
-            dies[key] = index
-    last = len(steps) - 1
-    lives = []
-    for key in born:
-        buffer = buffers[key]
-        if buffer.kind == "arena":
-            lives.append(Lifetime(key, buffer.nbytes, born[key], last if buffer.live_from_start else dies[key]))
-    return lives
+def arena_plan(schedule: Schedule) -> ArenaPlan:
+    """Stage (c): the arena buffers' offsets, from the one liveness analysis (plan/memory.py)."""
+    buffers = schedule.buffers
+    held = {key for key, buffer in buffers.items() if buffer.live_from_start}
+    lives = liveness([(step.reads, step.writes) for step in schedule.steps], lambda key: buffers[key].nbytes, held)
+    return plan_arena([life for life in lives if buffers[life.key].kind == "arena"], ARENA_ALIGNMENT)
+
+
+def generate(schedule: Schedule, arena: ArenaPlan) -> Lowered:
+    """Stage (d): every kernel's Triton source (codegen/), the steps the runtime runs."""
+    steps = [step.finish(schedule.buffers) if isinstance(step, KERNEL_NODES) else step for step in schedule.steps]
+    used = {key for step in steps for key in step.reads + step.writes}
+    buffers = {key: buffer for key, buffer in schedule.buffers.items() if key in used or buffer.kind != "arena"}
+    return Lowered(**{**vars(schedule), "steps": steps, "buffers": buffers}, offsets=arena.offsets,
+                   arena_bytes=arena.arena_bytes)
+
+
+def lower(graph, policy: FusionPolicy, arithmetic: str = "float") -> Lowered:
+    """The stages in order: lowering with fusion, the memory plan, code generation."""
+    schedule = Lowerer(graph, policy, arithmetic).schedule()
+    return generate(schedule, arena_plan(schedule))

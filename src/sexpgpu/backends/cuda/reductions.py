@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from sexpgpu.backends.cuda import views
 from sexpgpu.backends.cuda.codegen import recipes
-from sexpgpu.backends.cuda.codegen.columns import ColumnKernel, ColumnSpec, roots_of
-from sexpgpu.backends.cuda.codegen.columns import with_roots as column_roots
+from sexpgpu.backends.cuda.codegen.columns import ColumnSpec
 from sexpgpu.backends.cuda.codegen.expr import Expr, iota, load, row
-from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction, RowKernel, RowSpec
-from sexpgpu.backends.cuda.codegen.rows import with_roots as row_roots
+from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction
+from sexpgpu.backends.cuda.rowmerge import RowStep
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides, unit_view
-from sexpgpu.backends.cuda.steps import TorchStep, kernel_step, strided, torch_dtype
+from sexpgpu.backends.cuda.steps import ColumnStep, TorchStep, strided, torch_dtype
+from sexpgpu.graph.core.rules import RuleTable
+
+REDUCTIONS = RuleTable("cuda row and column kernels", needs=lambda op: op.kind in ("reduce", "normalize", "loss"))
 
 
 def in_space(lowerer, node, perm) -> Expr:
@@ -29,16 +31,13 @@ def in_space(lowerer, node, perm) -> Expr:
 
 
 def _rows(lowerer, node, space, reduced_rank, phases, outputs, row_stores=(), kind="rows") -> None:
-    """Append a row kernel writing `outputs` [(key, view over space, dtype)]."""
-    spec = RowSpec(tuple(space), reduced_rank, (), tuple((view, dtype) for _, view, dtype in outputs),
-                   tuple(phases), tuple(row_stores))
-    keys = [key for key, _, _ in outputs]
-    lowerer.steps.append(kernel_step(RowKernel, spec, spec.roots(), row_roots, keys, lowerer.buffers, kind))
+    """Emit a row kernel writing `outputs` [(key, view over space, dtype)]."""
+    lowerer.emit_rows(RowStep(tuple(space), reduced_rank, list(outputs), list(phases), list(row_stores), kind))
 
 
 def _columns(lowerer, reduced, kept, reduction: Reduction, key: str, dtype: str) -> None:
     spec = ColumnSpec(tuple(reduced), tuple(kept), (), (reduction,), ((contiguous(kept), dtype),), ((0, row(0)),))
-    lowerer.steps.append(kernel_step(ColumnKernel, spec, roots_of(spec), column_roots, [key], lowerer.buffers, "columns"))
+    lowerer.steps.append(ColumnStep(spec, (key,)))
 
 
 def per_row_view(space, lead_rank: int) -> View:
@@ -47,6 +46,7 @@ def per_row_view(space, lead_rank: int) -> View:
     return View(tuple(space), contiguous_strides(lead) + (0,) * (len(space) - lead_rank))
 
 
+@REDUCTIONS.rule("sum", "max")
 def reduce(lowerer, node) -> None:
     (x,) = node.inputs
     axes = tuple(node.attrs["axes"])
@@ -89,8 +89,7 @@ def integer_reduction(lowerer, node) -> None:
             total = torch.amax(data, dim=axes, keepdim=keep)
         env[key].copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
 
-    lowerer.steps.append(TorchStep(run, (source,), (key,), "integer-reduction"))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, (source,), (key,), "integer-reduction"))
 
 
 def _over_axis(node, axis: int):
@@ -101,6 +100,7 @@ def _over_axis(node, axis: int):
     return perm, tuple(source.shape[other] for other in perm)
 
 
+@REDUCTIONS.rule("softmax", "log_softmax", "layernorm")
 def normalize(lowerer, node) -> None:
     (x,) = node.inputs
     axis = node.attrs.get("axis", x.rank - 1)
@@ -119,6 +119,7 @@ def normalize(lowerer, node) -> None:
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
+@REDUCTIONS.rule("argmax")
 def argmax(lowerer, node) -> None:
     (x,) = node.inputs
     perm, space = _over_axis(node, node.attrs["axis"])
@@ -129,6 +130,7 @@ def argmax(lowerer, node) -> None:
     lowerer.values[node] = lowerer.loaded(node, key)
 
 
+@REDUCTIONS.rule("cross_entropy")
 def cross_entropy(lowerer, node) -> None:
     logits, labels = node.inputs
     space = tuple(logits.shape)
@@ -167,14 +169,3 @@ def softmax_beside(lowerer, logits):
                 and lowerer.policy.fuses:
             return reader
     return None
-
-
-REDUCTIONS = {
-    "sum": reduce,
-    "max": reduce,
-    "argmax": argmax,
-    "softmax": normalize,
-    "log_softmax": normalize,
-    "layernorm": normalize,
-    "cross_entropy": cross_entropy,
-}

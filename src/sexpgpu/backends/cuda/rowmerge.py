@@ -54,6 +54,9 @@ class RowStep:
         return RowSpec(tuple(self.shape), self.reduced_rank, tuple(inputs), outputs, tuple(self.phases),
                        tuple(self.row_stores))
 
+    def roots(self) -> list[Expr]:
+        return self.spec().roots()
+
     @property
     def single(self) -> bool:
         """Whether a row is one chunk, loaded once for every phase."""
@@ -61,7 +64,7 @@ class RowStep:
 
     @property
     def reads(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(loads_of(self.spec().roots())))
+        return loads_of(self.roots())
 
     @property
     def writes(self) -> tuple[str, ...]:
@@ -72,30 +75,10 @@ class RowStep:
         return kernel_step(RowKernel, spec, spec.roots(), with_roots, list(self.writes), buffers, self.kind)
 
 
-def opened(step) -> RowStep | None:
-    """The open form of a finished row kernel step, or None for any other step and for a
-    kernel that is split (its tree would change if it took more)."""
-    if not isinstance(step, KernelStep) or not isinstance(step.launch, RowKernel):
-        return None
-    spec = step.launch.spec
-    if split_count(spec) != 1:
-        return None
-    keys = step.operands[:len(spec.inputs)]
-
-    def by_key(leaf: Expr) -> Expr:
-        if leaf.op == "load":
-            operand, view = leaf.attr
-            return Expr("load", (), (keys[operand], view), leaf.dtype)
-        if leaf.op == "scalar":
-            return Expr("scalar", (), keys[leaf.attr], leaf.dtype)
-        return leaf
-
-    memo: dict = {}
-    phases = [Phase(tuple(Reduction(r.kind, map_leaves(r.value, by_key, memo)) for r in phase.reductions),
-                    tuple((n, map_leaves(value, by_key, memo)) for n, value in phase.stores)) for phase in spec.phases]
-    row_stores = [(n, map_leaves(value, by_key, memo)) for n, value in spec.row_stores]
-    outputs = [(key, view, dtype) for key, (view, dtype) in zip(step.writes, spec.outputs)]
-    return RowStep(tuple(spec.shape), spec.reduced_rank, outputs, phases, row_stores, step.kind)
+def joinable(step) -> bool:
+    """Whether `step` is a row kernel that may take more: one that is split would change its
+    tree if it did."""
+    return isinstance(step, RowStep) and split_count(step.spec()) == 1
 
 
 # --- what the open kernel gives its readers ---------------------------------------------------

@@ -4,13 +4,20 @@ Every step names the buffers it reads and writes (by key), so the memory plan ca
 them; at run time `env[key]` is the buffer's tensor (the arena slice, an input, or an
 output). A load inside a generated kernel carries its own view of a buffer; a step that
 calls PyTorch gets a strided tensor through `strided(env, key, view)`.
+
+The lowering and the fusion pass make kernels as plain data, their expressions reading
+buffers by key (`FlatStep`, rowmerge's `RowStep`, `ColumnStep`); code generation (`finish`)
+turns each into a `KernelStep` that launches generated Triton source. `TorchStep`s are made
+as they run. `step_text` is a step's text form (the lowering's dumps).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sexpgpu.backends.cuda.codegen.expr import Expr, nodes_in_order, number_operands
+from sexpgpu.backends.cuda.codegen.columns import ColumnKernel, ColumnSpec, roots_of
+from sexpgpu.backends.cuda.codegen.columns import with_roots as column_roots
+from sexpgpu.backends.cuda.codegen.expr import Expr, expression_text, nodes_in_order, number_operands
 from sexpgpu.backends.cuda.codegen.flat import FlatSpec, flat_kernel
 from sexpgpu.backends.cuda.codegen.space import View
 
@@ -59,9 +66,11 @@ def same_memory(a, b) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
-def loads_of(roots) -> list[str]:
-    return [node.attr[0] for node in nodes_in_order(roots) if node.op == "load"] + \
-           [node.attr for node in nodes_in_order(roots) if node.op == "scalar"]
+def loads_of(roots) -> tuple[str, ...]:
+    """The buffers the expressions read, each once: loads, then scalars."""
+    nodes = nodes_in_order(roots)
+    return tuple(dict.fromkeys([node.attr[0] for node in nodes if node.op == "load"] +
+                               [node.attr for node in nodes if node.op == "scalar"]))
 
 
 @dataclass
@@ -74,11 +83,14 @@ class FlatStep:
 
     @property
     def reads(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(loads_of([value for _, _, _, value in self.outputs])))
+        return loads_of(self.roots())
 
     @property
     def writes(self) -> tuple[str, ...]:
         return tuple(key for key, _, _, _ in self.outputs)
+
+    def roots(self) -> list[Expr]:
+        return [value for _, _, _, value in self.outputs]
 
     def finish(self, buffers: dict) -> "KernelStep":
         values, keys = number_operands([value for _, _, _, value in self.outputs])
@@ -86,6 +98,32 @@ class FlatStep:
         outputs = tuple((view, dtype, value) for (_, view, dtype, _), value in zip(self.outputs, values))
         launch = flat_kernel(FlatSpec(self.shape, inputs, outputs))
         return KernelStep(launch, tuple(keys) + self.writes, self.reads, self.writes, self.kind)
+
+
+@dataclass
+class ColumnStep:
+    """A column kernel before code generation; its expressions read buffers by key."""
+
+    spec: ColumnSpec
+    writes: tuple[str, ...]
+    kind: str = "columns"
+
+    def roots(self) -> list[Expr]:
+        return roots_of(self.spec)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return loads_of(self.roots())
+
+    def finish(self, buffers: dict) -> "KernelStep":
+        return kernel_step(ColumnKernel, self.spec, self.roots(), column_roots, self.writes, buffers, self.kind)
+
+
+def step_text(step) -> str:
+    """A step as text: its kind, its buffers, and a kernel's expressions, each node once."""
+    head = f"{step.kind} {type(step).__name__} reads={','.join(step.reads)} writes={','.join(step.writes)}"
+    roots = step.roots() if hasattr(step, "roots") else ()
+    return "\n".join([head] + [f"  {line}" for line in expression_text(roots)])
 
 
 @dataclass

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from sexpgpu.backends.cuda.codegen.expr import Expr, map_leaves
 from sexpgpu.backends.cuda.codegen.space import View, contiguous_strides, numel
+from sexpgpu.backends.cuda.fusion import VIEW_OPS
+from sexpgpu.graph.core.rules import RuleTable
 
 
 def broadcast(view: View, source_shape, target_shape) -> View | None:
@@ -103,3 +105,13 @@ def through(value: Expr, change) -> Expr | None:
 
     result = map_leaves(value, leaf)
     return None if failed else result
+
+
+# The movement ops as view changes: `VIEWS[op](node, source)` maps a view of the source's
+# buffer to the node's, or to None when no strided view can express it.
+VIEWS = RuleTable("cuda views", needs=lambda op: op.name in VIEW_OPS)
+VIEWS.add("reshape", lambda node, source: lambda view: reshape(view, source.shape, node.shape))
+VIEWS.add("transpose", lambda node, source: lambda view: transpose(view, source.shape, node.attrs["perm"]))
+VIEWS.add("slice", lambda node, source: lambda view: slice_axis(view, source.shape, node.attrs["axis"],
+                                                                  node.attrs["start"], node.attrs["stop"]))
+VIEWS.add("broadcast", lambda node, source: lambda view: broadcast(view, source.shape, node.shape))

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from sexpgpu.backends.cuda.steps import TorchStep, strided
 from sexpgpu.backends.cuda.convolutions import convolution_key
+from sexpgpu.graph.core.rules import RuleTable
+
+WINDOWS = RuleTable("cuda windows", needs=lambda op: op.kind == "window")
 
 
 def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) -> None:
@@ -33,8 +36,7 @@ def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) ->
         env[key].copy_(compute(*[widen(strided(env, source, view)) for source, view in sources]))
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.steps.append(TorchStep(run, reads, (key,), kind))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, reads, (key,), kind))
 
 
 def _engine_step(lowerer, node, engine: str) -> None:
@@ -55,8 +57,7 @@ def _engine_step(lowerer, node, engine: str) -> None:
         plan.run(first, second, env[key], env[writes[1]] if len(writes) > 1 else None)
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.steps.append(TorchStep(run, reads, writes, "convolution", engine=engine))
-    lowerer.values[node] = lowerer.loaded(node, key)
+    lowerer.emit_result(node, TorchStep(run, reads, writes, "convolution", engine=engine))
 
 
 def _convolution(lowerer, node, compute) -> None:
@@ -68,6 +69,7 @@ def _convolution(lowerer, node, compute) -> None:
         _window_step(lowerer, node, compute, "convolution")
 
 
+@WINDOWS.rule("conv2d")
 def conv2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
@@ -75,6 +77,7 @@ def conv2d(lowerer, node) -> None:
     _convolution(lowerer, node, lambda x, w: functional.conv2d(x, w, stride=stride, padding=padding))
 
 
+@WINDOWS.rule("conv2d_input_grad")
 def conv2d_input_grad(lowerer, node) -> None:
     import torch
 
@@ -83,6 +86,7 @@ def conv2d_input_grad(lowerer, node) -> None:
     _convolution(lowerer, node, compute)
 
 
+@WINDOWS.rule("conv2d_weight_grad")
 def conv2d_weight_grad(lowerer, node) -> None:
     import torch
 
@@ -91,6 +95,7 @@ def conv2d_weight_grad(lowerer, node) -> None:
     _convolution(lowerer, node, compute)
 
 
+@WINDOWS.rule("max_pool2d")
 def max_pool2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
@@ -106,6 +111,7 @@ def _first_maxima(x, kernel, stride):
     return indices
 
 
+@WINDOWS.rule("max_pool2d_grad")
 def max_pool2d_grad(lowerer, node) -> None:
     import torch
 
@@ -121,6 +127,7 @@ def max_pool2d_grad(lowerer, node) -> None:
     _window_step(lowerer, node, compute, "pooling")
 
 
+@WINDOWS.rule("max_pool2d_pick")
 def max_pool2d_pick(lowerer, node) -> None:
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
 
@@ -132,6 +139,7 @@ def max_pool2d_pick(lowerer, node) -> None:
     _window_step(lowerer, node, compute, "pooling")
 
 
+@WINDOWS.rule("avg_pool2d")
 def avg_pool2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
@@ -139,6 +147,7 @@ def avg_pool2d(lowerer, node) -> None:
     _window_step(lowerer, node, lambda x: functional.avg_pool2d(x, kernel, stride), "pooling", in_float32=True)
 
 
+@WINDOWS.rule("avg_pool2d_grad")
 def avg_pool2d_grad(lowerer, node) -> None:
     import torch
 
@@ -149,15 +158,3 @@ def avg_pool2d_grad(lowerer, node) -> None:
         return torch.ops.aten.avg_pool2d_backward(g, like, list(kernel), list(stride), [0, 0], False, True, None)
 
     _window_step(lowerer, node, compute, "pooling", in_float32=True)
-
-
-WINDOWS = {
-    "conv2d": conv2d,
-    "conv2d_input_grad": conv2d_input_grad,
-    "conv2d_weight_grad": conv2d_weight_grad,
-    "max_pool2d": max_pool2d,
-    "max_pool2d_grad": max_pool2d_grad,
-    "max_pool2d_pick": max_pool2d_pick,
-    "avg_pool2d": avg_pool2d,
-    "avg_pool2d_grad": avg_pool2d_grad,
-}

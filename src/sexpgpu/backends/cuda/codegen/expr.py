@@ -29,7 +29,7 @@ class Expr:
     attr: object = None
     dtype: str = "f32"  # f32, i32 or bool: the type the kernel computes in
     # Levels from here to the deepest leaf. Comparing, hashing and rewriting an expression
-    # recurse through it, so the lowering keeps it bounded (lowering.MAX_FUSED_DEPTH).
+    # recurse through it, so the lowering keeps it bounded (fusion.MAX_FUSED_DEPTH).
     depth: int = field(default=1, init=False, compare=False, repr=False)
     # The hash, made once from the arguments' own: hashing anew would walk the whole tree
     # each time, and the lowering hashes every node of every kernel many times.
@@ -170,6 +170,18 @@ def shift_operands(value: Expr, by: int) -> Expr:
         return leaf
 
     return map_leaves(value, change)
+
+
+def expression_text(roots) -> list[str]:
+    """The expressions as lines, each node once and named by its place (`%2 = mul(%0, %1)`),
+    then the roots."""
+    names: dict = {}
+    lines = []
+    for node in nodes_in_order(roots):
+        attr = "" if node.attr is None else f" {node.attr}"
+        lines.append(f"%{len(names)} = {node.op}{attr}({', '.join(names[arg] for arg in node.args)}) {node.dtype}")
+        names[node] = f"%{len(names)}"
+    return lines + ([f"roots {' '.join(names[root] for root in roots)}"] if lines else [])
 
 
 def nodes_in_order(roots) -> list[Expr]:

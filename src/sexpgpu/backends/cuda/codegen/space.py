@@ -92,16 +92,6 @@ def offset_expression(index: str, shape, strides, offset: int = 0) -> str:
     return " + ".join(reversed(terms)) if terms else "0"
 
 
-def coordinate_expression(index: str, shape, axis: int) -> str:
-    """The coordinate along `axis` of flat position `index` of `shape`."""
-    inner = numel(shape[axis + 1:])
-    size = int(shape[axis])
-    coordinate = index if inner == 1 else f"({index} // {inner})"
-    if inner * size < numel(shape):
-        coordinate = f"({coordinate} % {size})"
-    return coordinate
-
-
 def view_offset(index: str, view: View) -> str:
     return offset_expression(index, view.dims, view.strides, view.offset)
 

@@ -1,0 +1,121 @@
+"""The CUDA pipeline's first stages, lowering with fusion (`Lowerer.schedule`) and the memory
+plan (`arena_plan`), over plain data and without Triton: the cases run in one process where
+importing Triton fails, and the tests check what each stage decided and its text form
+(`Schedule.dump`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+_PRELUDE = """
+import json, sys
+sys.modules["triton"] = None  # any import of Triton fails
+from sexpgpu.backends.cuda.fusion import FusionPolicy
+from sexpgpu.backends.cuda.lowering import Lowerer, arena_plan
+from sexpgpu.backends.cuda.steps import step_text
+from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.plan.memory import liveness
+
+found = {}
+
+def stages(graph, level="on"):
+    schedule = Lowerer(graph, FusionPolicy(level)).schedule()
+    return schedule, arena_plan(schedule)
+"""
+
+
+def _run(body: str) -> dict:
+    """What the body puts in `found`, run after the prelude in a process without Triton."""
+    source = _PRELUDE + body + "\nassert sys.modules['triton'] is None\nprint(json.dumps(found))\n"
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=environment, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+_CASES = """
+e = Emitter()
+x = e.input("x", "f32", (8, 32))
+w = e.input("w", "f32", (32, 16))
+h = e("neg", e("matmul", x, w))
+graph = e.graph({"x": x, "w": w}, {"p": e("softmax", h), "s": e("sum", e("exp", h), axes=(0,))})
+(fused, fused_arena), (unfused, unfused_arena) = stages(graph), stages(graph, "off")
+found["mixed"] = {"fused": [type(step).__name__ for step in fused.steps],
+                  "unfused": [type(step).__name__ for step in unfused.steps],
+                  "dump": fused.dump(), "arena": [fused_arena.arena_bytes, unfused_arena.arena_bytes],
+                  "arena_dump": fused_arena.dump()}
+
+e = Emitter()
+x = e.input("x", "f32", (4, 64))
+mean = e("div", e("sum", x, axes=(1,)), e("const", value=64.0, dtype="f32", shape=(4,)))
+graph = e.graph({"x": x}, {"mean": mean, "top": e("max", x, axes=(1,))})
+found["rows"] = [[step.kind, list(step.writes)] for step in stages(graph)[0].steps]
+
+e = Emitter()
+x = e.input("x", "f32", (64, 64))
+value = x
+for _ in range(6):  # each product is a step of its own, with a buffer of its own
+    value = e("matmul", value, x)
+schedule, arena = stages(e.graph({"x": x}, {"y": value}))
+buffers = schedule.buffers
+lives = liveness([(step.reads, step.writes) for step in schedule.steps], lambda key: buffers[key].nbytes)
+found["chain"] = {"lives": [[life.key, life.born, life.dies, arena.offsets[life.key], life.nbytes]
+                            for life in lives if life.key in arena.offsets], "arena": arena.arena_bytes}
+
+from sexpgpu.backends.cuda.codegen.expr import load
+from sexpgpu.backends.cuda.codegen.space import View, contiguous
+from sexpgpu.backends.cuda.fusion import add_output
+from sexpgpu.backends.cuda.steps import FlatStep
+
+x = load("x", contiguous((4, 8)))
+open_kernel = FlatStep((4, 8), [("t", contiguous((4, 8)), "f32", x * x)])
+found["legal"] = [add_output(open_kernel, (4, 8), "a", "f32", load("t", View((4, 8), (1, 4))) + 1.0),  # another view
+                  add_output(open_kernel, (8, 4), "b", "f32", x * 2.0),  # another space
+                  add_output(open_kernel, (4, 8), "c", "f32", load("t", contiguous((4, 8))) + 1.0)]
+found["legal_kernel"] = step_text(open_kernel)
+"""
+
+
+@pytest.fixture(scope="module")
+def found():
+    return _run(_CASES)
+
+
+def test_the_stages_before_code_generation_run_without_triton_and_say_what_they_decided(found):
+    found = found["mixed"]
+    # the product is PyTorch's; neg is inlined in the softmax's row kernel and the column sum
+    assert found["fused"] == ["TorchStep", "RowStep", "ColumnStep"]
+    assert found["unfused"] == ["TorchStep", "FlatStep", "RowStep", "FlatStep", "ColumnStep"]
+    dump = found["dump"]
+    assert "step 1: rows RowStep" in dump and "= neg(" in dump and "step 2: columns ColumnStep" in dump
+    assert found["arena"][0] < found["arena"][1]  # fewer buffers written out, a smaller arena
+    assert found["arena_dump"].startswith(f"arena {found['arena'][0]} bytes\n")
+
+
+def test_reductions_over_the_same_rows_and_their_readers_join_one_row_kernel(found):
+    found = found["rows"]
+    assert len(found) == 1 and found[0][0] == "rows"  # the sum, the division's store and the max
+    assert len(found[0][1]) == 3
+
+
+def test_the_arena_gives_buffers_that_live_together_apart_and_reuses_the_rest(found):
+    found = found["chain"]
+    lives = found["lives"]
+    assert len(lives) == 5 and found["arena"] == 2 * 64 * 64 * 4  # two blocks, taken in turn
+    for key, born, dies, offset, size in lives:
+        for other, born2, dies2, offset2, size2 in lives:
+            if key < other and not (dies < born2 or dies2 < born):
+                assert offset + size <= offset2 or offset2 + size2 <= offset
+
+
+def test_an_open_kernel_takes_a_value_of_its_space_that_reads_its_outputs_through_their_own_views(found):
+    assert found["legal"] == [False, False, True]
+    text = found["legal_kernel"]  # the read of t became t's own expression: x is loaded, t is not
+    assert "reads=x writes=t,c" in text and "load ('t'" not in text
