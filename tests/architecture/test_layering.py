@@ -78,10 +78,6 @@ def test_stage_graph_has_no_cycles():
 RELATIVE_ALLOWED = ("exact",)
 # Cycles between modules that another part of issue #35 removes, each named with that part;
 # the lead empties this after merging. A cycle not here fails, and so does one here that is gone.
-KNOWN_CYCLES = {
-    # the ops part: graph/frontend's build.py and layers.py import each other until it splits them
-    frozenset({"sexpgpu.graph.frontend.build", "sexpgpu.graph.frontend.layers"}),
-}
 
 
 @functools.cache
@@ -169,10 +165,8 @@ def _cycle_through(graph: dict, component: set) -> list[str]:
 
 def test_no_module_imports_itself_back():
     found = cycles(import_graph())
-    new = [" -> ".join(cycle) for cycle in found if frozenset(cycle) not in KNOWN_CYCLES]
-    gone = [sorted(cycle) for cycle in KNOWN_CYCLES if cycle not in {frozenset(cycle) for cycle in found}]
+    new = [" -> ".join(cycle) for cycle in found]
     assert not new, "import cycles:\n" + "\n".join(new)
-    assert not gone, f"no longer cycles, to remove from KNOWN_CYCLES: {gone}"
 
 
 def test_imports_name_their_module_in_full():
