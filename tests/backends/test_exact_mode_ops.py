@@ -21,11 +21,12 @@ from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import det_finalize  # noqa: E402
 from sexpgpu.graph.core.emit import Emitter  # noqa: E402
+from sexpgpu.graph.passes.exact_region import exact_graph  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exact"))
 from exact_oracle import round_fraction  # noqa: E402
 
-EXACT = Interpreter(arithmetic="exact")
+EXACT = Interpreter()  # its exact rules run the graphs exact_graph makes
 M = EXACT.math
 F32 = np.float32
 
@@ -40,7 +41,7 @@ def _run(op, arrays, attrs, dtypes=None) -> np.ndarray:
     nodes = [e.input(f"x{index}", (dtypes or {}).get(index, "f32"), array.shape) for index, array in enumerate(arrays)]
     y = e(op, *nodes, **attrs)
     graph = e.graph({f"x{index}": node for index, node in enumerate(nodes)}, {"y": y})
-    return EXACT.run(graph, {f"x{index}": array for index, array in enumerate(arrays)})["y"]
+    return EXACT.run(exact_graph(graph), {f"x{index}": array for index, array in enumerate(arrays)})["y"]
 
 
 def _once(terms) -> F32:
@@ -221,7 +222,7 @@ def test_a_gradient_region_returns_digits_rounded_once_at_the_end():
     ones = np.ones((3, 2), F32)
     tiny = np.full((3, 4), F32(2.0**-25))
     tiny[0] = 1.0
-    found = EXACT.run(graph, {"a": ones * F32(2.0**-25), "b": ones, "c": tiny})["grad/w"]
+    found = EXACT.run(exact_graph(graph), {"a": ones * F32(2.0**-25), "b": ones, "c": tiny})["grad/w"]
     # every output: 3 * 2**-25 from the product, 1 + 2 * 2**-25 from the sum
     wanted = F32(round_fraction(Fraction(1) + Fraction(5, 2**25)))
     assert wanted == F32(1 + 2.0**-23)

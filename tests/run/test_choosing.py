@@ -440,7 +440,7 @@ def test_a_backend_without_a_probe_keeps_its_own_choices_line(sexpgpu, tiny, tmp
     """A device backend that measures nothing yet (the CUDA backend before its probe) states
     its fixed choices and device facts itself, at level 1 on its own machine."""
     facts = dict(cpu_facts(), kind="cuda", name="cuda test", choices="stacking 1, recompute 9.00 flops a byte; on compute_80")
-    monkeypatch.setattr(setup, "select_backend", lambda device, arithmetic="float", gpu=None: (Interpreter(), facts))
+    monkeypatch.setattr(setup, "select_backend", lambda device, gpu=None: (Interpreter(), facts))
     code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=None)
     assert code == 0 and line(out, "choices") == facts["choices"]
     assert line(out, "determinism").startswith("1: this machine repeats these bits")

@@ -7,8 +7,9 @@ When memory runs out in a stacked step, an unpinned run says `memory: allocation
 computes unstacked from that step; a pinned one stops with the allocation error.
 
 Under `:arithmetic exact` the backend's `exact_sums` (backends/exact_sums.py) replaces the
-float sums across calls: gradients arrive as exact accumulators, are combined exactly and
-rounded once before the update, and the loss and metrics average as round(exact sum) / n.
+float sums across calls: gradients arrive as acc values (graph/passes/exact_region.py), are
+combined exactly and rounded once before the update, and the loss and metrics average as
+round(exact sum) / n.
 
 On several processes (distributed/world.py) each runs its contiguous share of a step's microbatches,
 by their global indices, and `across` combines the processes' sums before the update; one
@@ -56,7 +57,7 @@ class Trainer:
         self.backend = backend
         self.feeder = feeder
         self.stacking = stacking or Stacking(program.training)
-        self.sums = _sums_of(backend)
+        self.sums = _sums_of(run, backend)
         self.across = across  # how the step's sums combine across processes
         self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
         self.diagnostics: dict | None = None  # the last step's diag record, on a diagnosed step
@@ -243,6 +244,8 @@ class Sums:
 FLOAT_SUMS = Sums(_sum_in_order, lambda total: total, _mean_in_order)
 
 
-def _sums_of(backend) -> Sums:
-    exact = getattr(backend, "exact_sums", None)
-    return FLOAT_SUMS if exact is None else Sums(exact.add, exact.rounded, exact.mean)
+def _sums_of(run, backend) -> Sums:
+    if run.arithmetic != "exact":
+        return FLOAT_SUMS
+    exact = backend.exact_sums
+    return Sums(exact.add, exact.rounded, exact.mean)

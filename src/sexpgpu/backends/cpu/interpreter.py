@@ -18,11 +18,10 @@ shape; f32 and bf16 inputs must be float32 arrays (or Python floats for scalars,
 nearest float32), bf16 inputs must already hold bfloat16 values, i32 inputs integers that
 fit in int32, bool inputs booleans. Nothing is cast silently.
 
-Exact arithmetic: `Interpreter(arithmetic="exact")` computes every sum exactly and rounds
-it once (exact_kernels.py, with sexpgpu.exact, which needs PyTorch); a float32 attention op
-is written out as its composition first (graph/passes/attention_parts.py), and the nodes of a
-parameter's gradient region (graph/passes/exact_region.py) give `Accumulator`s, which the run loop
-combines with `exact_sums` (backends/exact_sums.py) and rounds once a step.
+Exact arithmetic is in the graph (graph/passes/exact_region.py): a node of dtype acc or
+marked exact takes its exact rule (exact_kernels.py, with sexpgpu.exact, which needs
+PyTorch), each sum exact and rounded once; an acc value is an unrounded sum (an
+`Accumulator`, or a `PendingSum` not formed yet: backends/exact_sums.py).
 
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
 last reader, so memory follows the graph's liveness (plan/memory.py measures it). Beyond
@@ -32,6 +31,8 @@ interpreter a bounded memo of portable function results (arith.py).
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
@@ -39,26 +40,19 @@ from sexpgpu.backends.cpu.arith import PortableF32, ReferenceF64, round_bf16
 from sexpgpu.backends.cpu.fingerprint import fingerprint
 from sexpgpu.backends.cpu.op_kernels import compile_kernel
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.passes.attention_parts import composed_attention
-from sexpgpu.graph.passes.exact_region import gradient_region
-
-ARITHMETICS = ("float", "exact")
+from sexpgpu.graph.core.ops import ACC
+from sexpgpu.graph.passes.exact_region import is_exact
 
 
 class Interpreter:
     name = "cpu"
 
-    def __init__(self, precision: str = "f32", arithmetic: str = "float"):
-        """precision "f32" for runs; "f64" is a test oracle (see arith.py), never for runs.
-        arithmetic "float" folds in documented orders; "exact" sums exactly (needs PyTorch)."""
+    def __init__(self, precision: str = "f32"):
+        """precision "f32" for runs; "f64" is a test oracle (see arith.py), never for runs."""
         arithmetics = {"f32": PortableF32, "f64": ReferenceF64}
         if precision not in arithmetics:
             raise ValueError(f"precision must be 'f32' or 'f64', not {precision!r}")
-        if arithmetic not in ARITHMETICS or (arithmetic == "exact" and precision != "f32"):
-            raise ValueError(f"arithmetic must be one of {ARITHMETICS} (exact with precision f32), not {arithmetic!r}")
         self.math = arithmetics[precision]()
-        self.arithmetic = arithmetic
-        self.exact_sums = _exact_sums() if arithmetic == "exact" else None
         self._prepared: dict = {}
         # dtypes an input array may have to be taken as it is (bf16 inputs are always checked)
         float_dtype = np.dtype(self.math.float_dtype)
@@ -85,6 +79,11 @@ class Interpreter:
                         values[source] = None
         return self._outputs(graph, values, positions)
 
+    @property
+    def exact_sums(self):
+        """The run loop's sums across calls of exact graphs (backends/exact_sums.py); E-EXACT-001 without torch."""
+        return _exact_kernels().SUMS
+
     # --- arrays the run loop hands over -------------------------------------------------------
 
     def cast_parameter(self, array: np.ndarray, dtype: str) -> np.ndarray:
@@ -106,16 +105,10 @@ class Interpreter:
         return np.asarray(array)
 
     def _prepare(self, graph):
-        """(steps, positions, the graph they run): the graph itself, or under exact arithmetic
-        the graph with its float32 attention written out."""
+        """(steps, positions, the graph they run)."""
         cached = self._prepared.get(graph)
         if cached is not None:
             return cached
-        given = graph
-        region = {}
-        if self.arithmetic == "exact":
-            graph = composed_attention(graph)
-            region = gradient_region(graph)
         positions = graph.positions()
         last_reader = {}
         for index, node in enumerate(graph.nodes):
@@ -131,18 +124,18 @@ class Interpreter:
             if node.op == "input":
                 continue
             sources = tuple(positions[source] for source in node.inputs)
-            rounds = self.math.rounds_bf16 and node.dtype == "bf16" and node not in region
-            steps.append((index, self._kernel(node, region), sources, tuple(dying.get(index, ())), rounds,
-                          node in region))
-        self._prepared[given] = (steps, positions, graph)
+            rounds = self.math.rounds_bf16 and node.dtype == "bf16"
+            steps.append((index, self._kernel(node), sources, tuple(dying.get(index, ())), rounds,
+                          node.dtype == ACC))
+        self._prepared[graph] = (steps, positions, graph)
         return steps, positions, graph
 
-    def _kernel(self, node, region: dict):
-        if self.arithmetic == "float":
+    def _kernel(self, node):
+        if not is_exact(node):
             return compile_kernel(node, self.math)
-        from sexpgpu.backends.cpu.exact_kernels import exact_kernel  # torch: only exact runs need it
-
-        return exact_kernel(node, self.math, region.get(node))
+        if self.math.float_dtype != np.float32:
+            raise ValueError("exact arithmetic computes in float32, not with the f64 oracle")
+        return _exact_kernels().exact_kernel(node, self.math)
 
     def _accept(self, name: str, node, value) -> np.ndarray:
         if (type(value) is np.ndarray and value.dtype == self._ready_dtypes.get(node.dtype)
@@ -176,11 +169,10 @@ class Interpreter:
         return result
 
 
-def _exact_sums():
-    """The run loop's sums across calls for an exact interpreter; E-EXACT-001 without torch."""
+def _exact_kernels():
+    """exact_kernels.py, which runs on torch; E-EXACT-001 without it."""
     try:
-        from sexpgpu.backends.exact_sums import ExactSums  # torch is optional: loaded for exact runs only
+        return importlib.import_module("sexpgpu.backends.cpu.exact_kernels")  # torch is optional: for exact graphs
     except ImportError as missing:
         raise SexpgpuError("E-EXACT-001", f":arithmetic exact needs PyTorch, which cannot be imported here ({missing}).",
                            hint="Install it (pip install 'sexpgpu[torch]') or run with :arithmetic float.") from None
-    return ExactSums(lambda tensor: tensor.numpy())

@@ -13,8 +13,8 @@ unless it is exact (exact sums read counts back). `device="cpu"` runs
 the same lowering on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1): that is
 how CI checks the lowering without a GPU.
 
-`CudaBackend(arithmetic="exact")` computes `:arithmetic exact` runs (exact.py): every sum
-exact and rounded once, the interpreter's bits on any device. Its graphs return a
+Exact graphs (graph/passes/exact_region.py: `:arithmetic exact` runs) lower by exact.py: every
+sum exact and rounded once, the interpreter's bits on any device. Their graphs return a
 parameter's gradient unrounded, as a `PendingSum` of views of the graph's memory, which the
 run loop combines and rounds with `exact_sums` (backends/exact_sums.py); before a graph runs
 again, over that memory, the backend forms the digits of those still held.
@@ -45,7 +45,6 @@ from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_faile
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact.implementations import device_paths
-from sexpgpu.graph.passes.attention_parts import composed_attention
 from sexpgpu.plan.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
 
 GIVEN = "the backend was made with a policy without it"
@@ -54,7 +53,7 @@ GIVEN = "the backend was made with a policy without it"
 class CudaBackend:
     name = "cuda"
 
-    def __init__(self, device: str | None = None, policy=None, arithmetic: str = "float"):
+    def __init__(self, device: str | None = None, policy=None):
         device_settings.configure()
         import torch
 
@@ -67,11 +66,10 @@ class CudaBackend:
             self.patterns = decide_patterns(None, {name: None if name in policy.patterns else GIVEN
                                                    for name in PATTERN_NAMES})
         self.policy = policy
-        self.arithmetic = arithmetic
         # on CPU tensors (Triton's interpreter) the exact library takes the paths a GPU takes
         self.exact_paths = device_paths if self.device.type == "cpu" else contextlib.nullcontext
         # the rounded gradients stay on the device, where the update graph reads them
-        self.exact_sums = self._exact_sums() if arithmetic == "exact" else None
+        self.exact_sums = self._exact_sums()
         # CUDA graphs from a graph's second call where the policy fuses; False keeps every call
         # eager, for timing the steps inside one (bench/exact_calls.py)
         self.capture = True
@@ -107,8 +105,8 @@ class CudaBackend:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
             runner = self._entry(graph)[2]
             outputs = runner(accepted, lent)
-            if self.exact_sums is not None:
-                pending = {name: value for name, value in outputs.items() if isinstance(value, PendingSum)}
+            pending = {name: value for name, value in outputs.items() if isinstance(value, PendingSum)}
+            if pending:
                 self._pending[id(graph)] = weakref.WeakSet(pending.values())
                 if isinstance(runner, Captured) and runner.graph is not None:
                     for name, value in pending.items():  # over the replay's buffers, which stay
@@ -150,10 +148,7 @@ class CudaBackend:
         allocates nothing."""
         entry = self._lowerings.get(id(graph))
         if entry is None or entry[0] is not graph:
-            # exact runs sum attention's products and softmax exactly, op by op as the
-            # interpreter writes float32 attention out; float runs take the fused kernels
-            form = composed_attention(graph) if self.arithmetic == "exact" else graph
-            entry = (graph, Lowerer(form, self.policy, self.arithmetic).lower())
+            entry = (graph, Lowerer(graph, self.policy).lower())
             self._lowerings[id(graph)] = entry
         return entry[1]
 

@@ -1,6 +1,10 @@
-"""The CUDA backend's lowering under `:arithmetic exact`: the interpreter's exact rules, on the device.
+"""The CUDA backend's lowering of exact graphs: the interpreter's exact rules, on the device.
 
-Every op that sums is a step calling the exact sums the interpreter calls
+An exact graph (graph/passes/exact_region.py, `:arithmetic exact`) marks what is exact: a node
+of dtype acc takes its rule in ACC, one marked exact its rule in EXACT (both RuleTables,
+graph/core/rules.py), and the lowerer reaches them through one hook (lowering.py:
+`ExactLowering.of(graph)`, then `lowering(node)` before the float lowering of each node, and
+`finish` before the outputs). Every op that sums is a step calling the exact sums the interpreter calls
 (backends/exact_ops.py), on the device's tensors, by their fast paths where there are any
 (`rounded_sum`, `rounded_product`): each sum is formed exactly by sexpgpu.exact and rounded
 once, so its bits are a function of its terms alone and equal the interpreter's.
@@ -20,7 +24,7 @@ where the interpreter holds it in a float32 array:
   any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima; over
   trailing axes in one pass, exact_maxima.py).
 
-The gradient region (graph/passes/exact_region.py) lives in the step's environment beside the arena
+Acc values (the gradient region) live in the step's environment beside the arena
 (buffers of kind "accumulator"), and the graph returns its sums for the run loop to combine
 and round once a step (backends/exact_sums.py): a sum over the batch as a `PendingSum` of its
 operands, reshaped and transposed as such, whose digits are formed only where something adds
@@ -49,19 +53,27 @@ from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.special import gather
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, same_memory, strided
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.passes.exact_region import gradient_region
+from sexpgpu.graph.core.rules import RuleTable
+from sexpgpu.graph.passes.attention_parts import ATTENTION_OPS
+from sexpgpu.graph.passes.exact_region import EXACT_FORMS, ROLES, is_exact, on_acc
 
 
 class ExactLowering:
-    """Which lowering a node of an exact graph takes instead of the float one: its gradient
-    region's when it lies there, else its op's exact lowering, if its op has one."""
+    """Which lowering a node of an exact graph takes instead of the float one: its acc rule
+    when it makes or reads acc values, its exact rule when it is marked exact."""
 
-    def __init__(self, graph):
-        self.region = gradient_region(graph)
+    def __init__(self):
         self.held: list = []  # buffers a PendingSum reads after its step: kept to the run's end
 
+    @classmethod
+    def of(cls, graph):
+        """The exact lowering of a graph with exact nodes, None for a float graph."""
+        return cls() if any(is_exact(node) for node in graph.nodes) else None
+
     def lowering(self, node):
-        return REGION[node.op] if node in self.region else EXACT.get(node.op)
+        if on_acc(node):
+            return ACC[node.op]
+        return EXACT[node.op] if node.attrs.get("exact", False) else None
 
     def finish(self, lowerer) -> None:
         """A last step that reads the buffers pending sums hold, so that the memory plan keeps
@@ -354,7 +366,8 @@ def _refused(lowerer, node) -> None:
                        ":arithmetic exact computes attention in float32.", node.loc)
 
 
-EXACT = {
+EXACT = RuleTable("cuda exact lowering", needs=lambda op: op.name in EXACT_FORMS)
+for _op, _rule in {
     "matmul": _matmul,
     "sum": _reduction(_sum),
     "max": _reduction(_max),
@@ -372,11 +385,10 @@ EXACT = {
     "max_pool2d": _max_pool2d,
     "max_pool2d_grad": _max_pool2d_grad,
     "max_pool2d_pick": _max_pool2d_pick,
-    # a float32 attention op is written out as its composition before lowering; a bf16 one keeps its op
-    "attention_core": _refused,
-    "attention_grad_q": _refused,
-    "attention_grad_kv": _refused,
-}
+    # a float32 attention op is written out as its composition (graph/passes/attention_parts.py); a bf16 one keeps its op
+    **{op: _refused for op in ATTENTION_OPS},
+}.items():
+    EXACT.add(_op, _rule)
 
 
 # --- the gradient region: sums in the environment -----------------------------------------------
@@ -459,7 +471,8 @@ def _weight_grad_digits(node, x, g):
     return ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)
 
 
-REGION = {
+ACC = RuleTable("cuda acc lowering", needs=lambda op: op.name in ROLES)
+for _op, _rule in {
     "matmul": _reducing(_product_digits, lambda node, a, b: ops.rounded_product(a, b, node.shape, "f32")),
     "sum": _reducing(_sum_digits, lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, "f32")),
     "scatter_add": _checked_region_scatter,
@@ -470,4 +483,5 @@ REGION = {
     "transpose": _moving(lambda node, acc: ops.transposed(acc, node.attrs["perm"]),
                          lambda node, tensor: tensor.permute(*node.attrs["perm"]).contiguous()),
     "const": _region_const,
-}
+}.items():
+    ACC.add(_op, _rule)

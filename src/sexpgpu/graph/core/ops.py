@@ -994,3 +994,15 @@ _register("max_pool2d_grad", "window", _infer_max_pool2d_grad, _vjp_max_pool2d_g
 _register("max_pool2d_pick", "window", _infer_max_pool2d_pick, _vjp_max_pool2d_pick, 2)
 _register("avg_pool2d", "window", _infer_pool("avg_pool2d"), _vjp_avg_pool2d, 1)
 _register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_grad, 1)
+
+
+# --- Exact arithmetic (:arithmetic exact; graph/passes/exact_region.py) ------------------------
+#
+# dtype "acc" is an exact sum whose rounding is deferred: the value of a summing op (matmul,
+# sum, scatter_add, conv2d_weight_grad), of an add, reshape or transpose of such sums, or of a
+# const, held unrounded (a gradient region's nodes). A node with the attribute exact=True is
+# its op's exact form: every sum inside it is exact and rounded once, to nearest even. Backends
+# register these against the op in their exact rule tables (backends/cpu/exact_kernels.py,
+# backends/cuda/exact.py).
+
+ACC = "acc"

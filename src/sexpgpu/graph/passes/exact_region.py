@@ -1,9 +1,16 @@
-"""Where an exact run keeps its parameter gradients unrounded.
+"""`:arithmetic exact` as a graph transformation, and where it keeps gradients unrounded.
 
+    exact_graph(graph) -> Graph                # the graph as an exact run computes it (E-EXACT-002)
     gradient_region(graph) -> {node: role}     # raises ExactRegionError
-    check_exact_gradients(graph)               # the same, as a coded error (E-EXACT-002)
 
-Under `:arithmetic exact` every sum is exact and rounded once. A parameter's gradient is a
+Under `:arithmetic exact` every sum is exact and rounded once. `exact_graph` says so in the
+graph itself (graph/core/ops.py, "Exact arithmetic"), so a backend needs no mode: float32
+attention is written out as its composition (graph/passes/attention_parts.py); the nodes of
+the gradient region below get dtype "acc", exact sums not rounded; every other node whose op
+sums, or whose exact rule differs (maxima with the interpreter's zeros and NaN, checked ids),
+gets the attribute exact=True: its op's exact form, each sum rounded once. Backends compute
+acc nodes and exact nodes with their exact rule tables. The compile applies it to every graph
+of an exact run (graph/training/program.py). A parameter's gradient is a
 sum over the batch, and a step adds it over microbatches (and a stacked call over several
 at once, and later the GPUs): those sums are one sum only if nothing is rounded between a
 batch reduction and the end of the step. So the nodes from each `grad/<path>` output back
@@ -25,12 +32,23 @@ the region's values exist only as digits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.graph.core.ir import Attrs, Graph
+from sexpgpu.graph.core.ops import ACC
+from sexpgpu.graph.passes.attention_parts import composed_attention
 
 REDUCING = ("matmul", "sum", "scatter_add", "conv2d_weight_grad")
 CARRYING = ("add", "reshape", "transpose")
 SOURCES = ("const",)
 ROLES = {**{op: "reduce" for op in REDUCING}, **{op: "carry" for op in CARRYING}, **{op: "const" for op in SOURCES}}
+# ops whose exact form is not their float one: they sum, take maxima by the interpreter's
+# rule for zeros and NaN, or read ids that a device must check first
+EXACT_FORMS = ("matmul", "sum", "max", "softmax", "log_softmax", "layernorm", "cross_entropy", "gather", "scatter_add",
+               "conv2d", "conv2d_input_grad", "conv2d_weight_grad", "avg_pool2d", "avg_pool2d_grad", "max_pool2d",
+               "max_pool2d_grad", "max_pool2d_pick", "attention_core", "attention_grad_q", "attention_grad_kv")
+EXACT = Attrs({"exact": True})
 
 
 class ExactRegionError(ValueError):
@@ -53,12 +71,35 @@ def gradient_region(graph) -> dict:
     return region
 
 
-def check_exact_gradients(graph) -> None:
-    """gradient_region(graph), refusing with E-EXACT-002 at the parameter's declaration."""
+def exact_graph(graph: Graph) -> Graph:
+    """The graph as `:arithmetic exact` computes it (above); E-EXACT-002 at the op where a
+    gradient cannot stay exact."""
+    graph = composed_attention(graph)
     try:
-        gradient_region(graph)
+        region = gradient_region(graph)
     except ExactRegionError as refused:
         raise SexpgpuError("E-EXACT-002", str(refused), refused.node.loc) from None
+    made: dict = {}
+    for node in graph.nodes:
+        inputs = tuple(made[source] for source in node.inputs)
+        if node in region:
+            made[node] = replace(node, dtype=ACC, inputs=inputs)
+        elif node.op in EXACT_FORMS:
+            made[node] = replace(node, inputs=inputs, attrs=Attrs({**node.attrs, **EXACT}))
+        else:
+            made[node] = node if inputs == node.inputs else replace(node, inputs=inputs)
+    return Graph(dict(graph.inputs), {name: made[node] for name, node in graph.outputs.items()},
+                 tuple(made[node] for node in graph.nodes))
+
+
+def is_exact(node) -> bool:
+    """Whether a backend computes the node by its exact rules: an exact form, or acc in or out."""
+    return node.attrs.get("exact", False) or on_acc(node)
+
+
+def on_acc(node) -> bool:
+    """Whether the node makes or reads acc values: its rule is in a backend's acc table."""
+    return node.dtype == ACC or any(source.dtype == ACC for source in node.inputs)
 
 
 def _walk(output, name: str, region: dict) -> None:
