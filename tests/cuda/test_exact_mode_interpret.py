@@ -332,8 +332,6 @@ def test_the_gradients_rounding_is_captured_at_the_second_call_of_one_signature(
     records it here): the first rounding of a signature is eager, the second captures and
     replays, later ones replay, each giving copies; sums with no origin are always eager, and
     a rounding refused at capture stays eager."""
-    import contextlib
-
     from sexpgpu.backends.cuda import captured_sums
 
     replays, captures = [], []
@@ -347,7 +345,7 @@ def test_the_gradients_rounding_is_captured_at_the_second_call_of_one_signature(
         return Recorded(), {name: value.rounded() for name, value in total.items()}
 
     monkeypatch.setattr(captured_sums.CapturedSums, "_captured", captured)
-    sums = captured_sums.CapturedSums(lambda tensor: tensor, contextlib.nullcontext, "cpu")
+    sums = captured_sums.CapturedSums("cpu")
 
     def total(origin="graph"):
         value = PendingSum(lambda: None, lambda: torch.arange(3.0), fixed=True)

@@ -33,9 +33,10 @@ from sexpgpu.backends import exact_ops as ops
 from sexpgpu.backends.cpu import folds
 from sexpgpu.backends.cpu.windows import first_maxima
 from sexpgpu.backends.cpu.op_kernels import KERNELS, check_ids
-from sexpgpu.backends.exact_sums import ExactSums, accumulated
+from sexpgpu.backends.exact_sums import accumulated, rounded_once
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact import det_finalize
+from sexpgpu.graph.core.ops import EXACT_ONLY
 from sexpgpu.graph.core.rules import RuleTable
 from sexpgpu.graph.passes.attention_parts import ATTENTION_OPS
 from sexpgpu.graph.passes.exact_region import EXACT_FORMS, ROLES, on_acc
@@ -167,7 +168,7 @@ def _max_pool2d_grad(node, args, m):
 # --- the tables -------------------------------------------------------------------------------
 
 # acc in or out (graph/passes/exact_region.py): the gradient region's unrounded sums
-ACC_KERNELS = RuleTable("cpu acc kernels", needs=lambda op: op.name in ROLES)
+ACC_KERNELS = RuleTable("cpu acc kernels", needs=lambda op: op.name in ROLES + EXACT_ONLY)
 ACC_KERNELS.add("matmul", lambda node, args, m: ops.product(_tensor(args[0]), _tensor(args[1]), node.shape))
 ACC_KERNELS.add("sum", lambda node, args, m: ops.shaped(ops.summed(_tensor(args[0]), node.attrs["axes"]), node.shape))
 ACC_KERNELS.add("scatter_add", lambda node, args, m: _scatter_planes(node, args))
@@ -176,6 +177,7 @@ ACC_KERNELS.add("add", lambda node, args, m: ops.added([accumulated(arg) for arg
 ACC_KERNELS.add("reshape", lambda node, args, m: ops.shaped(accumulated(args[0]), node.shape))
 ACC_KERNELS.add("transpose", lambda node, args, m: ops.transposed(accumulated(args[0]), node.attrs["perm"]))
 ACC_KERNELS.add("const", lambda node, args, m: ops.constant(node.attrs["value"], node.shape, "cpu"))
+ACC_KERNELS.add("round", lambda node, args, m: rounded_once(args[0], node.dtype).to(torch.float32).numpy())
 
 # ops whose float kernel is already their exact rule: maxima take no order, gathers copy
 FLOAT_IS_EXACT = ("max", "gather", "max_pool2d", "max_pool2d_pick")
@@ -206,6 +208,3 @@ def exact_kernel(node, m):
                            ":arithmetic exact computes attention in float32.", node.loc)
     kernel = (ACC_KERNELS if on_acc(node) else EXACT_KERNELS).get(node.op) or KERNELS[node.op]
     return lambda args: kernel(node, args, m)
-
-
-SUMS = ExactSums(lambda tensor: tensor.numpy())  # the run loop's exact sums across the interpreter's calls

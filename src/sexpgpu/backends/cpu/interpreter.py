@@ -79,11 +79,6 @@ class Interpreter:
                         values[source] = None
         return self._outputs(graph, values, positions)
 
-    @property
-    def exact_sums(self):
-        """The run loop's sums across calls of exact graphs (backends/exact_sums.py); E-EXACT-001 without torch."""
-        return _exact_kernels().SUMS
-
     # --- arrays the run loop hands over -------------------------------------------------------
 
     def cast_parameter(self, array: np.ndarray, dtype: str) -> np.ndarray:
@@ -138,6 +133,8 @@ class Interpreter:
         return _exact_kernels().exact_kernel(node, self.math)
 
     def _accept(self, name: str, node, value) -> np.ndarray:
+        if node.dtype == ACC:  # an acc value one of this interpreter's graphs gave (backends/exact_sums.py)
+            return value
         if (type(value) is np.ndarray and value.dtype == self._ready_dtypes.get(node.dtype)
                 and value.shape == node.shape):
             return value  # already what the graph expects: nothing to convert or check

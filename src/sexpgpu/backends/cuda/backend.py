@@ -15,9 +15,11 @@ how CI checks the lowering without a GPU.
 
 Exact graphs (graph/passes/exact_region.py: `:arithmetic exact` runs) lower by exact.py: every
 sum exact and rounded once, the interpreter's bits on any device. Their graphs return a
-parameter's gradient unrounded, as a `PendingSum` of views of the graph's memory, which the
-run loop combines and rounds with `exact_sums` (backends/exact_sums.py); before a graph runs
-again, over that memory, the backend forms the digits of those still held.
+parameter's gradient unrounded (acc), as a `PendingSum` of views of the graph's memory; a step
+adds and rounds them with graphs of acc values alone (graph/passes/exact_region.py's
+GradientSums), which run on the host's side of the device (backends/exact_sums.py's
+`evaluated`; a rounding graph by `rounding`, captured_sums.py). Before a graph runs again,
+over that memory, the backend forms the digits of the sums still held.
 
 A backend made without a policy takes the environment's (SEXPGPU_OPTIMIZE) with the patterns
 the plan puts on here (plan/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
@@ -35,7 +37,7 @@ import numpy as np
 
 from sexpgpu import settings
 from sexpgpu.backends.contract import check_input_names, check_input_shape, host_input
-from sexpgpu.backends.exact_sums import ExactSums, PendingSum
+from sexpgpu.backends.exact_sums import PendingSum, evaluated, on_host
 from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.captured_sums import CapturedSums
 from sexpgpu.backends.cuda.cudnn_patterns import support
@@ -68,8 +70,8 @@ class CudaBackend:
         self.policy = policy
         # on CPU tensors (Triton's interpreter) the exact library takes the paths a GPU takes
         self.exact_paths = device_paths if self.device.type == "cpu" else contextlib.nullcontext
-        # the rounded gradients stay on the device, where the update graph reads them
-        self.exact_sums = self._exact_sums()
+        # an exact step's gradients rounded once, on the device where the update graph reads them
+        self.rounding = CapturedSums(self.device)
         # CUDA graphs from a graph's second call where the policy fuses; False keeps every call
         # eager, for timing the steps inside one (bench/exact_calls.py)
         self.capture = True
@@ -86,8 +88,7 @@ class CudaBackend:
         self.policy = replace(self.policy, budget=budget, products=dict(choices.products or {}),
                               convolutions=dict(choices.convolutions or {}))
         self._runners.clear()
-        if isinstance(self.exact_sums, CapturedSums):
-            self.exact_sums.release()
+        self.rounding.release()
         self._lowerings.clear()
 
     def run(self, graph, inputs: dict, lent: bool = False) -> dict:
@@ -97,8 +98,19 @@ class CudaBackend:
         captured graph may return its own output buffers (runtime.py's Captured)."""
         check_input_names(graph, inputs)
         with self.exact_paths():
+            if on_host(graph):  # an exact step's sums across its calls
+                return self._host_sums(graph, inputs)
             self._form_pending(graph)
             return self._run(graph, inputs, lent)
+
+    def _host_sums(self, graph, inputs: dict) -> dict:
+        """A graph of acc values alone; the rounding of a step's gradients, one name each, by
+        `rounding`, which captures it where the sums lie over a captured graph's buffers."""
+        names = {node: name for name, node in graph.inputs.items()}
+        if all(node.op == "round" and node.dtype == "f32" and names.get(node.inputs[0]) == name
+               for name, node in graph.outputs.items()):
+            return self.rounding.rounded({name: inputs[name] for name in graph.outputs})
+        return evaluated(graph, inputs)
 
     def _run(self, graph, inputs: dict, lent: bool) -> dict:
         try:
@@ -126,20 +138,11 @@ class CudaBackend:
         for pending in self._pending.pop(id(graph), ()):
             pending.accumulator()
 
-    def _exact_sums(self) -> ExactSums:
-        """The run loop's exact sums; on a GPU their rounding of a captured graph's pending
-        sums is captured too (captured_sums.py)."""
-        keep = lambda tensor: tensor  # noqa: E731
-        if self.device.type == "cuda":
-            return CapturedSums(keep, self.exact_paths, self.device)
-        return ExactSums(keep, self.exact_paths)
-
     def release(self, graph) -> None:
         """Let go of the device memory held for `graph` (its arena and captured buffers, and
         every captured rounding); a later run of it allocates them again."""
         self._runners.pop(id(graph), None)
-        if isinstance(self.exact_sums, CapturedSums):
-            self.exact_sums.release()
+        self.rounding.release()
         if self.device.type == "cuda":
             self.torch.cuda.empty_cache()
 

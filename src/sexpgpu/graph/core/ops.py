@@ -1000,9 +1000,23 @@ _register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_g
 #
 # dtype "acc" is an exact sum whose rounding is deferred: the value of a summing op (matmul,
 # sum, scatter_add, conv2d_weight_grad), of an add, reshape or transpose of such sums, or of a
-# const, held unrounded (a gradient region's nodes). A node with the attribute exact=True is
+# const, held unrounded (a gradient region's nodes, and the sums of a step's calls);
+# `round` rounds each once, to nearest even, into f32 or bf16. A node with the attribute exact=True is
 # its op's exact form: every sum inside it is exact and rounded once, to nearest even. Backends
 # register these against the op in their exact rule tables (backends/cpu/exact_kernels.py,
 # backends/cuda/exact.py).
 
 ACC = "acc"
+EXACT_ONLY = ("round",)  # ops only exact graphs hold: float rule tables need no rule for them
+
+
+def _infer_round(inputs, attrs):
+    """round: acc -> f32 or bf16, each exact sum rounded once, to nearest even."""
+    (x,) = inputs
+    _require_dtype("round", x, (ACC,))
+    if attrs.get("dtype") not in FLOAT_DTYPES:
+        raise OpError("E-DTYPE-001", f"round: rounds into f32 or bf16, not {attrs.get('dtype')}.")
+    return attrs["dtype"], x.shape, {"dtype": attrs["dtype"]}
+
+
+_register("round", "unary", _infer_round, None, 1)

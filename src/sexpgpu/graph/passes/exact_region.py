@@ -1,6 +1,7 @@
 """`:arithmetic exact` as a graph transformation, and where it keeps gradients unrounded.
 
     exact_graph(graph) -> Graph                # the graph as an exact run computes it (E-EXACT-002)
+    gradient_sums(update) -> GradientSums      # the graphs a step adds and rounds its gradients with
     gradient_region(graph) -> {node: role}     # raises ExactRegionError
 
 Under `:arithmetic exact` every sum is exact and rounded once. `exact_graph` says so in the
@@ -32,10 +33,10 @@ the region's values exist only as digits.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.core.ir import Attrs, Graph
+from sexpgpu.graph.core.ir import Attrs, Graph, Node
 from sexpgpu.graph.core.ops import ACC
 from sexpgpu.graph.passes.attention_parts import composed_attention
 
@@ -130,3 +131,33 @@ def _check_readers(graph, region: dict) -> None:
                     f"under :arithmetic exact a parameter's gradient sum ({source.op} in {source.name or 'the model'}) "
                     f"is kept unrounded until the step's end, but the op '{reader.op}' reads it as a rounded value. "
                     "Run this file with :arithmetic float.", reader, "")
+
+
+# --- a step's sums across its calls ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradientSums:
+    """The graphs an exact step sums its gradients with, between the microbatch graph (whose
+    `grad/<path>` outputs are acc) and the update graph (whose `grad/<path>` inputs are f32):
+    `accumulate` adds a call's gradients to the step's so far, `total/grad/<path>` +
+    `grad/<path>` -> `grad/<path>`, all acc, exactly; `rounding` rounds each once, acc -> f32.
+    The sum across processes, between them, is the run's `across` (distributed/world.py)."""
+
+    accumulate: Graph
+    rounding: Graph
+
+
+def gradient_sums(update: Graph) -> GradientSums:
+    """The GradientSums of the gradients `update` reads."""
+    shapes = {name: node.shape for name, node in update.inputs.items() if name.startswith("grad/")}
+    totals = {f"total/{name}": _acc_input(f"total/{name}", shape) for name, shape in shapes.items()}
+    grads = {name: _acc_input(name, shape) for name, shape in shapes.items()}
+    sums = {name: Node("add", ACC, shape, (totals[f"total/{name}"], grads[name])) for name, shape in shapes.items()}
+    accumulate = Graph({**totals, **grads}, sums, (*totals.values(), *grads.values(), *sums.values()))
+    rounded = {name: Node("round", "f32", node.shape, (node,), Attrs({"dtype": "f32"})) for name, node in grads.items()}
+    return GradientSums(accumulate, Graph(dict(grads), rounded, (*grads.values(), *rounded.values())))
+
+
+def _acc_input(name: str, shape) -> Node:
+    return Node("input", ACC, tuple(shape), attrs=Attrs({"name": name, "dtype": ACC, "shape": tuple(shape)}))

@@ -26,7 +26,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.training.autodiff import gradients
 from sexpgpu.graph.frontend.build import Builder, Frame
 from sexpgpu.graph.core.emit import Emitter
-from sexpgpu.graph.passes.exact_region import exact_graph
+from sexpgpu.graph.passes.exact_region import exact_graph, gradient_sums
 from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node, dtype_named
 from sexpgpu.graph.frontend.layers import cross_entropy_mean, mse
 from sexpgpu.graph.core.ops import dims_text
@@ -44,6 +44,7 @@ class TrainingGraph:
     microbatches: int
     degree: int = 1  # microbatches one call of `micro` runs as one batch (graph/training/stacking.py)
     source: object = field(default=None, compare=False, repr=False)  # the experiment stacking rebuilds from
+    sums: object = None  # an exact run's GradientSums (graph/passes/exact_region.py); None: float sums in order
 
     @property
     def graphs(self) -> tuple:
@@ -91,7 +92,8 @@ def compile_program(experiment, field_specs: dict | None = None, pass_field_spec
             specs = (pass_field_specs or {}).get(name) or _record_specs(run, spec.data, field_specs, None)
         passes[name] = build_pass(experiment, name, _microbatch_specs(specs, run.batch))
     blockers = _blockers(builder, generator, generator_builder)
-    training = TrainingGraph(micro, update, slots, run.microbatches, source=experiment)
+    sums = gradient_sums(update) if run.arithmetic == "exact" else None
+    training = TrainingGraph(micro, update, slots, run.microbatches, source=experiment, sums=sums)
     return Program(params, training, passes, generator, blockers, record_specs, pass_generators)
 
 
