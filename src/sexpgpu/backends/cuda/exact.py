@@ -385,7 +385,7 @@ for _op, _rule in {
     "max_pool2d": _max_pool2d,
     "max_pool2d_grad": _max_pool2d_grad,
     "max_pool2d_pick": _max_pool2d_pick,
-    # a float32 attention op is written out as its composition (graph/passes/attention_parts.py); a bf16 one keeps its op
+    # a float32 attention op is written out as its composition (attention_parts.py); a bf16 one keeps its op
     **{op: _refused for op in ATTENTION_OPS},
 }.items():
     EXACT.add(_op, _rule)

@@ -996,22 +996,16 @@ _register("avg_pool2d", "window", _infer_pool("avg_pool2d"), _vjp_avg_pool2d, 1)
 _register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_grad, 1)
 
 
-# --- Exact arithmetic (:arithmetic exact; graph/passes/exact_region.py) ------------------------
-#
-# dtype "acc" is an exact sum whose rounding is deferred: the value of a summing op (matmul,
-# sum, scatter_add, conv2d_weight_grad), of an add, reshape or transpose of such sums, or of a
-# const, held unrounded (a gradient region's nodes, and the sums of a step's calls);
-# `round` rounds each once, to nearest even, into f32 or bf16. A node with the attribute exact=True is
-# its op's exact form: every sum inside it is exact and rounded once, to nearest even. Backends
-# register these against the op in their exact rule tables (backends/cpu/exact_kernels.py,
-# backends/cuda/exact.py).
+# --- Exact arithmetic (graph/passes/exact_region.py) -------------------------------------------
+# dtype "acc": an exact sum whose rounding is deferred; `round` rounds each once, to nearest
+# even. A node with the attribute exact=True is its op's exact form: each sum in it exact and
+# rounded once. Backends register both in their exact rule tables.
 
 ACC = "acc"
 EXACT_ONLY = ("round",)  # ops only exact graphs hold: float rule tables need no rule for them
 
 
 def _infer_round(inputs, attrs):
-    """round: acc -> f32 or bf16, each exact sum rounded once, to nearest even."""
     (x,) = inputs
     _require_dtype("round", x, (ACC,))
     if attrs.get("dtype") not in FLOAT_DTYPES:
