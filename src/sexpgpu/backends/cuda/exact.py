@@ -1,18 +1,16 @@
 """The CUDA backend's lowering of exact graphs: the interpreter's exact rules, on the device.
 
-An exact graph (graph/passes/exact_region.py, `:arithmetic exact`) marks what is exact: a node
-of dtype acc takes its rule in ACC, one marked exact its rule in EXACT (both RuleTables,
-graph/core/rules.py), and the lowerer reaches them through one hook (lowering.py:
-`ExactLowering.of(graph)`, then `lowering(node)` before the float lowering of each node, and
-`finish` before the outputs). Every op that sums is a step calling the exact sums the interpreter calls
-(backends/exact_ops.py), on the device's tensors, by their fast paths where there are any
-(`rounded_sum`, `rounded_product`): each sum is formed exactly by sexpgpu.exact and rounded
-once, so its bits are a function of its terms alone and equal the interpreter's.
-What lies between the sums is elementwise arithmetic, lowered as in every graph
-(elementwise.py): fused kernels of the portable float32 math, each node rounded where the
-interpreter rounds it, so fusion moves no rounding. Where an op is more than one sum, the
-steps are those of backends/cpu/exact_kernels.py, each intermediate written out in float32
-where the interpreter holds it in a float32 array:
+An exact graph (graph/passes/exact_region.py) marks what is exact: a node of dtype acc takes
+its rule in ACC, one marked exact its rule in EXACT (RuleTables, graph/core/rules.py). The
+lowerer reaches them through one hook (lowering.py): `ExactLowering.of(graph)`, then
+`lowering(node)` before each node's float lowering and `finish` before the outputs.
+
+Every op that sums is a step calling the exact sums the interpreter calls (exact_ops.py) on
+the device's tensors, by their fast paths where there are any: each sum exact and rounded
+once, so its bits are the interpreter's. Between the sums, elementwise arithmetic lowers as
+in every graph (fused portable float32 math, each node rounded where the interpreter rounds
+it). Where an op is more than one sum, the steps are those of backends/cpu/exact_kernels.py,
+each intermediate written out in float32 where the interpreter holds a float32 array:
 
 - softmax: M = max, E = exp(x - M), S = round(exact sum of E), then E / S; log_softmax:
   (x - M) - log(S); cross_entropy: -((x[label] - M) - log(S)), the label's logit copied out,
@@ -20,21 +18,16 @@ where the interpreter holds it in a float32 array:
 - layernorm: c = x - round(exact sum of x) / D, q = c * c, y = c * rsqrt(round(exact sum of q) / D + eps);
 - avg_pool2d: round(exact window sum) / (KH * KW); avg_pool2d_grad: the share g / (KH * KW),
   then each element's exact sum over the windows reaching it;
-- max, max_pool2d and the window's first maximum (max_pool2d_grad, max_pool2d_pick): exact in
-  any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima; over
-  trailing axes in one pass, exact_maxima.py).
+- max, max_pool2d and the window's first maximum: exact in any order, with the interpreter's
+  rule for signed zeros and NaN (exact_ops.maxima; over trailing axes in one pass, exact_maxima.py).
 
-Acc values (the gradient region) live in the step's environment beside the arena
-(buffers of kind "accumulator"), and the graph returns its sums for the run loop to combine
-and round once a step (backends/exact_sums.py): a sum over the batch as a `PendingSum` of its
-operands, reshaped and transposed as such, whose digits are formed only where something adds
-to it (an `add` of the region, or the run loop adding the step's next call); the backend
-forms the rest before the graph runs again (backend.py). A step of one call so rounds each
-gradient straight from its operands, by the fast paths, and forms no digits. A step that reads
-ids (an embedding's scatter and gather, a cross-entropy's labels) checks them as the
-interpreter does (E-INDEX-001), on the host, rather than index the device out of range: a
-step of its own reads them back as the call runs (the embedding's gradient's too, though its
-sum is formed later).
+Acc values live in the step's environment beside the arena (buffers of kind "accumulator"):
+a sum over the batch is a `PendingSum` of its operands (backends/exact_sums.py), reshaped and
+transposed as such, its digits formed only where something adds to it (an `add` of the
+region, or the step's `accumulate` graph); the backend forms the rest before the graph runs
+again (backend.py). A step of one call so rounds each gradient straight from its operands.
+Ids (an embedding's, a cross-entropy's labels) are checked as the interpreter checks them
+(E-INDEX-001), on the host, by a step that reads them back as the call runs.
 """
 
 from __future__ import annotations
