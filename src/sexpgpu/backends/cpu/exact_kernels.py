@@ -112,7 +112,7 @@ def _cross_entropy(node, args, m):
     return -picked[..., 0]
 
 
-def _scatter_planes(node, args):
+def _scatter_planes(node, args, m):
     ids, values = args
     return ops.scattered(_ids(ids, node.attrs["rows"], node), _tensor(values), node.attrs["rows"], node.shape)
 
@@ -124,19 +124,14 @@ def _geometry(node) -> tuple:
     return node.attrs["stride"], node.attrs["padding"]
 
 
-def _conv2d(node, args, m):
-    x, w = (_tensor(arg) for arg in args)
-    return _rounded(ops.conv2d(x, w, *_geometry(node), node.shape), node)
+def _convolution(accumulate):
+    """kernel(node, args, m) -> the digits of accumulate(*the two inputs, stride, padding, shape)."""
+    return lambda node, args, m: accumulate(*(_tensor(arg) for arg in args), *_geometry(node), node.shape)
 
 
-def _weight_grad_planes(node, args):
-    x, g = (_tensor(arg) for arg in args)
-    return ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)
-
-
-def _conv2d_input_grad(node, args, m):
-    g, w = (_tensor(arg) for arg in args)
-    return _rounded(ops.conv2d_input_grad(g, w, *_geometry(node), node.shape), node)
+def _rounding(kernel):
+    """kernel's exact sums rounded once into the node's dtype."""
+    return lambda node, args, m: _rounded(kernel(node, args, m), node)
 
 
 def _avg_pool2d(node, args, m):
@@ -171,8 +166,8 @@ def _max_pool2d_grad(node, args, m):
 ACC_KERNELS = RuleTable("cpu acc kernels", needs=lambda op: op.name in ROLES + EXACT_ONLY)
 ACC_KERNELS.add("matmul", lambda node, args, m: ops.product(_tensor(args[0]), _tensor(args[1]), node.shape))
 ACC_KERNELS.add("sum", lambda node, args, m: ops.shaped(ops.summed(_tensor(args[0]), node.attrs["axes"]), node.shape))
-ACC_KERNELS.add("scatter_add", lambda node, args, m: _scatter_planes(node, args))
-ACC_KERNELS.add("conv2d_weight_grad", lambda node, args, m: _weight_grad_planes(node, args))
+ACC_KERNELS.add("scatter_add", _scatter_planes)
+ACC_KERNELS.add("conv2d_weight_grad", _convolution(ops.conv2d_weight_grad))
 ACC_KERNELS.add("add", lambda node, args, m: ops.added([accumulated(arg) for arg in args], node.shape))
 ACC_KERNELS.add("reshape", lambda node, args, m: ops.shaped(accumulated(args[0]), node.shape))
 ACC_KERNELS.add("transpose", lambda node, args, m: ops.transposed(accumulated(args[0]), node.attrs["perm"]))
@@ -190,10 +185,10 @@ for _op, _kernel in {
     "log_softmax": _log_softmax,
     "layernorm": _layernorm,
     "cross_entropy": _cross_entropy,
-    "scatter_add": lambda node, args, m: _rounded(_scatter_planes(node, args), node),
-    "conv2d": _conv2d,
-    "conv2d_weight_grad": lambda node, args, m: _rounded(_weight_grad_planes(node, args), node),
-    "conv2d_input_grad": _conv2d_input_grad,
+    "scatter_add": _rounding(_scatter_planes),
+    "conv2d": _rounding(_convolution(ops.conv2d)),
+    "conv2d_weight_grad": _rounding(_convolution(ops.conv2d_weight_grad)),
+    "conv2d_input_grad": _rounding(_convolution(ops.conv2d_input_grad)),
     "avg_pool2d": _avg_pool2d,
     "avg_pool2d_grad": _avg_pool2d_grad,
     "max_pool2d_grad": _max_pool2d_grad,

@@ -300,19 +300,13 @@ def _window_size(node) -> Expr:
     return constant(kernel[0] * kernel[1], "f32")
 
 
-def _conv2d(lowerer, node) -> None:
-    accumulate = lambda x, w: ops.conv2d(x, w, *_geometry(node), node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
+def _convolution(accumulate):
+    """A convolution or its cotangent: accumulate(*its two inputs, stride, padding, shape), rounded once."""
+    def lower(lowerer, node) -> None:
+        compute = _rounded(node, lambda a, b: accumulate(a, b, *_geometry(node), node.shape))
+        _node_step(lowerer, node, compute, "exact-convolution")
 
-
-def _conv2d_input_grad(lowerer, node) -> None:
-    accumulate = lambda g, w: ops.conv2d_input_grad(g, w, *_geometry(node), node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
-
-
-def _conv2d_weight_grad(lowerer, node) -> None:
-    accumulate = lambda x, g: ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
+    return lower
 
 
 def _avg_pool2d(lowerer, node) -> None:
@@ -344,9 +338,8 @@ def _max_pool2d(lowerer, node) -> None:
 
 
 def _max_pool2d_grad(lowerer, node) -> None:
-    kernel, stride = _window(node)
-    accumulate = lambda x, g: ops.max_pool2d_grad(x, g, kernel, stride, node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-pooling")
+    compute = _rounded(node, lambda x, g: ops.max_pool2d_grad(x, g, *_window(node), node.shape))
+    _node_step(lowerer, node, compute, "exact-pooling")
 
 
 def _max_pool2d_pick(lowerer, node) -> None:
@@ -370,9 +363,9 @@ for _op, _rule in {
     "layernorm": _layernorm,
     "scatter_add": _scatter_add,
     "gather": _checked_gather,
-    "conv2d": _conv2d,
-    "conv2d_input_grad": _conv2d_input_grad,
-    "conv2d_weight_grad": _conv2d_weight_grad,
+    "conv2d": _convolution(ops.conv2d),
+    "conv2d_input_grad": _convolution(ops.conv2d_input_grad),
+    "conv2d_weight_grad": _convolution(ops.conv2d_weight_grad),
     "avg_pool2d": _avg_pool2d,
     "avg_pool2d_grad": _avg_pool2d_grad,
     "max_pool2d": _max_pool2d,
