@@ -66,14 +66,14 @@ class Run:
 
     def choose(self, **settings):
         """(Chosen, seconds): the choices as `sexpgpu run` makes them, handed to the backend."""
-        from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over
+        from sexpgpu.run.choosing import ChoiceSettings, choose
         from sexpgpu.run.loop import Trainer
 
         first = Trainer(self.experiment.run, self.built.program, self.built.backend, self.built.feeder)
         start = time.perf_counter()
         chosen = choose(self.built, ChoiceSettings(**settings), None, lambda: first.first_inputs(self.state))
         seconds = time.perf_counter() - start
-        hand_over(self.built.backend, chosen.choices)
+        self.built.backend.take_choices(chosen.choices)
         return chosen, seconds
 
     def step_seconds(self, degree: int, steps: int, warmup: int) -> float:

@@ -72,12 +72,12 @@ class OurStep:
 
     def _choose(self):
         """The choices `sexpgpu run` makes by default, handed to the backend."""
-        from sexpgpu.run.choosing import ChoiceSettings, choose, hand_over
+        from sexpgpu.run.choosing import ChoiceSettings, choose
         from sexpgpu.run.loop import Trainer
 
         first = Trainer(self.experiment.run, self.built.program, self.backend, self.built.feeder)
         chosen = choose(self.built, ChoiceSettings(), None, lambda: first.first_inputs(self.state))
-        hand_over(self.backend, chosen.choices)
+        self.backend.take_choices(chosen.choices)
         return chosen.choices
 
     def chosen_products(self) -> str:

@@ -97,8 +97,8 @@ def time_steps(path: Path, arithmetic: str, steps: int, seconds: float, device: 
         graphs = trainer.stacking.training
         captured = {"microbatch": built.backend.is_captured(graphs.micro),
                     "update": built.backend.is_captured(graphs.update)}
-        if built.backend.exact_sums is not None:
-            captured["gradients' rounding"] = built.backend.exact_sums.is_captured()
+        if built.program.training.sums is not None:
+            captured["gradients' rounding"] = built.backend.rounding.is_captured()
         profile = built.backend.profile(built.program.training.micro, trainer.first_inputs(state))
     return Timed(per_step, timed, first, loss, phases(trainer, state), profile, captured, warmup)
 

@@ -329,14 +329,14 @@ def exact_backend():
     from sexpgpu.backends.cuda.backend import CudaBackend
 
     if torch.cuda.is_available():
-        return CudaBackend(arithmetic="exact")
-    host = Interpreter(arithmetic="exact")
+        return CudaBackend()
+    host = Interpreter()
 
     class HostDigests(CudaBackend):
         def fingerprints(self, values: list) -> list[int]:
             return host.fingerprints([CudaBackend.to_host(self, value) for value in values])
 
-    return HostDigests(device="cpu", arithmetic="exact")
+    return HostDigests(device="cpu")
 
 
 def trainer_for(chosen, backend, degree: int | None):

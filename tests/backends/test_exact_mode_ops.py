@@ -21,11 +21,12 @@ from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import det_finalize  # noqa: E402
 from sexpgpu.graph.core.emit import Emitter  # noqa: E402
+from sexpgpu.graph.passes.exact_region import exact_graph, gradient_sums  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exact"))
 from exact_oracle import round_fraction  # noqa: E402
 
-EXACT = Interpreter(arithmetic="exact")
+EXACT = Interpreter()  # its exact rules run the graphs exact_graph makes
 M = EXACT.math
 F32 = np.float32
 
@@ -40,7 +41,7 @@ def _run(op, arrays, attrs, dtypes=None) -> np.ndarray:
     nodes = [e.input(f"x{index}", (dtypes or {}).get(index, "f32"), array.shape) for index, array in enumerate(arrays)]
     y = e(op, *nodes, **attrs)
     graph = e.graph({f"x{index}": node for index, node in enumerate(nodes)}, {"y": y})
-    return EXACT.run(graph, {f"x{index}": array for index, array in enumerate(arrays)})["y"]
+    return EXACT.run(exact_graph(graph), {f"x{index}": array for index, array in enumerate(arrays)})["y"]
 
 
 def _once(terms) -> F32:
@@ -221,7 +222,7 @@ def test_a_gradient_region_returns_digits_rounded_once_at_the_end():
     ones = np.ones((3, 2), F32)
     tiny = np.full((3, 4), F32(2.0**-25))
     tiny[0] = 1.0
-    found = EXACT.run(graph, {"a": ones * F32(2.0**-25), "b": ones, "c": tiny})["grad/w"]
+    found = EXACT.run(exact_graph(graph), {"a": ones * F32(2.0**-25), "b": ones, "c": tiny})["grad/w"]
     # every output: 3 * 2**-25 from the product, 1 + 2 * 2**-25 from the sum
     wanted = F32(round_fraction(Fraction(1) + Fraction(5, 2**25)))
     assert wanted == F32(1 + 2.0**-23)
@@ -254,3 +255,22 @@ def test_a_sum_too_long_for_one_call_is_cut_into_rows_with_the_same_rounding(mon
     x = _spread(np.random.default_rng(14), (2, 100))
     found = exact_ops.rounded_sum(torch.from_numpy(x), (1,), (2,), "f32").numpy()
     _same(found, [_once(row) for row in x])
+
+
+def test_exact_graph_says_what_is_exact_and_a_steps_sums_are_graphs_of_acc_values():
+    """exact_graph: the gradient region's nodes are acc, other sums are marked exact, the rest
+    is the float graph's; gradient_sums' graphs add two calls' acc values exactly, round once."""
+    e = Emitter()
+    x, g = e.input("x", "f32", (2, 1)), e.input("g", "f32", (2, 1))
+    loss = e("sum", e("exp", x), axes=(0, 1))
+    grad = e("matmul", e("transpose", x, perm=(1, 0)), g)
+    graph = exact_graph(e.graph({"x": x, "g": g}, {"loss": loss, "grad/w": grad}))
+    assert [(node.op, node.dtype, node.attrs.get("exact", False)) for node in graph.nodes[2:]] == [
+        ("exp", "f32", False), ("sum", "f32", True), ("transpose", "f32", False), ("matmul", "acc", False)]
+    sums = gradient_sums(e.graph({"grad/w": e.input("grad/w", "f32", (1, 1))}, {}))
+    ones = np.ones((2, 1), F32)
+    first = EXACT.run(graph, {"x": np.array([[1.0], [2.0**-24]], F32), "g": ones})["grad/w"]
+    second = EXACT.run(graph, {"x": np.array([[2.0**-24], [0.0]], F32), "g": ones})["grad/w"]
+    total = EXACT.run(sums.accumulate, {"total/grad/w": first, "grad/w": second})["grad/w"]
+    # 1 + 2**-23 exactly; rounding each call's sum first would give 1 + 0 twice over
+    _same(EXACT.run(sums.rounding, {"grad/w": total})["grad/w"], np.full((1, 1), F32(1 + 2.0**-23)))

@@ -7,11 +7,13 @@ from __future__ import annotations
 from op_cases import CASES, FORWARD_CASES
 from sexpgpu.backends.cpu.op_kernels import KERNELS
 from sexpgpu.backends.cuda.lowering import lowered_ops
-from sexpgpu.graph.core.ops import OPS, OpDef
+from sexpgpu.graph.core.ops import EXACT_ONLY, OPS, OpDef
 
 GRADIENT_CASE_OPS = {case.op for case in CASES}
 ANY_CASE_OPS = GRADIENT_CASE_OPS | {case.op for case in FORWARD_CASES}
 GIVEN = {"input"}  # a value the caller passes in: neither backend computes it
+# ops of exact graphs alone, with exact rules only (tests/backends/test_exact_mode_ops.py covers them)
+GIVEN = GIVEN | set(EXACT_ONLY)
 
 
 def gaps(ops: dict) -> dict:
@@ -21,7 +23,7 @@ def gaps(ops: dict) -> dict:
         lacks = []
         if KERNELS.needs(definition) and name not in KERNELS:  # a composite op may run decomposed
             lacks.append("a CPU kernel (backends/cpu/op_kernels.py KERNELS)")
-        if name not in lowered_ops():
+        if name not in lowered_ops() and name not in EXACT_ONLY:
             lacks.append("a CUDA lowering (backends/cuda/lowering.py lowered_ops)")
         if definition.vjp is not None and name not in GRADIENT_CASE_OPS:
             lacks.append("a gradient case (tests/op_cases.py CASES)")

@@ -17,17 +17,16 @@ if torch.cuda.is_available():  # pragma: no cover - the GPU tests capture for re
     pytest.skip("a GPU is present: exact graphs are captured there", allow_module_level=True)
 pytest.importorskip("triton")
 
-from op_cases import case_graph  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.runtime import AFTER_REPLAY, BEFORE_REPLAY, Captured, host_split  # noqa: E402
 from sexpgpu.backends.exact_sums import PendingSum, accumulated, rounded_once  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import Accumulator, det_finalize  # noqa: E402
-from test_exact_mode_interpret import region_graph  # noqa: E402
+from test_exact_mode_interpret import exact_case, region_graph  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")
-CPU = Interpreter(arithmetic="exact")
+CPU = Interpreter()
 
 
 class Replayed(Captured):
@@ -42,7 +41,7 @@ class Replayed(Captured):
 
 
 def runner(graph):
-    backend = CudaBackend(device="cpu", arithmetic="exact")
+    backend = CudaBackend(device="cpu")
     return backend, Replayed(backend._entry(graph)[1])
 
 
@@ -86,7 +85,7 @@ def test_replays_give_the_eager_outputs_and_fresh_pending_sums_each_call():
 
 
 def test_an_id_out_of_range_stops_a_replayed_call_before_the_replay():
-    graph, values = case_graph(("scatter_add", [("i32", (6,), "labels:4"), ("f32", (6, 3), "normal")], {"rows": 4}))
+    graph, values = exact_case(("scatter_add", [("i32", (6,), "labels:4"), ("f32", (6, 3), "normal")], {"rows": 4}))
     backend, replayed = runner(graph)
     assert {step.kind for step in host_split(backend.lowered(graph)).before} == {"check"}
     for _ in range(2):
@@ -101,7 +100,7 @@ def test_an_id_out_of_range_stops_a_replayed_call_before_the_replay():
 
 def test_a_check_of_a_computed_id_is_not_split():
     graph, _ = region_graph()
-    lowered = CudaBackend(device="cpu", arithmetic="exact").lowered(graph)
+    lowered = CudaBackend(device="cpu").lowered(graph)
     check = next(step for step in lowered.steps if step.kind == "hold")
     computed = type(check)(check.run, (lowered.steps[0].writes[0],), (), "check")
     assert host_split(dataclasses.replace(lowered, steps=[computed, *lowered.steps])) is None

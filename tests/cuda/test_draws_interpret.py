@@ -17,6 +17,7 @@ from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 from sexpgpu.backends.cuda.runtime import host_split  # noqa: E402
+from sexpgpu.graph.passes.exact_region import exact_graph  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("interpreted"),  # tests/cuda/conftest.py
               pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # the interpreter's uint32 wraps
@@ -47,7 +48,7 @@ def test_a_graph_with_draws_is_capturable_draws_each_calls_salts_and_unfused_the
     graph = draw_graph(draws)
     fused, unfused = CudaBackend(device="cpu"), CudaBackend(device="cpu", policy=FusionPolicy("off"))
     assert host_split(fused.lowered(graph)) is not None
-    assert host_split(CudaBackend(device="cpu", arithmetic="exact").lowered(graph)) is not None
+    assert host_split(CudaBackend(device="cpu").lowered(exact_graph(graph))) is not None
     for step in (5, 6):
         inputs = draw_inputs(step, microbatch=step % 2, trip=step)
         first, second = fused.run(graph, inputs), unfused.run(graph, inputs)

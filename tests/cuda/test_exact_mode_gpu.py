@@ -134,7 +134,7 @@ def test_an_exact_runs_graphs_are_captured_and_replay_the_interpreters_bits(tmp_
         if device == "cuda":
             training = trainer.stacking.training
             captured = (built.backend.is_captured(training.micro), built.backend.is_captured(training.update),
-                        built.backend.exact_sums.is_captured())
+                        built.backend.rounding.is_captured())
     assert captured == (True, True, True)  # the gradients' rounding replays from the third step
     assert records["cpu"] == records["cuda"]
 
@@ -142,8 +142,11 @@ def test_an_exact_runs_graphs_are_captured_and_replay_the_interpreters_bits(tmp_
 def test_auto_takes_the_gpu_for_an_exact_run():
     from sexpgpu.backends.select import select_backend
 
-    backend, facts = select_backend("auto", "exact")
-    assert backend.name == "cuda" and backend.arithmetic == "exact" and facts["kind"] == "cuda"
+    from sexpgpu.backends.select import run_facts
+
+    backend, facts = select_backend("auto")
+    facts = run_facts(facts, "exact")
+    assert backend.name == "cuda" and facts["kind"] == "cuda"
     assert facts["determinism"].startswith("exact on every device: ")
     assert facts["choices"].startswith("none: every sum exact and rounded once")
 
@@ -155,9 +158,12 @@ def test_an_op_and_its_gradient_have_the_interpreters_bits_on_the_gpu(case):
     from sexpgpu.backends.exact_sums import accumulated, rounded_once
     from sexpgpu.exact import Accumulator, det_finalize
 
+    from sexpgpu.graph.passes.exact_region import exact_graph
+
     graph, values = case_graph(case)
-    want = Interpreter(arithmetic="exact").run(graph, values)
-    backend = CudaBackend(arithmetic="exact")
+    graph = exact_graph(graph)
+    want = Interpreter().run(graph, values)
+    backend = CudaBackend()
     got = backend.run(graph, values)
     for name, value in want.items():
         if isinstance(value, Accumulator):

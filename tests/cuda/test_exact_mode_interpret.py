@@ -29,6 +29,7 @@ from sexpgpu.backends.exact_sums import PendingSum, accumulated, rounded_once  #
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.exact import Accumulator, det_finalize  # noqa: E402
 from sexpgpu.graph.core.emit import Emitter  # noqa: E402
+from sexpgpu.graph.passes.exact_region import exact_graph  # noqa: E402
 from sexpgpu.lang.forms import parse_experiment, select_run  # noqa: E402
 from sexpgpu.lang.reader import read_text  # noqa: E402
 from sexpgpu.run.choosing import stacked_training  # noqa: E402
@@ -38,7 +39,7 @@ from sexpgpu.run.setup import build_run  # noqa: E402
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-CPU = Interpreter(arithmetic="exact")
+CPU = Interpreter()
 # each example cut to a few seconds a step under Triton's interpreter
 RUNS = {
     "tiny-adam": ("tiny-adam.sexp", {":batch 64": ":batch 8 :microbatches 2 :arithmetic exact",
@@ -63,7 +64,7 @@ class HostDigests(CudaBackend):
 
 @pytest.fixture(scope="module")
 def cuda():
-    return HostDigests(device="cpu", arithmetic="exact")
+    return HostDigests(device="cpu")
 
 
 def bits(value) -> bytes:
@@ -84,7 +85,7 @@ def assert_same_bits(backend, want: dict, got: dict) -> None:
 # the ops whose exact lowering is not the float one's (elementwise ops lower alike in both)
 @pytest.mark.parametrize("case", [case for case in CASES if case[0] in EXACT], ids=case_id)
 def test_an_op_and_its_gradient_have_the_interpreters_bits(cuda, case):
-    graph, values = case_graph(case)
+    graph, values = exact_case(case)
     assert_same_bits(cuda, CPU.run(graph, values), cuda.run(graph, values))
 
 
@@ -103,7 +104,13 @@ def region_graph():
     rng = np.random.default_rng(3)
     values = {name: (rng.standard_normal(node.shape) * 2.0 ** rng.integers(-20, 20, node.shape)).astype(np.float32)
               for name, node in {"x": x, "w": w, "b": b, "u": unused, "g": g}.items()}
-    return e.graph({"x": x, "w": w, "b": b, "u": unused, "g": g}, outputs), values
+    return exact_graph(e.graph({"x": x, "w": w, "b": b, "u": unused, "g": g}, outputs)), values
+
+
+def exact_case(*args, **options):
+    """op_cases' graph of a case as an exact run computes it, and its values."""
+    graph, values = case_graph(*args, **options)
+    return exact_graph(graph), values
 
 
 def test_the_gradient_region_returns_the_interpreters_sums(cuda):
@@ -146,7 +153,7 @@ def test_a_pending_sum_over_the_graphs_own_buffers_is_fixed_and_signed_by_its_or
 
 
 def test_an_id_out_of_range_is_the_interpreters_error(cuda):
-    graph, values = case_graph(("scatter_add", [("i32", (6,), "labels:4"), ("f32", (6, 3), "normal")], {"rows": 4}),
+    graph, values = exact_case(("scatter_add", [("i32", (6,), "labels:4"), ("f32", (6, 3), "normal")], {"rows": 4}),
                                differentiate=False)
     values["x0"] = np.array([0, 1, 2, 3, 4, 0], np.int32)
     for backend in (CPU, cuda):
@@ -156,7 +163,7 @@ def test_an_id_out_of_range_is_the_interpreters_error(cuda):
 
 
 def test_a_bf16_attention_op_is_refused_as_by_the_interpreter(cuda):
-    graph, values = case_graph(("attention_core", [("bf16", (2, 4, 3), "normal")] * 3, {"scale": 0.5, "causal": True}),
+    graph, values = exact_case(("attention_core", [("bf16", (2, 4, 3), "normal")] * 3, {"scale": 0.5, "causal": True}),
                                differentiate=False)
     for backend in (CPU, cuda):
         with pytest.raises(SexpgpuError) as refused:
@@ -191,7 +198,7 @@ def steps_on(chosen, backend, steps: int, degree: int = 1) -> tuple:
 @pytest.mark.parametrize("name, steps, degree", [("tiny-adam", 2, 2), ("char-lm", 1, 1), ("cnn", 1, 1)])
 def test_an_examples_steps_have_the_interpreters_bits(cuda, name, steps, degree):
     chosen = experiment(name)
-    assert steps_on(chosen, cuda, steps, degree) == steps_on(chosen, Interpreter(arithmetic="exact"), steps)
+    assert steps_on(chosen, cuda, steps, degree) == steps_on(chosen, Interpreter(), steps)
 
 
 def exact_file(tmp_path: Path, name: str, more: dict) -> Path:
@@ -205,12 +212,10 @@ def exact_file(tmp_path: Path, name: str, more: dict) -> Path:
     return path
 
 
-def on_the_cuda_backend(device, arithmetic="float", gpu=None):
+def on_the_cuda_backend(device, gpu=None):
     """select_backend's answer for --device cuda, with the CUDA backend on CPU tensors."""
-    from sexpgpu.backends.select import CUDA_LINES
-
-    backend = HostDigests(device="cpu", arithmetic=arithmetic)
-    return backend, {"kind": "cuda", **backend.facts(), **CUDA_LINES[arithmetic]}
+    backend = HostDigests(device="cpu")
+    return backend, {"kind": "cuda", **backend.facts()}
 
 
 def run_files(run_dir: Path) -> tuple:
@@ -327,8 +332,6 @@ def test_the_gradients_rounding_is_captured_at_the_second_call_of_one_signature(
     records it here): the first rounding of a signature is eager, the second captures and
     replays, later ones replay, each giving copies; sums with no origin are always eager, and
     a rounding refused at capture stays eager."""
-    import contextlib
-
     from sexpgpu.backends.cuda import captured_sums
 
     replays, captures = [], []
@@ -342,7 +345,7 @@ def test_the_gradients_rounding_is_captured_at_the_second_call_of_one_signature(
         return Recorded(), {name: value.rounded() for name, value in total.items()}
 
     monkeypatch.setattr(captured_sums.CapturedSums, "_captured", captured)
-    sums = captured_sums.CapturedSums(lambda tensor: tensor, contextlib.nullcontext, "cpu")
+    sums = captured_sums.CapturedSums("cpu")
 
     def total(origin="graph"):
         value = PendingSum(lambda: None, lambda: torch.arange(3.0), fixed=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from docs_markdown import ROOT
 from sexpgpu.backends.cpu.facts import cpu_facts
+from sexpgpu.backends.select import run_facts
 from sexpgpu.plan.levels import How, determinism_line
 
 PAGE = (ROOT / "docs" / "determinism.md").read_text()
@@ -36,7 +37,7 @@ def test_the_pages_that_cite_it_find_it():
 
 
 def test_the_page_quotes_the_lines_of_an_exact_run():
-    facts = cpu_facts("exact")
+    facts = run_facts(cpu_facts(), "exact")
     for name in ("determinism", "choices"):
         assert f"{name:<20}{facts[name]}" in PAGE, name
     assert determinism_line(How("exact"), "").startswith("exact on every device: ")

@@ -21,7 +21,7 @@ from sexpgpu.graph.core.ops import MOVES, PRODUCT  # noqa: E402
 from sexpgpu.graph.passes.precision import with_precision  # noqa: E402
 
 CPU = Interpreter()
-POLICIES = {name: op.precision for name, op in OPS.items()}
+POLICIES = {name: op.precision for name, op in OPS.items() if op.kind != "exact"}  # the language writes no exact-only op
 TIES = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1.5 + 2**-8], dtype=np.float32)  # halfway between bf16s
 
 

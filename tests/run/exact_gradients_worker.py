@@ -40,7 +40,9 @@ def accumulated(built, microbatches) -> dict:
         inputs.update({"step": 1, "microbatch": microbatch})
         outputs = built.backend.run(micro, {name: inputs[name] for name in micro.inputs})
         grads = {name: value for name, value in outputs.items() if name.startswith("grad/")}
-        total = built.backend.exact_sums.add(total, grads)
+        sums = built.program.training.sums  # the exact step's graphs (graph/passes/exact_region.py)
+        totals = {f"total/{name}": value for name, value in (total or {}).items()}
+        total = grads if total is None else built.backend.run(sums.accumulate, {**totals, **grads})
     return total
 
 

@@ -434,7 +434,7 @@ def test_a_backend_without_a_probe_keeps_its_own_choices_line(sexpgpu, tiny, tmp
     class Unprobed(Interpreter):
         takes_choices = True  # as the CUDA backend on host tensors, which has no probe
 
-    monkeypatch.setattr(setup, "select_backend", lambda device, arithmetic="float", gpu=None: (Unprobed(), facts))
+    monkeypatch.setattr(setup, "select_backend", lambda device, gpu=None: (Unprobed(), facts))
     code, out, _ = sexpgpu("run", tiny, "--run-dir", tmp_path / "r", device=None)
     assert code == 0 and line(out, "choices") == facts["choices"]
     assert line(out, "determinism").startswith("1: this machine repeats these bits")

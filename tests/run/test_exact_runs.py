@@ -14,9 +14,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from sexpgpu.backends.select import cuda_problem, select_backend  # noqa: E402
+from sexpgpu.backends.cpu import Interpreter  # noqa: E402
+from sexpgpu.backends.select import cuda_problem, run_facts, select_backend  # noqa: E402
 from sexpgpu.cli.main import main  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
+from sexpgpu.graph.core.emit import Emitter  # noqa: E402
+from sexpgpu.graph.passes.exact_region import exact_graph  # noqa: E402
 from sexpgpu.lang.forms import experiment_to_json, parse_experiment, select_run  # noqa: E402
 from sexpgpu.lang.reader import read_text  # noqa: E402
 from sexpgpu.run.choosing import stacked_training  # noqa: E402
@@ -113,18 +116,22 @@ def test_without_a_gpu_auto_takes_the_exact_interpreter_and_states_the_exact_lin
     if cuda_problem() is None:
         pytest.skip("a GPU is present: auto takes it (tests/cuda/test_exact_mode_gpu.py)")
     with pytest.raises(SexpgpuError) as refused:
-        select_backend("cuda", "exact")
+        select_backend("cuda")
     assert refused.value.code == "E-DEVICE-001"
-    backend, facts = select_backend("auto", "exact")
-    assert backend.name == "cpu" and backend.arithmetic == "exact"
+    backend, facts = select_backend("auto")
+    facts = run_facts(facts, "exact")
+    assert backend.name == "cpu"
     assert facts["determinism"].startswith("exact on every device: ")
     assert "no stacking degree or GPU count changes a bit" in facts["choices"]
 
 
 def test_without_torch_an_exact_run_is_refused_with_a_code(monkeypatch):
-    monkeypatch.setitem(sys.modules, "sexpgpu.backends.exact_sums", None)  # its import fails as without torch
+    monkeypatch.setitem(sys.modules, "sexpgpu.backends.cpu.exact_kernels", None)  # its import fails as without torch
+    e = Emitter()
+    a = e.input("a", "f32", (2, 2))
+    graph = exact_graph(e.graph({"a": a}, {"y": e("matmul", a, a)}))
     with pytest.raises(SexpgpuError) as refused:
-        select_backend("cpu", "exact")
+        Interpreter().run(graph, {"a": np.ones((2, 2), np.float32)})
     assert refused.value.code == "E-EXACT-001" and "needs PyTorch" in refused.value.message
 
 
@@ -167,8 +174,8 @@ def test_a_checkpoint_another_device_wrote_resumes_only_in_an_exact_run(tmp_path
     path = tmp_path / "fit.sexp"
     path.write_text(text)
 
-    def written_on_cuda(device, arithmetic, gpu=None):
-        backend, facts = select_backend("cpu", arithmetic)
+    def written_on_cuda(device, gpu=None):
+        backend, facts = select_backend("cpu")
         return backend, {**facts, "kind": "cuda"}
 
     with monkeypatch.context() as patched:

@@ -112,7 +112,7 @@ def test_the_run_says_memory_allocation_failed_and_records_stacking_1(tmp_path, 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr(choosing, "backend_probe", lambda backend: FakeDevice())
     monkeypatch.setattr(session, "stacked_training", lambda program, degree: stacked if degree == 2 else program.training)
-    monkeypatch.setattr(setup, "select_backend", lambda device, arithmetic="float", gpu=None: (CrowdedForStacks(), cpu_facts()))
+    monkeypatch.setattr(setup, "select_backend", lambda device, gpu=None: (CrowdedForStacks(), cpu_facts()))
     code = main(["run", experiment.path, "--run-dir", str(tmp_path / "r")])
     out, err = capsys.readouterr()
     assert code == 0

@@ -1,33 +1,30 @@
-"""The run loop's sums across backend calls under `:arithmetic exact`.
+"""Acc values (graph/core/ops.py, "Exact arithmetic") as backends hold them, and what is done with them.
 
-A step's gradient is one exact sum over all its records: each microbatch call (or stacked
-call) returns its parameters' gradients as unrounded `Accumulator`s (graph/passes/exact_region.py),
-`add` combines them exactly, in any grouping, and `rounded` rounds each gradient once, into
-float32, before the update graph reads it. So the stacking degree, and how calls are
-grouped, change no bit. The step's loss and a pass's metrics average values that are
-already rounded: `mean` is round(exact sum) / n in one IEEE float32 division.
+An acc value is an exact sum not rounded yet: an `Accumulator` of digits (sexpgpu.exact), or
+a `PendingSum`, the sum's operands, its digits formed only when something adds to it. A step
+of one call (unstacked with one microbatch, or stacked over all of them) then rounds each
+gradient straight from its operands by the exact library's fast paths, the same bits as
+rounding the digits, and never forms them. `accumulated` forms them, `rounded_once` rounds
+either once; `summed_over_processes` is the sum across processes (distributed/world.py).
 
-Backends call this with their own storage: `to_backend` makes a float32 tensor, on the
-accumulators' device, into what the backend's graphs read (a numpy array for the
-interpreter; a device backend keeps the tensor where it is); `within` is the context the
-backend computes its sums in (the CUDA backend run on CPU tensors takes the exact library's
-device paths there, as in its graphs).
-
-A backend may return a gradient as a `PendingSum` instead: the sum's operands, its digits
-formed only when something adds to it. A step of one call (unstacked with one microbatch, or
-stacked over all of them) then rounds each gradient straight from its operands by the exact
-library's fast paths, the same bits as rounding the digits, and never forms them.
+A step adds its calls' gradients and rounds them with graphs of acc values alone
+(graph/passes/exact_region.py's GradientSums): the CPU interpreter runs them as any graph; a
+device backend runs them here (`evaluated`), on whatever device the digits lie. So the
+stacking degree, and how calls are grouped, change no bit. The step's loss and a pass's
+metrics average values that are already rounded: `mean` is round(exact sum) / n.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable
 
 import numpy as np
 import torch
 
+from sexpgpu.backends.exact_ops import TORCH_DTYPES
 from sexpgpu.exact import Accumulator, det_all_reduce, det_combine, det_finalize, det_sum
+from sexpgpu.graph.core.ops import ACC
+from sexpgpu.graph.core.rules import RuleTable
 
 
 class PendingSum:
@@ -74,30 +71,38 @@ def summed_over_processes(value, group=None) -> Accumulator:
     return det_all_reduce(Accumulator(accumulated(value).digits.clone()), group)
 
 
-def rounded_once(value) -> torch.Tensor:
-    return value.rounded() if isinstance(value, PendingSum) else det_finalize(value)
+def rounded_once(value, dtype: str = "f32") -> torch.Tensor:
+    """An acc value rounded once into `dtype` ("f32" or "bf16"); a PendingSum's float32 by its fast path."""
+    if isinstance(value, PendingSum) and dtype == "f32":
+        return value.rounded()
+    return det_finalize(accumulated(value), TORCH_DTYPES[dtype])
 
 
-class ExactSums:
-    def __init__(self, to_backend, within=contextlib.nullcontext):
-        self.to_backend = to_backend
-        self.within = within
+def mean(values: list) -> np.float32:
+    """An exact run's loss or metric over calls: round(exact sum of the float32 values) /
+    len(values), one float32 division."""
+    terms = torch.tensor(np.asarray(values, dtype=np.float32).reshape(-1))
+    return np.float32(np.float32(det_sum(terms, 0).item()) / np.float32(terms.numel()))
 
-    def add(self, total: dict | None, grads: dict) -> dict:
-        """{name: Accumulator or PendingSum}: total plus the call's gradients, exactly."""
-        if total is None:
-            return dict(grads)
-        with self.within():
-            return {name: det_combine([accumulated(total[name]), accumulated(grads[name])]) for name in total}
 
-    def rounded(self, total: dict) -> dict:
-        """Each gradient rounded once into float32, in the backend's storage."""
-        with self.within():
-            return {name: self.to_backend(rounded_once(value)) for name, value in total.items()}
+# --- graphs of acc values alone, on the host ----------------------------------------------------
 
-    @staticmethod
-    def mean(values: list) -> np.float32:
-        """round(exact sum of the float32 values) / len(values), one float32 division."""
-        terms = torch.tensor(np.asarray(values, dtype=np.float32).reshape(-1))
-        return np.float32(np.float32(det_sum(terms, 0).item()) / np.float32(terms.numel()))
+# a step's sums across its calls (graph/passes/exact_region.py's GradientSums): digits added and
+# rounded by the exact library wherever the acc values lie; a device backend runs these here
+HOST_RULES = RuleTable("acc graphs on the host", needs=lambda op: op.name in ("add", "round"))
+HOST_RULES.add("add", lambda node, args: det_combine([accumulated(arg) for arg in args]))  # one shape: no broadcast
+HOST_RULES.add("round", lambda node, args: rounded_once(args[0], node.dtype))
 
+
+def on_host(graph) -> bool:
+    """Whether every node of `graph` is an acc input or has a rule of HOST_RULES."""
+    return all(node.op in HOST_RULES or (node.op == "input" and node.dtype == ACC) for node in graph.nodes)
+
+
+def evaluated(graph, inputs: dict) -> dict:
+    """The outputs of an `on_host` graph."""
+    values = {node: inputs[name] for name, node in graph.inputs.items()}
+    for node in graph.nodes:
+        if node not in values:
+            values[node] = HOST_RULES[node.op](node, [values[source] for source in node.inputs])
+    return {name: values[node] for name, node in graph.outputs.items()}

@@ -3,8 +3,9 @@
 `auto` takes the GPU when one is usable and the CPU interpreter otherwise. Each backend
 states the facts its lowering report ends with: its determinism level and its choices.
 
-Under `:arithmetic exact` both compute exact sums, with the same bits: `auto` takes the GPU
-when one is usable, as for any run, and either states the exact level and no choices.
+Under `:arithmetic exact` the graphs say what is exact (graph/passes/exact_region.py) and
+both backends compute them with the same bits: `auto` takes the GPU when one is usable, as
+for any run, and `run_facts` gives either the exact level and no choices.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ DEVICES = ("auto", "cpu", "cuda")
 
 # an exact run's closing lines, whichever backend computes it: nothing is left to choose
 EXACT_FACTS = {"determinism": determinism_line(How("exact"), ""), "choices": CPU_CHOICES["exact"]}
-CUDA_LINES = {"float": {}, "exact": EXACT_FACTS}  # the CUDA backend's own lines, or these
+
+
+def run_facts(facts: dict, arithmetic: str) -> dict:
+    """A backend's facts as a run of `:arithmetic` states them: an exact run's level and choices are EXACT_FACTS."""
+    return {**facts, **EXACT_FACTS} if arithmetic == "exact" else facts
 
 
 def cuda_problem() -> str | None:
@@ -43,8 +48,8 @@ def cuda_problem() -> str | None:
     return None
 
 
-def select_backend(device: str, arithmetic: str = "float", gpu: int | None = None):
-    """(backend, facts) for a device name and the run's `:arithmetic`; `gpu` is the index of
+def select_backend(device: str, gpu: int | None = None):
+    """(backend, facts) for a device name; `gpu` is the index of
     the GPU a CUDA backend computes on (one process of several each has its own), else the
     current one."""
     if device not in DEVICES:
@@ -56,18 +61,7 @@ def select_backend(device: str, arithmetic: str = "float", gpu: int | None = Non
                                hint="Use --device cpu to run on the CPU interpreter.")
         from sexpgpu.backends.cuda.backend import CudaBackend
 
-        backend = CudaBackend(device=None if gpu is None else f"cuda:{gpu}", arithmetic=arithmetic)
-        return backend, {"kind": "cuda", **backend.facts(), **CUDA_LINES[arithmetic]}
-    backend = Interpreter(arithmetic=arithmetic)
+        backend = CudaBackend(device=None if gpu is None else f"cuda:{gpu}")
+        return backend, {"kind": "cuda", **backend.facts()}
+    backend = Interpreter()
     return backend, backend.facts()
-
-
-def computes_exact(backend) -> bool:
-    """Whether the backend runs `:arithmetic exact`: then no choice of the plan changes a bit."""
-    return getattr(backend, "arithmetic", "float") == "exact"
-
-
-def probe_for(backend):
-    """The DeviceProbe (plan/device.py) of a backend that offers choices, or None for one that
-    decides nothing (the CPU interpreter, and any backend computing exact sums)."""
-    return None if computes_exact(backend) else backend.probe()

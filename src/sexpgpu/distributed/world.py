@@ -15,7 +15,9 @@ configuration and not of NCCL's or gloo's reduction algorithm:
 - between nodes, each node's sum goes as float32 or, under SEXPGPU_NODE_GRADIENTS=bf16,
   rounded to bfloat16 with the rounding carried into its next step (error feedback), and
   the nodes' values are added in node order;
-- under `:arithmetic exact` the accumulators are summed exactly (`det_all_reduce`), so the
+- under `:arithmetic exact` the gradients are acc values (graph/passes/exact_region.py), each
+  rank's sum of its calls by the `accumulate` graph; they are summed exactly here
+  (`det_all_reduce`), the one step between that graph and the `rounding` graph, so the
   number of processes changes no bit;
 - the microbatches' losses are gathered and averaged in global microbatch order.
 Gathering every rank's gradient costs bandwidth an all-reduce would not (each process
@@ -435,7 +437,7 @@ class RankSums:
         return folded
 
     def _exact(self, total: dict) -> dict:
-        """Exact accumulators, summed over every rank as integers: no order to fix."""
+        """Acc values (PendingSums or Accumulators), summed over every rank as integers: no order to fix."""
         from sexpgpu.backends.exact_sums import summed_over_processes
 
         summed = {}

@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass, field, replace
 
 from sexpgpu import settings as environment_settings  # `settings` below is a ChoiceSettings
-from sexpgpu.backends.select import computes_exact, probe_for
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.training.stacking import stack_training
 from sexpgpu.plan.cache import open_cache
@@ -90,7 +89,12 @@ class Chosen:
 def backend_probe(backend):
     """The backend's DeviceProbe, or None for a backend that decides nothing (the CPU
     interpreter). Tests replace this to run the whole path with a device they describe."""
-    return probe_for(backend)
+    return backend.probe()
+
+
+def computes_exact(built) -> bool:
+    """Whether the run is `:arithmetic exact`: then no choice of the plan changes a bit."""
+    return built.experiment.run.arithmetic == "exact"
 
 
 def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs=dict,
@@ -102,7 +106,7 @@ def choose(built, settings: ChoiceSettings, resumed_record: dict | None, first_s
     if suffix:
         chosen.choices = replace(chosen.choices, device=f"{chosen.choices.device}, {suffix}")
         chosen.described = chosen.described and f"{chosen.described}; on {suffix}, whose number changes no bit"
-    chosen.spread = Spread(world.size, world.nodes, chosen.choices.node_gradients, computes_exact(built.backend),
+    chosen.spread = Spread(world.size, world.nodes, chosen.choices.node_gradients, computes_exact(built),
                            resumed_record is not None)
     return chosen
 
@@ -120,7 +124,7 @@ def agreed(chosen: Chosen, group) -> Chosen:
 def _chosen(built, settings: ChoiceSettings, resumed_record: dict | None, first_step_inputs, world: World) -> Chosen:
     _refuse_contradictions(settings)
     program = built.program
-    probe = backend_probe(built.backend)
+    probe = None if computes_exact(built) else backend_probe(built.backend)
     pinned = _pin(settings, resumed_record)
     if probe is None:
         return _interpreter_choices(built, settings, pinned, world)
@@ -210,7 +214,7 @@ def _interpreter_choices(built, settings: ChoiceSettings, pinned, world: World =
     device = built.backend_facts["name"]
     gradients = node_gradients(world.nodes, settings.node_gradients, settings.deterministic)
     choices = Choices(device, settings.deterministic, 1, None, {}, {}, gradients)
-    if computes_exact(built.backend):
+    if computes_exact(built):
         return exact_chosen(built, choices, world)
     if pinned is not None:
         record, source = pinned
@@ -254,7 +258,7 @@ def exact_chosen(built, choices: Choices, world: World = World.SOLO) -> Chosen:
 def interpreter_chosen(built, choices: Choices) -> Chosen:
     """The CPU interpreter's level: 1 on every machine; with exact sums, on any backend, the
     exact level, whose choices line is the backend's own (stacking and GPU count change no bit)."""
-    if computes_exact(built.backend):
+    if computes_exact(built):
         return Chosen(choices, How("exact"), described=built.backend_facts["choices"])
     return Chosen(choices, How("interpreter"))
 

@@ -6,9 +6,10 @@ once for each k consecutive microbatches, their fields concatenated along the ba
 When memory runs out in a stacked step, an unpinned run says `memory: allocation failed` and
 computes unstacked from that step; a pinned one stops with the allocation error.
 
-Under `:arithmetic exact` the backend's `exact_sums` (backends/exact_sums.py) replaces the
-float sums across calls: gradients arrive as exact accumulators, are combined exactly and
-rounded once before the update, and the loss and metrics average as round(exact sum) / n.
+Under `:arithmetic exact` the program's GradientSums (graph/passes/exact_region.py) replace the
+float sums across calls: each call's gradients are acc values, which the `accumulate` graph
+adds exactly and the `rounding` graph rounds once before the update, on the backend like any
+graph; the loss and metrics average as round(exact sum) / n (backends/exact_sums.py's `mean`).
 
 On several processes (distributed/world.py) each runs its contiguous share of a step's microbatches,
 by their global indices, and `across` combines the processes' sums before the update; one
@@ -56,7 +57,7 @@ class Trainer:
         self.backend = backend
         self.feeder = feeder
         self.stacking = stacking or Stacking(program.training)
-        self.sums = _sums_of(backend)
+        self.sums = _sums_of(program.training.sums, backend)
         self.across = across  # how the step's sums combine across processes
         self.on_unstacked = on_unstacked  # called with the step from which the run computes unstacked
         self.diagnostics: dict | None = None  # the last step's diag record, on a diagnosed step
@@ -241,6 +242,19 @@ class Sums:
 FLOAT_SUMS = Sums(_sum_in_order, lambda total: total, _mean_in_order)
 
 
-def _sums_of(backend) -> Sums:
-    exact = getattr(backend, "exact_sums", None)
-    return FLOAT_SUMS if exact is None else Sums(exact.add, exact.rounded, exact.mean)
+def _sums_of(graphs, backend) -> Sums:
+    """FLOAT_SUMS, or with an exact run's GradientSums, each sum a call of one of its graphs."""
+    if graphs is None:
+        return FLOAT_SUMS
+
+    def add(total: dict | None, grads: dict) -> dict:
+        return dict(grads) if total is None else backend.run(graphs.accumulate, {**_prefixed("total/", total), **grads})
+
+    return Sums(add, lambda total: backend.run(graphs.rounding, total), _exact_mean)
+
+
+def _exact_mean(values: list) -> np.float32:
+    # torch is optional: an exact run's first call has needed it already (E-EXACT-001)
+    from sexpgpu.backends.exact_sums import mean
+
+    return mean(values)

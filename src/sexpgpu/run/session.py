@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from sexpgpu import settings
-from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.files import write_atomically
 from sexpgpu.lang.forms import experiment_to_json
-from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, lowering_annotation, stacked_training
+from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, computes_exact, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.nonfinite import nonfinite_stop
@@ -213,7 +212,7 @@ def _train(experiment, built, resumed, places, options, err, chosen, group) -> R
         _record_choices(os.path.join(run_dir, "experiment.json"), built.choices)
 
     trainer = Trainer(run, built.program, built.backend, built.feeder, stacking, unstacked)
-    trainer.across = group.across(trainer.sums, chosen.choices.node_gradients, computes_exact(built.backend))
+    trainer.across = group.across(trainer.sums, chosen.choices.node_gradients, computes_exact(built))
     progress = Progress(run.steps, state.step + 1, run.batch * run.microbatches, stream=err) if group.first \
         else _Silent()
     trainer.nonfinite = nonfinite_stop(places.root)

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from sexpgpu import settings
-from sexpgpu.backends.select import select_backend
+from sexpgpu.backends.select import run_facts, select_backend
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph import compile_program
 from sexpgpu.plan.fit import (DEVICE_SHARE, HOST_SHARE, Room, check_fits, held_on_device, host_need, host_room,
@@ -52,7 +52,8 @@ def build_run(experiment, device: str, read_loads: bool = True, gpu: int | None 
     """`holds`: what the command will run, a key of HOLDINGS, whose memory must fit this
     machine (E-MEM-002); None checks nothing (`sexpgpu check` warns instead)."""
     run = experiment.run
-    backend, facts = select_backend(device, run.arithmetic, gpu)
+    backend, facts = select_backend(device, gpu=gpu)
+    facts = run_facts(facts, run.arithmetic)
     feeder = Feeder(run, backend)
     program = compile_program(experiment, feeder.field_specs())
     feeder.attach(program)

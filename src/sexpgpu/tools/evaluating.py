@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import sexpgpu
-from sexpgpu.backends.select import computes_exact
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json, load_experiment
 from sexpgpu.plan.cache import open_cache
@@ -33,7 +32,7 @@ from sexpgpu.plan.choices import ORDINARY, Choices, Situation, choices_from_json
 from sexpgpu.plan.levels import How, determinism_line
 from sexpgpu.run.checkpointing import bit_identity, expected_tensors, identity_digest
 from sexpgpu.run import choosing
-from sexpgpu.run.choosing import FRESH, ChoiceSettings, Chosen, choose, read_pinned
+from sexpgpu.run.choosing import FRESH, ChoiceSettings, Chosen, choose, computes_exact, read_pinned
 from sexpgpu.run.loop import Trainer
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
@@ -251,7 +250,7 @@ def _interpreter(built, settings: ChoiceSettings, record: dict, recorded: Choice
         read_pinned(settings.choices)  # a record that cannot be read is refused all the same
     name = built.backend_facts["name"]
     choices = Choices(name, False, 1, None, {}, {}, None)
-    if record.get("device", "cpu") == "cpu" or computes_exact(built.backend):  # exact: the same values on any device
+    if record.get("device", "cpu") == "cpu" or computes_exact(built):  # exact: the same values on any device
         return choosing.interpreter_chosen(built, choices)
     made_on = recorded.device if recorded is not None else record.get("device")
     return Chosen(choices, How("elsewhere", f"the checkpoint's choices were made on {made_on}"))

@@ -17,8 +17,8 @@ The rules where an op is more than one sum (each sum exact, each rounded once):
 - conv2d_input_grad, avg_pool2d_grad, max_pool2d_grad: each element's sum over its windows
   is one exact sum of the exact per-window terms.
 
-Gradient region (graph/passes/exact_region.py): the nodes between a parameter's batch sums and its
-`grad/` output return `Accumulator`s, unrounded; the run loop combines and rounds them.
+Acc values (graph/passes/exact_region.py: a gradient region's nodes, and what `round` reads)
+are `Accumulator`s, unrounded; `round` rounds each sum once.
 
 A window's padding zeros are terms of its sums, as in the float kernels (conv.py): a `0 * inf`
 product is NaN, as in IEEE arithmetic.
@@ -33,8 +33,13 @@ from sexpgpu.backends import exact_ops as ops
 from sexpgpu.backends.cpu import folds
 from sexpgpu.backends.cpu.windows import first_maxima
 from sexpgpu.backends.cpu.op_kernels import KERNELS, check_ids
+from sexpgpu.backends.exact_sums import accumulated, rounded_once
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact import det_finalize
+from sexpgpu.graph.core.ops import EXACT_ONLY
+from sexpgpu.graph.core.rules import RuleTable
+from sexpgpu.graph.passes.decomposed import ATTENTION_OPS
+from sexpgpu.graph.passes.exact_region import EXACT_FORMS, ROLES, on_acc
 
 
 # --- between numpy and torch ------------------------------------------------------------------
@@ -107,7 +112,7 @@ def _cross_entropy(node, args, m):
     return -picked[..., 0]
 
 
-def _scatter_planes(node, args):
+def _scatter_planes(node, args, m):
     ids, values = args
     return ops.scattered(_ids(ids, node.attrs["rows"], node), _tensor(values), node.attrs["rows"], node.shape)
 
@@ -119,19 +124,14 @@ def _geometry(node) -> tuple:
     return node.attrs["stride"], node.attrs["padding"]
 
 
-def _conv2d(node, args, m):
-    x, w = (_tensor(arg) for arg in args)
-    return _rounded(ops.conv2d(x, w, *_geometry(node), node.shape), node)
+def _convolution(accumulate):
+    """kernel(node, args, m) -> the digits of accumulate(*the two inputs, stride, padding, shape)."""
+    return lambda node, args, m: accumulate(*(_tensor(arg) for arg in args), *_geometry(node), node.shape)
 
 
-def _weight_grad_planes(node, args):
-    x, g = (_tensor(arg) for arg in args)
-    return ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)
-
-
-def _conv2d_input_grad(node, args, m):
-    g, w = (_tensor(arg) for arg in args)
-    return _rounded(ops.conv2d_input_grad(g, w, *_geometry(node), node.shape), node)
+def _rounding(kernel):
+    """kernel's exact sums rounded once into the node's dtype."""
+    return lambda node, args, m: _rounded(kernel(node, args, m), node)
 
 
 def _avg_pool2d(node, args, m):
@@ -162,44 +162,44 @@ def _max_pool2d_grad(node, args, m):
 
 # --- the tables -------------------------------------------------------------------------------
 
-REGION_KERNELS = {
-    "matmul": lambda node, args, m: ops.product(_tensor(args[0]), _tensor(args[1]), node.shape),
-    "sum": lambda node, args, m: ops.shaped(ops.summed(_tensor(args[0]), node.attrs["axes"]), node.shape),
-    "scatter_add": lambda node, args, m: _scatter_planes(node, args),
-    "conv2d_weight_grad": lambda node, args, m: _weight_grad_planes(node, args),
-    "add": lambda node, args, m: ops.added(args, node.shape),
-    "reshape": lambda node, args, m: ops.shaped(args[0], node.shape),
-    "transpose": lambda node, args, m: ops.transposed(args[0], node.attrs["perm"]),
-    "const": lambda node, args, m: ops.constant(node.attrs["value"], node.shape, "cpu"),
-}
+# acc in or out (graph/passes/exact_region.py): the gradient region's unrounded sums
+ACC_KERNELS = RuleTable("cpu acc kernels", needs=lambda op: op.name in ROLES + EXACT_ONLY)
+ACC_KERNELS.add("matmul", lambda node, args, m: ops.product(_tensor(args[0]), _tensor(args[1]), node.shape))
+ACC_KERNELS.add("sum", lambda node, args, m: ops.shaped(ops.summed(_tensor(args[0]), node.attrs["axes"]), node.shape))
+ACC_KERNELS.add("scatter_add", _scatter_planes)
+ACC_KERNELS.add("conv2d_weight_grad", _convolution(ops.conv2d_weight_grad))
+ACC_KERNELS.add("add", lambda node, args, m: ops.added([accumulated(arg) for arg in args], node.shape))
+ACC_KERNELS.add("reshape", lambda node, args, m: ops.shaped(accumulated(args[0]), node.shape))
+ACC_KERNELS.add("transpose", lambda node, args, m: ops.transposed(accumulated(args[0]), node.attrs["perm"]))
+ACC_KERNELS.add("const", lambda node, args, m: ops.constant(node.attrs["value"], node.shape, "cpu"))
+ACC_KERNELS.add("round", lambda node, args, m: rounded_once(args[0], node.dtype).to(torch.float32).numpy())
 
-EXACT_KERNELS = {
+# ops whose float kernel is already their exact rule: maxima take no order, gathers copy
+FLOAT_IS_EXACT = ("max", "gather", "max_pool2d", "max_pool2d_pick")
+EXACT_KERNELS = RuleTable("cpu exact kernels",
+                          needs=lambda op: op.name in EXACT_FORMS and op.name not in FLOAT_IS_EXACT + ATTENTION_OPS)
+for _op, _kernel in {
     "matmul": _matmul,
     "sum": _sum,
     "softmax": _softmax,
     "log_softmax": _log_softmax,
     "layernorm": _layernorm,
     "cross_entropy": _cross_entropy,
-    "scatter_add": lambda node, args, m: _rounded(_scatter_planes(node, args), node),
-    "conv2d": _conv2d,
-    "conv2d_weight_grad": lambda node, args, m: _rounded(_weight_grad_planes(node, args), node),
-    "conv2d_input_grad": _conv2d_input_grad,
+    "scatter_add": _rounding(_scatter_planes),
+    "conv2d": _rounding(_convolution(ops.conv2d)),
+    "conv2d_weight_grad": _rounding(_convolution(ops.conv2d_weight_grad)),
+    "conv2d_input_grad": _rounding(_convolution(ops.conv2d_input_grad)),
     "avg_pool2d": _avg_pool2d,
     "avg_pool2d_grad": _avg_pool2d_grad,
     "max_pool2d_grad": _max_pool2d_grad,
-}
-
-# Ops that sum but have no exact kernel here: a float32 attention op is written out as its
-# composition first (graph/passes/attention_parts.py); a bf16 one keeps its op and is refused.
-UNSUPPORTED = ("attention_core", "attention_grad_q", "attention_grad_kv")
+}.items():
+    EXACT_KERNELS.add(_op, _kernel)
 
 
-def exact_kernel(node, m, role: str | None):
-    """`run(args) -> value` for one node of an exact graph; `role` is its place in the
-    gradient region (graph/passes/exact_region.py), or None outside it."""
-    if node.op in UNSUPPORTED:
+def exact_kernel(node, m):
+    """`run(args) -> value` for a node of dtype acc, reading acc, or marked exact."""
+    if node.op in ATTENTION_OPS:  # a float32 one was written out as its composition (graph/passes/decomposed.py)
         raise SexpgpuError("E-EXACT-003", f"the CPU interpreter has no exact kernel for the bf16 op '{node.op}': "
                            ":arithmetic exact computes attention in float32.", node.loc)
-    table = REGION_KERNELS if role is not None else EXACT_KERNELS
-    kernel = table.get(node.op) or KERNELS[node.op]
+    kernel = (ACC_KERNELS if on_acc(node) else EXACT_KERNELS).get(node.op) or KERNELS[node.op]
     return lambda args: kernel(node, args, m)

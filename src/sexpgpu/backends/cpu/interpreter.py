@@ -18,11 +18,10 @@ shape; f32 and bf16 inputs must be float32 arrays (or Python floats for scalars,
 nearest float32), bf16 inputs must already hold bfloat16 values, i32 inputs integers that
 fit in int32, bool inputs booleans. Nothing is cast silently.
 
-Exact arithmetic: `Interpreter(arithmetic="exact")` computes every sum exactly and rounds
-it once (exact_kernels.py, with sexpgpu.exact, which needs PyTorch); a float32 attention op
-is written out as its composition first (graph/passes/decomposed.py), and the nodes of a
-parameter's gradient region (graph/passes/exact_region.py) give `Accumulator`s, which the run loop
-combines with `exact_sums` (backends/exact_sums.py) and rounds once a step.
+Exact arithmetic is in the graph (graph/passes/exact_region.py): a node of dtype acc or
+marked exact takes its exact rule (exact_kernels.py, with sexpgpu.exact, which needs
+PyTorch), each sum exact and rounded once; an acc value is an unrounded sum (an
+`Accumulator`, or a `PendingSum` not formed yet: backends/exact_sums.py).
 
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
 last reader, by the graph's liveness (plan/memory.py's `lifetimes`, the one the plan measures). Beyond
@@ -32,6 +31,8 @@ interpreter a bounded memo of portable function results (arith.py).
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from sexpgpu.backends.contract import BackendDefaults, check_input_names, check_input_shape, host_input
@@ -40,27 +41,21 @@ from sexpgpu.backends.cpu.facts import cpu_facts
 from sexpgpu.backends.cpu.fingerprint import fingerprint
 from sexpgpu.backends.cpu.op_kernels import KERNELS, compile_kernel
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.passes.decomposed import composed_attention, decomposed
-from sexpgpu.graph.passes.exact_region import gradient_region
+from sexpgpu.graph.core.ops import ACC, OPS
+from sexpgpu.graph.passes.decomposed import decomposed
+from sexpgpu.graph.passes.exact_region import is_exact
 from sexpgpu.plan.memory import lifetimes
-
-ARITHMETICS = ("float", "exact")
 
 
 class Interpreter(BackendDefaults):
     name = "cpu"
 
-    def __init__(self, precision: str = "f32", arithmetic: str = "float"):
-        """precision "f32" for runs; "f64" is a test oracle (see arith.py), never for runs.
-        arithmetic "float" folds in documented orders; "exact" sums exactly (needs PyTorch)."""
+    def __init__(self, precision: str = "f32"):
+        """precision "f32" for runs; "f64" is a test oracle (see arith.py), never for runs."""
         arithmetics = {"f32": PortableF32, "f64": ReferenceF64}
         if precision not in arithmetics:
             raise ValueError(f"precision must be 'f32' or 'f64', not {precision!r}")
-        if arithmetic not in ARITHMETICS or (arithmetic == "exact" and precision != "f32"):
-            raise ValueError(f"arithmetic must be one of {ARITHMETICS} (exact with precision f32), not {arithmetic!r}")
         self.math = arithmetics[precision]()
-        self.arithmetic = arithmetic
-        self.exact_sums = _exact_sums() if arithmetic == "exact" else None
         self._prepared: dict = {}
         # dtypes an input array may have to be taken as it is (bf16 inputs are always checked)
         float_dtype = np.dtype(self.math.float_dtype)
@@ -108,21 +103,17 @@ class Interpreter(BackendDefaults):
         return np.asarray(array)
 
     def facts(self) -> dict:
-        return cpu_facts(self.arithmetic)
+        return cpu_facts()
 
     def _prepare(self, graph):
         """(steps, positions, the graph they run): the graph with its composite ops that have
-        no kernel written out, and under exact arithmetic its float32 attention too."""
+        no kernel written out."""
         cached = self._prepared.get(graph)
         if cached is not None:
             return cached
         given = graph
-        region = {}
-        while graph is not (graph := decomposed(graph, lambda node: node.op not in KERNELS and node.op != "input")):
+        while graph is not (graph := decomposed(graph, lambda node: OPS[node.op].decompose and node.op not in KERNELS)):
             pass  # again: a formula may use another composite op without a kernel
-        if self.arithmetic == "exact":
-            graph = composed_attention(graph)
-            region = gradient_region(graph)
         positions = graph.positions()
         dying = _dying(graph)
         steps = []
@@ -130,20 +121,22 @@ class Interpreter(BackendDefaults):
             if node.op == "input":
                 continue
             sources = tuple(positions[source] for source in node.inputs)
-            rounds = self.math.rounds_bf16 and node.dtype == "bf16" and node not in region
-            steps.append((index, self._kernel(node, region), sources, tuple(dying.get(index, ())), rounds,
-                          node in region))
+            rounds = self.math.rounds_bf16 and node.dtype == "bf16"
+            steps.append((index, self._kernel(node), sources, tuple(dying.get(index, ())), rounds,
+                          node.dtype == ACC))
         self._prepared[given] = (steps, positions, graph)
         return steps, positions, graph
 
-    def _kernel(self, node, region: dict):
-        if self.arithmetic == "float":
+    def _kernel(self, node):
+        if not is_exact(node):
             return compile_kernel(node, self.math)
-        from sexpgpu.backends.cpu.exact_kernels import exact_kernel  # torch: only exact runs need it
-
-        return exact_kernel(node, self.math, region.get(node))
+        if self.math.float_dtype != np.float32:
+            raise ValueError("exact arithmetic computes in float32, not with the f64 oracle")
+        return _exact_kernels().exact_kernel(node, self.math)
 
     def _accept(self, name: str, node, value) -> np.ndarray:
+        if node.dtype == ACC:  # an acc value one of this interpreter's graphs gave (backends/exact_sums.py)
+            return value
         if (type(value) is np.ndarray and value.dtype == self._ready_dtypes.get(node.dtype)
                 and value.shape == node.shape):
             return value  # already what the graph expects: nothing to convert or check
@@ -186,11 +179,10 @@ def _dying(graph) -> dict:
     return dying
 
 
-def _exact_sums():
-    """The run loop's sums across calls for an exact interpreter; E-EXACT-001 without torch."""
+def _exact_kernels():
+    """exact_kernels.py, which runs on torch; E-EXACT-001 without it."""
     try:
-        from sexpgpu.backends.exact_sums import ExactSums  # torch is optional: loaded for exact runs only
+        return importlib.import_module("sexpgpu.backends.cpu.exact_kernels")  # torch is optional: for exact graphs
     except ImportError as missing:
         raise SexpgpuError("E-EXACT-001", f":arithmetic exact needs PyTorch, which cannot be imported here ({missing}).",
                            hint="Install it (pip install 'sexpgpu[torch]') or run with :arithmetic float.") from None
-    return ExactSums(lambda tensor: tensor.numpy())

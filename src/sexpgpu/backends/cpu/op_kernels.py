@@ -22,7 +22,7 @@ from sexpgpu.backends.cpu.draws import draw
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.core.rules import RuleTable
 
-KERNELS = RuleTable("cpu kernels", needs=lambda op: op.name != "input" and op.decompose is None)
+KERNELS = RuleTable("cpu kernels", needs=lambda op: op.name != "input" and op.decompose is None and op.kind != "exact")
 COMPILED = RuleTable("cpu compiled kernels", needs=lambda op: False)  # optional: KERNELS covers every op
 
 

@@ -13,11 +13,13 @@ unless it is exact (exact sums read counts back). `device="cpu"` runs
 the same lowering on CPU tensors under Triton's interpreter (TRITON_INTERPRET=1): that is
 how CI checks the lowering without a GPU.
 
-`CudaBackend(arithmetic="exact")` computes `:arithmetic exact` runs (exact.py): every sum
-exact and rounded once, the interpreter's bits on any device. Its graphs return a
-parameter's gradient unrounded, as a `PendingSum` of views of the graph's memory, which the
-run loop combines and rounds with `exact_sums` (backends/exact_sums.py); before a graph runs
-again, over that memory, the backend forms the digits of those still held.
+Exact graphs (graph/passes/exact_region.py: `:arithmetic exact` runs) lower by exact.py: every
+sum exact and rounded once, the interpreter's bits on any device. Their graphs return a
+parameter's gradient unrounded (acc), as a `PendingSum` of views of the graph's memory; a step
+adds and rounds them with graphs of acc values alone (graph/passes/exact_region.py's
+GradientSums), which run on the host's side of the device (backends/exact_sums.py's
+`evaluated`; a rounding graph by `rounding`, captured_sums.py). Before a graph runs again,
+over that memory, the backend forms the digits of the sums still held.
 
 A backend made without a policy takes the environment's (SEXPGPU_OPTIMIZE) with the patterns
 the plan puts on here (backends/cuda/patterns.py's `decide_patterns`: SEXPGPU_PATTERNS and what cuDNN
@@ -35,7 +37,7 @@ import numpy as np
 
 from sexpgpu import settings
 from sexpgpu.backends.contract import BackendDefaults, check_input_names, check_input_shape, host_input
-from sexpgpu.backends.exact_sums import ExactSums, PendingSum
+from sexpgpu.backends.exact_sums import PendingSum, evaluated, on_host
 from sexpgpu.backends.cuda import device as device_settings
 from sexpgpu.backends.cuda.captured_sums import CapturedSums
 from sexpgpu.backends.cuda.cudnn_patterns import support
@@ -46,7 +48,6 @@ from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_faile
 from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact.implementations import device_paths
-from sexpgpu.graph.passes.decomposed import composed_attention
 from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
 
 GIVEN = "the backend was made with a policy without it"
@@ -56,7 +57,7 @@ class CudaBackend(BackendDefaults):
     name = "cuda"
     takes_choices = True
 
-    def __init__(self, device: str | None = None, policy=None, arithmetic: str = "float"):
+    def __init__(self, device: str | None = None, policy=None):
         device_settings.configure()
         import torch
 
@@ -69,11 +70,10 @@ class CudaBackend(BackendDefaults):
             self.patterns = decide_patterns(None, {name: None if name in policy.patterns else GIVEN
                                                    for name in PATTERN_NAMES})
         self.policy = policy
-        self.arithmetic = arithmetic
         # on CPU tensors (Triton's interpreter) the exact library takes the paths a GPU takes
         self.exact_paths = device_paths if self.device.type == "cpu" else contextlib.nullcontext
-        # the rounded gradients stay on the device, where the update graph reads them
-        self.exact_sums = self._exact_sums() if arithmetic == "exact" else None
+        # an exact step's gradients rounded once, on the device where the update graph reads them
+        self.rounding = CapturedSums(self.device)
         # CUDA graphs from a graph's second call where the policy fuses; False keeps every call
         # eager, for timing the steps inside one (bench/exact_calls.py)
         self.capture = True
@@ -90,8 +90,7 @@ class CudaBackend(BackendDefaults):
         self.policy = replace(self.policy, budget=budget, products=dict(choices.products or {}),
                               convolutions=dict(choices.convolutions or {}))
         self._runners.clear()
-        if isinstance(self.exact_sums, CapturedSums):
-            self.exact_sums.release()
+        self.rounding.release()
         self._lowerings.clear()
 
     def run(self, graph, inputs: dict, lent: bool = False) -> dict:
@@ -101,16 +100,27 @@ class CudaBackend(BackendDefaults):
         captured graph may return its own output buffers (runtime.py's Captured)."""
         check_input_names(graph, inputs)
         with self.exact_paths():
+            if on_host(graph):  # an exact step's sums across its calls
+                return self._host_sums(graph, inputs)
             self._form_pending(graph)
             return self._run(graph, inputs, lent)
+
+    def _host_sums(self, graph, inputs: dict) -> dict:
+        """A graph of acc values alone; the rounding of a step's gradients, one name each, by
+        `rounding`, which captures it where the sums lie over a captured graph's buffers."""
+        names = {node: name for name, node in graph.inputs.items()}
+        if all(node.op == "round" and node.dtype == "f32" and names.get(node.inputs[0]) == name
+               for name, node in graph.outputs.items()):
+            return self.rounding.rounded({name: inputs[name] for name in graph.outputs})
+        return evaluated(graph, inputs)
 
     def _run(self, graph, inputs: dict, lent: bool) -> dict:
         try:
             accepted = {name: self._accept(name, node, inputs[name]) for name, node in graph.inputs.items()}
             runner = self._entry(graph)[2]
             outputs = runner(accepted, lent)
-            if self.exact_sums is not None:
-                pending = {name: value for name, value in outputs.items() if isinstance(value, PendingSum)}
+            pending = {name: value for name, value in outputs.items() if isinstance(value, PendingSum)}
+            if pending:
                 self._pending[id(graph)] = weakref.WeakSet(pending.values())
                 if isinstance(runner, Captured) and runner.graph is not None:
                     for name, value in pending.items():  # over the replay's buffers, which stay
@@ -130,20 +140,11 @@ class CudaBackend(BackendDefaults):
         for pending in self._pending.pop(id(graph), ()):
             pending.accumulator()
 
-    def _exact_sums(self) -> ExactSums:
-        """The run loop's exact sums; on a GPU their rounding of a captured graph's pending
-        sums is captured too (captured_sums.py)."""
-        keep = lambda tensor: tensor  # noqa: E731
-        if self.device.type == "cuda":
-            return CapturedSums(keep, self.exact_paths, self.device)
-        return ExactSums(keep, self.exact_paths)
-
     def release(self, graph) -> None:
         """Let go of the device memory held for `graph` (its arena and captured buffers, and
         every captured rounding); a later run of it allocates them again."""
         self._runners.pop(id(graph), None)
-        if isinstance(self.exact_sums, CapturedSums):
-            self.exact_sums.release()
+        self.rounding.release()
         if self.device.type == "cuda":
             self.torch.cuda.empty_cache()
 
@@ -152,10 +153,7 @@ class CudaBackend(BackendDefaults):
         allocates nothing."""
         entry = self._lowerings.get(id(graph))
         if entry is None or entry[0] is not graph:
-            # exact runs sum attention's products and softmax exactly, op by op as the
-            # interpreter writes float32 attention out; float runs take the fused kernels
-            form = composed_attention(graph) if self.arithmetic == "exact" else graph
-            entry = (graph, lower(form, self.policy, self.arithmetic))
+            entry = (graph, lower(graph, self.policy))
             self._lowerings[id(graph)] = entry
         return entry[1]
 

@@ -1,14 +1,16 @@
-"""The CUDA backend's lowering under `:arithmetic exact`: the interpreter's exact rules, on the device.
+"""The CUDA backend's lowering of exact graphs: the interpreter's exact rules, on the device.
 
-Every op that sums is a step calling the exact sums the interpreter calls
-(backends/exact_ops.py), on the device's tensors, by their fast paths where there are any
-(`rounded_sum`, `rounded_product`): each sum is formed exactly by sexpgpu.exact and rounded
-once, so its bits are a function of its terms alone and equal the interpreter's.
-What lies between the sums is elementwise arithmetic, lowered as in every graph
-(elementwise.py): fused kernels of the portable float32 math, each node rounded where the
-interpreter rounds it, so fusion moves no rounding. Where an op is more than one sum, the
-steps are those of backends/cpu/exact_kernels.py, each intermediate written out in float32
-where the interpreter holds it in a float32 array:
+An exact graph (graph/passes/exact_region.py) marks what is exact: a node of dtype acc takes
+its rule in ACC, one marked exact its rule in EXACT (RuleTables, graph/core/rules.py). The
+lowerer reaches them through one hook (lowering.py): `ExactLowering.of(graph)`, then
+`lowering(node)` before each node's float lowering and `finish` before the outputs.
+
+Every op that sums is a step calling the exact sums the interpreter calls (exact_ops.py) on
+the device's tensors, by their fast paths where there are any: each sum exact and rounded
+once, so its bits are the interpreter's. Between the sums, elementwise arithmetic lowers as
+in every graph (fused portable float32 math, each node rounded where the interpreter rounds
+it). Where an op is more than one sum, the steps are those of backends/cpu/exact_kernels.py,
+each intermediate written out in float32 where the interpreter holds a float32 array:
 
 - softmax: M = max, E = exp(x - M), S = round(exact sum of E), then E / S; log_softmax:
   (x - M) - log(S); cross_entropy: -((x[label] - M) - log(S)), the label's logit copied out,
@@ -16,21 +18,16 @@ where the interpreter holds it in a float32 array:
 - layernorm: c = x - round(exact sum of x) / D, q = c * c, y = c * rsqrt(round(exact sum of q) / D + eps);
 - avg_pool2d: round(exact window sum) / (KH * KW); avg_pool2d_grad: the share g / (KH * KW),
   then each element's exact sum over the windows reaching it;
-- max, max_pool2d and the window's first maximum (max_pool2d_grad, max_pool2d_pick): exact in
-  any order, with the interpreter's rule for signed zeros and NaN (exact_ops.maxima; over
-  trailing axes in one pass, exact_maxima.py).
+- max, max_pool2d and the window's first maximum: exact in any order, with the interpreter's
+  rule for signed zeros and NaN (exact_ops.maxima; over trailing axes in one pass, exact_maxima.py).
 
-The gradient region (graph/passes/exact_region.py) lives in the step's environment beside the arena
-(buffers of kind "accumulator"), and the graph returns its sums for the run loop to combine
-and round once a step (backends/exact_sums.py): a sum over the batch as a `PendingSum` of its
-operands, reshaped and transposed as such, whose digits are formed only where something adds
-to it (an `add` of the region, or the run loop adding the step's next call); the backend
-forms the rest before the graph runs again (backend.py). A step of one call so rounds each
-gradient straight from its operands, by the fast paths, and forms no digits. A step that reads
-ids (an embedding's scatter and gather, a cross-entropy's labels) checks them as the
-interpreter does (E-INDEX-001), on the host, rather than index the device out of range: a
-step of its own reads them back as the call runs (the embedding's gradient's too, though its
-sum is formed later).
+Acc values live in the step's environment beside the arena (buffers of kind "accumulator"):
+a sum over the batch is a `PendingSum` of its operands (backends/exact_sums.py), reshaped and
+transposed as such, its digits formed only where something adds to it (an `add` of the
+region, or the step's `accumulate` graph); the backend forms the rest before the graph runs
+again (backend.py). A step of one call so rounds each gradient straight from its operands.
+Ids (an embedding's, a cross-entropy's labels) are checked as the interpreter checks them
+(E-INDEX-001), on the host, by a step that reads them back as the call runs.
 """
 
 from __future__ import annotations
@@ -49,19 +46,27 @@ from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.gathers import gather
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, same_memory, strided
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.graph.passes.exact_region import gradient_region
+from sexpgpu.graph.core.rules import RuleTable
+from sexpgpu.graph.passes.decomposed import ATTENTION_OPS
+from sexpgpu.graph.passes.exact_region import EXACT_FORMS, ROLES, is_exact, on_acc
 
 
 class ExactLowering:
-    """Which lowering a node of an exact graph takes instead of the float one: its gradient
-    region's when it lies there, else its op's exact lowering, if its op has one."""
+    """Which lowering a node of an exact graph takes instead of the float one: its acc rule
+    when it makes or reads acc values, its exact rule when it is marked exact."""
 
-    def __init__(self, graph):
-        self.region = gradient_region(graph)
+    def __init__(self):
         self.held: list = []  # buffers a PendingSum reads after its step: kept to the run's end
 
+    @classmethod
+    def of(cls, graph):
+        """The exact lowering of a graph with exact nodes, None for a float graph."""
+        return cls() if any(is_exact(node) for node in graph.nodes) else None
+
     def lowering(self, node):
-        return REGION[node.op] if node in self.region else EXACT.get(node.op)
+        if on_acc(node):
+            return ACC[node.op]
+        return EXACT[node.op] if node.attrs.get("exact", False) else None
 
     def finish(self, lowerer) -> None:
         """A last step that reads the buffers pending sums hold, so that the memory plan keeps
@@ -295,19 +300,13 @@ def _window_size(node) -> Expr:
     return constant(kernel[0] * kernel[1], "f32")
 
 
-def _conv2d(lowerer, node) -> None:
-    accumulate = lambda x, w: ops.conv2d(x, w, *_geometry(node), node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
+def _convolution(accumulate):
+    """A convolution or its cotangent: accumulate(*its two inputs, stride, padding, shape), rounded once."""
+    def lower(lowerer, node) -> None:
+        compute = _rounded(node, lambda a, b: accumulate(a, b, *_geometry(node), node.shape))
+        _node_step(lowerer, node, compute, "exact-convolution")
 
-
-def _conv2d_input_grad(lowerer, node) -> None:
-    accumulate = lambda g, w: ops.conv2d_input_grad(g, w, *_geometry(node), node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
-
-
-def _conv2d_weight_grad(lowerer, node) -> None:
-    accumulate = lambda x, g: ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-convolution")
+    return lower
 
 
 def _avg_pool2d(lowerer, node) -> None:
@@ -339,9 +338,8 @@ def _max_pool2d(lowerer, node) -> None:
 
 
 def _max_pool2d_grad(lowerer, node) -> None:
-    kernel, stride = _window(node)
-    accumulate = lambda x, g: ops.max_pool2d_grad(x, g, kernel, stride, node.shape)  # noqa: E731
-    _node_step(lowerer, node, _rounded(node, accumulate), "exact-pooling")
+    compute = _rounded(node, lambda x, g: ops.max_pool2d_grad(x, g, *_window(node), node.shape))
+    _node_step(lowerer, node, compute, "exact-pooling")
 
 
 def _max_pool2d_pick(lowerer, node) -> None:
@@ -354,7 +352,8 @@ def _refused(lowerer, node) -> None:
                        ":arithmetic exact computes attention in float32.", node.loc)
 
 
-EXACT = {
+EXACT = RuleTable("cuda exact lowering", needs=lambda op: op.name in EXACT_FORMS)
+for _op, _rule in {
     "matmul": _matmul,
     "sum": _reduction(_sum),
     "max": _reduction(_max),
@@ -364,19 +363,18 @@ EXACT = {
     "layernorm": _layernorm,
     "scatter_add": _scatter_add,
     "gather": _checked_gather,
-    "conv2d": _conv2d,
-    "conv2d_input_grad": _conv2d_input_grad,
-    "conv2d_weight_grad": _conv2d_weight_grad,
+    "conv2d": _convolution(ops.conv2d),
+    "conv2d_input_grad": _convolution(ops.conv2d_input_grad),
+    "conv2d_weight_grad": _convolution(ops.conv2d_weight_grad),
     "avg_pool2d": _avg_pool2d,
     "avg_pool2d_grad": _avg_pool2d_grad,
     "max_pool2d": _max_pool2d,
     "max_pool2d_grad": _max_pool2d_grad,
     "max_pool2d_pick": _max_pool2d_pick,
-    # a float32 attention op is written out as its composition before lowering; a bf16 one keeps its op
-    "attention_core": _refused,
-    "attention_grad_q": _refused,
-    "attention_grad_kv": _refused,
-}
+    # a float32 attention op is written out as its composition (graph/passes/decomposed.py); a bf16 one keeps its op
+    **{op: _refused for op in ATTENTION_OPS},
+}.items():
+    EXACT.add(_op, _rule)
 
 
 # --- the gradient region: sums in the environment -----------------------------------------------
@@ -459,7 +457,8 @@ def _weight_grad_digits(node, x, g):
     return ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)
 
 
-REGION = {
+ACC = RuleTable("cuda acc lowering", needs=lambda op: op.name in ROLES)
+for _op, _rule in {
     "matmul": _reducing(_product_digits, lambda node, a, b: ops.rounded_product(a, b, node.shape, "f32")),
     "sum": _reducing(_sum_digits, lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, "f32")),
     "scatter_add": _checked_region_scatter,
@@ -470,4 +469,5 @@ REGION = {
     "transpose": _moving(lambda node, acc: ops.transposed(acc, node.attrs["perm"]),
                          lambda node, tensor: tensor.permute(*node.attrs["perm"]).contiguous()),
     "const": _region_const,
-}
+}.items():
+    ACC.add(_op, _rule)

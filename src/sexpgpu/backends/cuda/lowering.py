@@ -19,9 +19,8 @@ What this decides depends only on the graph, the shapes, SEXPGPU_OPTIMIZE and th
 choices, never on timing; with patterns on, also on which groups cuDNN builds plans for, a
 fact of the device and its cuDNN.
 
-Under `:arithmetic exact` (`Lowerer(graph, policy, "exact")`) every op that sums takes
-exact.py's lowering instead (`self.exact.lowering(node)` in the walk, `self.exact.finish` after
-it), and the nodes of the gradient region give unrounded sums.
+An exact graph (graph/passes/exact_region.py: its nodes of dtype acc or marked exact) takes
+exact.py's lowering for those nodes (`ExactLowering.of`).
 """
 
 from __future__ import annotations
@@ -80,7 +79,6 @@ class Lowered(Schedule):
     arena_bytes: int = 0
 
 
-ARITHMETICS = ("float", "exact")
 # The tables whose rules `rule(lowerer, node)` emit steps of their own, one module per kind
 STEP_RULES = {op: rule for table in (REDUCTIONS, PRODUCTS, GATHERS, PADS, WINDOWS, ATTENTION, DRAWS)
               for op, rule in table.items()}
@@ -89,9 +87,7 @@ ARENA_ALIGNMENT = 256
 
 
 class Lowerer:
-    def __init__(self, graph, policy: FusionPolicy, arithmetic: str = "float"):
-        if arithmetic not in ARITHMETICS:
-            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, not {arithmetic!r}")
+    def __init__(self, graph, policy: FusionPolicy):
         self.graph = graph
         self.policy = policy
         self.readers = KernelReaders(graph, lambda node: node.op in EXPRESSIONS)
@@ -99,7 +95,7 @@ class Lowerer:
         self.accumulators: dict = {}  # node -> buffer key of its digits (exact graphs' gradient region)
         self.steps: list = []
         self.buffers: dict = {}
-        self.exact = ExactLowering(graph) if arithmetic == "exact" else None
+        self.exact = ExactLowering.of(graph)  # None for a graph with no exact node
         self._output_of: dict = {}  # node -> buffer key for its first output name
         self.shared: dict = {}  # buffers steps hand one another beside the nodes' values (attention's statistics)
         # pattern graphs round as cuDNN does: an exact run sums every product itself
@@ -388,7 +384,7 @@ def generate(schedule: Schedule, arena: ArenaPlan) -> Lowered:
                    arena_bytes=arena.arena_bytes)
 
 
-def lower(graph, policy: FusionPolicy, arithmetic: str = "float") -> Lowered:
+def lower(graph, policy: FusionPolicy) -> Lowered:
     """The stages in order: lowering with fusion, the memory plan, code generation."""
-    schedule = Lowerer(graph, policy, arithmetic).schedule()
+    schedule = Lowerer(graph, policy).schedule()
     return generate(schedule, arena_plan(schedule))

@@ -22,7 +22,7 @@ from sexpgpu.errors import Location
 
 DTYPES = ("f32", "bf16", "i32", "bool")
 FLOAT_DTYPES = ("f32", "bf16")
-ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1}
+ITEM_BYTES = {"f32": 4, "bf16": 2, "i32": 4, "bool": 1, "acc": 4}  # acc (ops.py): planned as its f32
 
 _DTYPE_SPELLINGS = {
     "f32": "f32", "float32": "f32", "F32": "f32",

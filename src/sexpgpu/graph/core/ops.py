@@ -1097,3 +1097,23 @@ _register("max_pool2d_grad", "window", _infer_max_pool2d_grad, _vjp_routed("max_
 _register("max_pool2d_pick", "window", _infer_max_pool2d_pick, _vjp_routed("max_pool2d_grad"), 2, precision=MOVES)
 _register("avg_pool2d", "window", _infer_pool("avg_pool2d"), _vjp_avg_pool2d, 1, precision=ARITHMETIC)
 _register("avg_pool2d_grad", "window", _infer_avg_pool2d_grad, _vjp_avg_pool2d_grad, 1, precision=ARITHMETIC)
+
+
+# --- Exact arithmetic (graph/passes/exact_region.py) -------------------------------------------
+# dtype "acc": an exact sum whose rounding is deferred; `round` rounds each once, to nearest
+# even. A node with the attribute exact=True is its op's exact form: each sum in it exact and
+# rounded once. Backends register both in their exact rule tables.
+
+ACC = "acc"
+EXACT_ONLY = ("round",)  # ops only exact graphs hold: float rule tables need no rule for them
+
+
+def _infer_round(inputs, attrs):
+    (x,) = inputs
+    _require_dtype("round", x, (ACC,))
+    if attrs.get("dtype") not in FLOAT_DTYPES:
+        raise OpError("E-DTYPE-001", f"round: rounds into f32 or bf16, not {attrs.get('dtype')}.")
+    return attrs["dtype"], x.shape, {"dtype": attrs["dtype"]}
+
+
+_register("round", "exact", _infer_round, None, 1, precision=ARITHMETIC)

@@ -26,7 +26,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.training.autodiff import gradients
 from sexpgpu.graph.frontend.build import Builder, Frame
 from sexpgpu.graph.core.emit import Emitter
-from sexpgpu.graph.passes.exact_region import check_exact_gradients
+from sexpgpu.graph.passes.exact_region import exact_graph, gradient_sums
 from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node, dtype_named
 from sexpgpu.graph.frontend.layers import cross_entropy_mean, mse
 from sexpgpu.graph.core.ops import dims_text
@@ -44,6 +44,7 @@ class TrainingGraph:
     microbatches: int
     degree: int = 1  # microbatches one call of `micro` runs as one batch (graph/training/stacking.py)
     source: object = field(default=None, compare=False, repr=False)  # the experiment stacking rebuilds from
+    sums: object = None  # an exact run's GradientSums (graph/passes/exact_region.py); None: float sums in order
 
     @property
     def graphs(self) -> tuple:
@@ -77,10 +78,9 @@ def compile_program(experiment, field_specs: dict | None = None, pass_field_spec
         generator, generator_builder = build_generator(experiment, run.data.generator)
     record_specs = _record_specs(run, run.data, field_specs, generator)
     micro, builder = build_micro(experiment, _microbatch_specs(record_specs, run.batch))
-    if run.arithmetic == "exact":
-        check_exact_gradients(micro)
     params = dict(sorted(builder.params.items()))
     update, slots = build_update(params, run.optimizer, run.microbatches)
+    update = in_arithmetic(run, update)
     passes, pass_generators = {}, {}
     for spec in run.passes:
         name = spec.name or "eval"
@@ -92,7 +92,8 @@ def compile_program(experiment, field_specs: dict | None = None, pass_field_spec
             specs = (pass_field_specs or {}).get(name) or _record_specs(run, spec.data, field_specs, None)
         passes[name] = build_pass(experiment, name, _microbatch_specs(specs, run.batch))
     blockers = _blockers(builder, generator, generator_builder)
-    training = TrainingGraph(micro, update, slots, run.microbatches, source=experiment)
+    sums = gradient_sums(update) if run.arithmetic == "exact" else None
+    training = TrainingGraph(micro, update, slots, run.microbatches, source=experiment, sums=sums)
     return Program(params, training, passes, generator, blockers, record_specs, pass_generators)
 
 
@@ -129,7 +130,7 @@ def micro_graph(experiment, builder: Builder, loss: Node, loss_output: Node, see
         grads = [grad if grad.dtype == "f32" else e("cast", grad, dtype="f32") for grad in grads]
     outputs = {"loss": loss_output}
     outputs.update({f"grad/{path}": grad for path, grad in zip(paths, grads)})
-    return e.graph(_inputs(builder), outputs)
+    return in_arithmetic(experiment.run, e.graph(_inputs(builder), outputs))
 
 
 def build_pass(experiment, name: str, fields: dict):
@@ -139,7 +140,7 @@ def build_pass(experiment, name: str, fields: dict):
                       training=False, fields=fields)
     loss, metrics = _model_and_loss(experiment, builder, metrics=True)
     outputs = dict(zip(["loss", *metrics], with_precision(e, run.precision, [loss, *metrics.values()])))
-    return e.graph(_inputs(builder), outputs)
+    return in_arithmetic(run, e.graph(_inputs(builder), outputs))
 
 
 def build_generator(experiment, call, make_builder=Builder, batch: int | None = None):
@@ -152,7 +153,12 @@ def build_generator(experiment, call, make_builder=Builder, batch: int | None = 
                            draw_graph=definition.name, training=True)
     with e.at(scope="", loc=call.loc):
         fields = builder.run_generator_body(definition, Frame(dict(call.options), "", definition.name))
-    return e.graph(_inputs(builder), {f"field/{name}": node for name, node in fields.items()}), builder
+    return in_arithmetic(run, e.graph(_inputs(builder), {f"field/{name}": node for name, node in fields.items()})), builder
+
+
+def in_arithmetic(run, graph):
+    """The graph as the run's `:arithmetic` computes it: under exact, graph/passes/exact_region.py's transformation."""
+    return exact_graph(graph) if run.arithmetic == "exact" else graph
 
 
 def _inputs(builder: Builder) -> dict:
