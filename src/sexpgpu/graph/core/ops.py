@@ -554,7 +554,8 @@ _register("softmax", "normalize", _infer_over_axis("softmax"), _vjp_softmax, 1, 
           mixes_rows=_along_first_axis)
 _register("log_softmax", "normalize", _infer_over_axis("log_softmax"), _vjp_log_softmax, 1,
           decompose=_decompose_log_softmax, mixes_rows=_along_first_axis)
-_register("layernorm", "normalize", _infer_layernorm, _vjp_layernorm, 1, decompose=_decompose_layernorm)
+_register("layernorm", "normalize", _infer_layernorm, _vjp_layernorm, 1, decompose=_decompose_layernorm,
+          mixes_rows=lambda node, stacked: node.rank == 1)  # its statistics run along the last axis
 
 
 # --- loss ----------------------------------------------------------------------------------------------
