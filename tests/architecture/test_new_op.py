@@ -97,15 +97,24 @@ def _loss64(x, y, **params) -> float:
     return float(np.mean((np.logaddexp(0.0, x @ params["fc/w"].T + params["fc/b"]) - y) ** 2))
 
 
-def test_an_op_added_through_the_registration_calls_compiles_runs_and_differentiates(softplus):
-    experiment = select_run(parse_experiment(read_text(TEXT, "softplus.sexp"), "softplus.sexp", ""), None)
-    micro = compile_program(experiment).training.micro
-    assert micro.op_counts()["softplus"] == 1
+def _experiment():
+    return select_run(parse_experiment(read_text(TEXT, "softplus.sexp"), "softplus.sexp", ""), None)
+
+
+def _micro_and_feed() -> tuple:
+    """The experiment's microbatch graph and float32 values for its inputs."""
+    micro = compile_program(_experiment()).training.micro
     rng = np.random.default_rng(3)
     values = {"param/fc/w": rng.standard_normal((3, 3)), "param/fc/b": rng.standard_normal(3),
               "field/x": rng.standard_normal((4, 3)), "field/y": np.tanh(rng.standard_normal((4, 3)))}
     feed = {name: np.asarray(value, np.float32) for name, value in values.items()}
-    feed.update({name: 0 for name in micro.inputs if name not in feed})  # step, microbatch
+    feed.update({name: np.int32(0) for name in micro.inputs if name not in feed})  # step, microbatch
+    return micro, feed
+
+
+def test_an_op_added_through_the_registration_calls_compiles_runs_and_differentiates(softplus):
+    micro, feed = _micro_and_feed()
+    assert micro.op_counts()["softplus"] == 1
     out = Interpreter().run(micro, feed)
     w, b, x, y = (feed[name].astype(np.float64) for name in ("param/fc/w", "param/fc/b", "field/x", "field/y"))
     assert out["loss"] == pytest.approx(_loss64(x, y, **{"fc/w": w, "fc/b": b}), rel=1e-6)
@@ -122,29 +131,46 @@ def test_an_op_added_through_the_registration_calls_compiles_runs_and_differenti
         np.testing.assert_allclose(out[f"grad/{name}"], numeric, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_the_cuda_backend_gives_the_interpreters_bits(softplus, dtype, monkeypatch):
-    """Elementwise, with no sum, in the portable exp and log: bit for bit, its gradient too
-    (on CPU tensors under Triton's interpreter, or on the GPU where there is one)."""
+def _cuda_backend(monkeypatch, interpreted_only: bool = False):
+    """The CUDA backend: on CPU tensors under Triton's interpreter (turned on as
+    tests/cuda/conftest.py's `interpreted` does), or on the GPU where there is one."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
     from sexpgpu.backends.cuda.backend import CudaBackend
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":  # Triton's interpreter, as tests/cuda/conftest.py's `interpreted` turns it on
+    if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+        return CudaBackend(device="cpu")
+    if interpreted_only:
+        pytest.skip("a GPU's products and sums differ from the interpreter's by rounding")
+    return CudaBackend()
+
+
+def _assert_same_bits(backend, got: dict, want: dict) -> None:
+    for name, value in want.items():
+        assert backend.to_host(got[name]).view(np.uint32).tolist() == value.view(np.uint32).tolist(), name
+
+
+def test_the_cuda_backend_runs_the_training_graph_with_the_interpreters_bits(softplus, monkeypatch):
+    backend = _cuda_backend(monkeypatch, interpreted_only=True)
+    micro, feed = _micro_and_feed()
+    _assert_same_bits(backend, backend.run(micro, feed), Interpreter().run(micro, feed))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_its_cuda_expression_gives_the_interpreters_bits(softplus, dtype, monkeypatch):
+    """Elementwise, with no sum, in the portable exp and log: bit for bit on any device, its
+    gradient too."""
+    backend = _cuda_backend(monkeypatch)
     graph, values = case_graph(("softplus", [(dtype, (7, 9), "normal")], {}))
-    backend = CudaBackend(device=device)
-    got = backend.run(graph, values)
     want = Interpreter().run(graph, values)
-    for name in ("y", "grad0"):
-        assert backend.to_host(got[name]).view(np.uint32).tolist() == want[name].view(np.uint32).tolist(), name
+    _assert_same_bits(backend, backend.run(graph, values), {name: want[name] for name in ("y", "grad0")})
 
 
 def test_its_precision_policy_keeps_it_float32_under_bf16(softplus):
     from dataclasses import replace
 
-    experiment = select_run(parse_experiment(read_text(TEXT, "softplus.sexp"), "softplus.sexp", ""), None)
+    experiment = _experiment()
     run = replace(experiment.run, precision="bf16")
     micro = compile_program(replace(experiment, runs={**experiment.runs, run.name: run})).training.micro
     assert [node.dtype for node in micro.nodes if node.op == "softplus"] == ["f32"]
