@@ -11,11 +11,11 @@ An `OpDef` carries everything about an op that is not a backend's:
 - `decompose(e, attrs, *inputs) -> node`, for a composite op: its formula written with other
   ops (graph/passes/decomposed.py applies it). A backend's kernel for such an op is an
   override, checked against the decomposition (tests/backends/test_decompositions.py);
-- `mixes_rows(node, stacked) -> bool`, for an op that can combine the rows of its inputs'
-  first axis into one row of its result (along axis 0, a gather from a stacked table, ...):
-  whether this node does, `stacked[i]` saying whether input i holds records on its first
-  axis. None: row i of the result comes from row i of the inputs alone, or the result's
-  shape does not scale with theirs (both checked by graph/training/stacking.py).
+- `mixes_rows(node, stacked) -> bool`, for an op that can combine rows of its inputs' first
+  axis into a row of its result (along axis 0, a gather from a stacked table): whether this
+  node does, `stacked[i]` saying whether input i holds records on its first axis. None: the
+  result's row i comes from the inputs' rows i, or its shape does not scale with theirs
+  (graph/training/stacking.py checks both).
 
 What a backend does with an op is a rule registered against it (rules.py). `define` adds an
 op and `undefine` takes it back (tests add ops of their own).
@@ -113,10 +113,6 @@ def _register(name: str, kind: str, infer, vjp=None, arity=None, **more) -> None
 
 def _along_first_axis(node, stacked) -> bool:
     return node.attrs.get("axis") == 0
-
-
-def _always(node, stacked) -> bool:
-    return True
 
 
 def dims_text(shape) -> str:
@@ -632,7 +628,7 @@ def _infer_one_hot(inputs, attrs):
 
 _register("gather", "index", _infer_gather, _vjp_gather, 2,
           mixes_rows=lambda node, stacked: stacked[0])  # rows of a stacked table, picked by one microbatch's ids
-_register("scatter_add", "index", _infer_scatter_add, _vjp_scatter_add, 2, mixes_rows=_always)
+_register("scatter_add", "index", _infer_scatter_add, _vjp_scatter_add, 2, mixes_rows=lambda node, stacked: True)
 _register("one_hot", "index", _infer_one_hot, None, 1)
 
 
