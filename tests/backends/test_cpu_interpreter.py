@@ -3,15 +3,19 @@ input checks, repeatable bits, and draws."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
 
 from sexpgpu import numerics as nx
-from sexpgpu.backends.cpu import Interpreter
+from sexpgpu.backends.cpu import Interpreter, interpreter
+from sexpgpu.backends.cpu.op_kernels import compile_kernel
 from sexpgpu.backends.cpu.arith import round_bf16
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.core.emit import Emitter
+from sexpgpu.plan.memory import lifetimes
 
 NUMERICS = ("exp", "log", "tanh", "erf", "rsqrt", "sigmoid", "pow", "stream_key", "fold_in", "normal", "bernoulli")
 needs_numerics = pytest.mark.skipif(
@@ -175,6 +179,36 @@ def test_outputs_are_fresh_arrays():
     out = Interpreter().run(graph, {"x": x, "w": np.ones(3, np.float32)})
     out["x"][0, 0] = 5
     assert x[0, 0] == 1
+
+
+def test_it_holds_each_value_for_the_lifetime_the_memory_plan_gives_it(monkeypatch):
+    """One liveness (plan/memory.py): while step i runs, the intermediate values alive are
+    those made before i and read at i or later, no more (each is dropped after its last reader)."""
+    e = Emitter()
+    x = e.input("x", "f32", (4,))
+    a = e("exp", x)
+    b = e("add", a, x)
+    c = e("mul", b, b)
+    d = e("sub", c, a)
+    graph = e.graph({"x": x}, {"y": e("mul", d, c)})
+    made, alive = {}, {}  # position -> a weak reference to its value; step -> positions alive
+
+    def watched(node, math):
+        kernel, index = compile_kernel(node, math), graph.nodes.index(node)
+
+        def run(args):
+            alive[index] = {at for at, ref in made.items() if ref() is not None}
+            value = kernel(args)
+            made[index] = weakref.ref(value)
+            return value
+
+        return run
+
+    monkeypatch.setattr(interpreter, "compile_kernel", watched)
+    Interpreter().run(graph, {"x": np.ones(4, np.float32)})
+    spans = lifetimes(graph)
+    assert alive == {step: {at for at in made if spans[at][0] < step <= spans[at][1]} for step in alive}
+    assert alive[4] == {1, 3}  # at d = c - a: a (read last here) and c (read again by y); b is gone
 
 
 @needs_numerics

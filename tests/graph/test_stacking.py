@@ -131,6 +131,8 @@ def test_salts_that_differ_between_microbatches_keep_the_run_unstacked(salt, rea
 @pytest.mark.parametrize("body, reason", [
     ("(softmax (linear x :out 3 :as head) :axis 0)", "softmax at 'top level' combines records"),
     ("(add (linear x :out 3 :as head) (broadcast (slice x :axis 0 :start 0 :stop 1) (batch 3)))", "combines records"),
+    ("(mul (linear x :out 3 :as head) (reshape (layernorm (sum x :axis 1) :as n) (batch 1)))",
+     "layernorm at 'n' combines records"),
     ("(transpose (linear x :out 2 :as head) (1 0))", "the batch is not its first axis alone"),
     ("(reshape (linear x :out 3 :as head) (2 3))", "the model does not build with 4 records"),
 ])

@@ -173,9 +173,9 @@ def _dying(graph) -> dict:
     liveness: inputs and outputs live to the end, and are the caller's)."""
     kept = {id(node) for node in (*graph.inputs.values(), *graph.outputs.values())}
     dying: dict = {}
-    for node, (born, dies) in zip(graph.nodes, lifetimes(graph)):
+    for index, (node, (born, dies)) in enumerate(zip(graph.nodes, lifetimes(graph))):
         if dies > born and id(node) not in kept:
-            dying.setdefault(dies, []).append(born)
+            dying.setdefault(dies, []).append(index)
     return dying
 
 

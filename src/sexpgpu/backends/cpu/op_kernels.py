@@ -56,10 +56,6 @@ def _gelu(node, args, m):
     return (x * half) * (one + m.erf(x * root_half))
 
 
-def _rsqrt(node, args, m):
-    return m.rsqrt(args[0])
-
-
 def _cast(node, args, m):
     (x,) = args
     target = node.dtype
@@ -96,10 +92,6 @@ _NUMPY_BINARY = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal,
 }
-
-
-def _where(node, args, m):
-    return np.where(*args)
 
 
 # --- reduce and normalize -------------------------------------------------------------------------
@@ -271,18 +263,13 @@ KERNELS.update({
     "normal": _draw, "uniform": _draw, "truncated_normal": _draw, "bernoulli": _draw, "randint": _draw,
     "relu": _relu,
     "gelu": _gelu,
-    "tanh": _elementwise("tanh"),
-    "exp": _elementwise("exp"),
-    "log": _elementwise("log"),
+    **{name: _elementwise(name) for name in ("tanh", "exp", "log", "rsqrt", "sigmoid", "erf")},  # numerics' functions
     "sqrt": lambda node, args, m: np.sqrt(args[0]),
-    "rsqrt": _rsqrt,
-    "sigmoid": _elementwise("sigmoid"),
-    "erf": _elementwise("erf"),
     "cast": _cast,
     "pow": _pow,
     "maximum": lambda node, args, m: folds.ieee_maximum(*args),
     "minimum": lambda node, args, m: folds.ieee_minimum(*args),
-    "where": _where,
+    "where": lambda node, args, m: np.where(*args),
     "max": _max,
     "argmax": _argmax,
     "softmax": _softmax,

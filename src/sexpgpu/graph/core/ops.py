@@ -10,7 +10,12 @@ An `OpDef` carries everything about an op that is not a backend's:
 - `precision`: its `Policy` under `:precision bf16` (graph/passes/precision.py applies it);
 - `decompose(e, attrs, *inputs) -> node`, for a composite op: its formula written with other
   ops (graph/passes/decomposed.py applies it). A backend's kernel for such an op is an
-  override, checked against the decomposition (tests/backends/test_decompositions.py).
+  override, checked against the decomposition (tests/backends/test_decompositions.py);
+- `mixes_rows(node, stacked) -> bool`, for an op that can combine rows of its inputs' first
+  axis into a row of its result (along axis 0, a gather from a stacked table): whether this
+  node does, `stacked[i]` saying whether input i holds records on its first axis. None: the
+  result's row i comes from the inputs' rows i, or its shape does not scale with theirs
+  (graph/training/stacking.py checks both).
 
 What a backend does with an op is a rule registered against it (rules.py). `define` adds an
 op and `undefine` takes it back (tests add ops of their own).
@@ -84,6 +89,7 @@ class OpDef:
     arity: int | None = None  # None: any number of inputs (the rule checks)
     precision: Policy | None = None  # None: its kind's (KIND_PRECISION)
     decompose: Callable | None = None  # a composite op's formula in other ops
+    mixes_rows: Callable | None = None  # whether a node combines rows of its inputs' first axis
 
 
 OPS: dict = {}
@@ -103,6 +109,10 @@ def undefine(name: str) -> None:  # for tests that define ops; RuleTable.remove 
 
 def _register(name: str, kind: str, infer, vjp=None, arity=None, **more) -> None:
     define(OpDef(name, kind, infer, vjp, arity, **more))
+
+
+def _along_first_axis(node, stacked) -> bool:
+    return node.attrs.get("axis") == 0
 
 
 def dims_text(shape) -> str:
@@ -459,7 +469,7 @@ def _infer_argmax(inputs, attrs):
 
 _register("sum", "reduce", _infer_reduce("sum", _NUMERIC), _vjp_sum, 1)
 _register("max", "reduce", _infer_reduce("max", _NUMERIC), _vjp_max, 1)
-_register("argmax", "reduce", _infer_argmax, None, 1)
+_register("argmax", "reduce", _infer_argmax, None, 1, mixes_rows=_along_first_axis)
 
 
 # --- normalize -------------------------------------------------------------------------------------
@@ -536,10 +546,12 @@ def _vjp_layernorm(e, node, g):
     return (e("mul", inner, rstd),)
 
 
-_register("softmax", "normalize", _infer_over_axis("softmax"), _vjp_softmax, 1, decompose=_decompose_softmax)
+_register("softmax", "normalize", _infer_over_axis("softmax"), _vjp_softmax, 1, decompose=_decompose_softmax,
+          mixes_rows=_along_first_axis)
 _register("log_softmax", "normalize", _infer_over_axis("log_softmax"), _vjp_log_softmax, 1,
-          decompose=_decompose_log_softmax)
-_register("layernorm", "normalize", _infer_layernorm, _vjp_layernorm, 1, decompose=_decompose_layernorm)
+          decompose=_decompose_log_softmax, mixes_rows=_along_first_axis)
+_register("layernorm", "normalize", _infer_layernorm, _vjp_layernorm, 1, decompose=_decompose_layernorm,
+          mixes_rows=lambda node, stacked: node.rank == 1)  # its statistics run along the last axis
 
 
 # --- loss ----------------------------------------------------------------------------------------------
@@ -614,8 +626,9 @@ def _infer_one_hot(inputs, attrs):
     return attrs["dtype"], ids.shape + (attrs["depth"],), attrs
 
 
-_register("gather", "index", _infer_gather, _vjp_gather, 2)
-_register("scatter_add", "index", _infer_scatter_add, _vjp_scatter_add, 2)
+_register("gather", "index", _infer_gather, _vjp_gather, 2,
+          mixes_rows=lambda node, stacked: stacked[0])  # rows of a stacked table, picked by one microbatch's ids
+_register("scatter_add", "index", _infer_scatter_add, _vjp_scatter_add, 2, mixes_rows=lambda node, stacked: True)
 _register("one_hot", "index", _infer_one_hot, None, 1)
 
 
@@ -726,10 +739,11 @@ def _vjp_broadcast(e, node, g):
 
 
 _register("reshape", "movement", _infer_reshape, _vjp_reshape, 1)
-_register("transpose", "movement", _infer_transpose, _vjp_transpose, 1)
-_register("slice", "movement", _infer_slice, _vjp_slice, 1)
-_register("pad", "movement", _infer_pad, _vjp_pad, 1)
-_register("concat", "movement", _infer_concat, _vjp_concat, None)
+_register("transpose", "movement", _infer_transpose, _vjp_transpose, 1,
+          mixes_rows=lambda node, stacked: node.attrs["perm"][0] != 0)
+_register("slice", "movement", _infer_slice, _vjp_slice, 1, mixes_rows=_along_first_axis)
+_register("pad", "movement", _infer_pad, _vjp_pad, 1, mixes_rows=_along_first_axis)
+_register("concat", "movement", _infer_concat, _vjp_concat, None, mixes_rows=_along_first_axis)
 _register("broadcast", "movement", _infer_broadcast, _vjp_broadcast, 1)
 
 
@@ -889,10 +903,16 @@ def _decompose_attention_grad_kv(e, attrs, q, k, v, o, g):
     return e("concat", grad_k, grad_v, axis=grad_k.rank - 1)
 
 
+def _positions_first(node, stacked) -> bool:
+    return node.rank <= 2  # the first axis is the positions every query reads
+
+
 _register("attention_core", "attention", _infer_attention_core, _vjp_attention_core, 3,
-          decompose=_decompose_attention_core)
-_register("attention_grad_q", "attention", _infer_attention_grad_q, None, 5, decompose=_decompose_attention_grad_q)
-_register("attention_grad_kv", "attention", _infer_attention_grad_kv, None, 5, decompose=_decompose_attention_grad_kv)
+          decompose=_decompose_attention_core, mixes_rows=_positions_first)
+_register("attention_grad_q", "attention", _infer_attention_grad_q, None, 5, decompose=_decompose_attention_grad_q,
+          mixes_rows=_positions_first)
+_register("attention_grad_kv", "attention", _infer_attention_grad_kv, None, 5,
+          decompose=_decompose_attention_grad_kv, mixes_rows=_positions_first)
 
 
 # --- window --------------------------------------------------------------------------------------------------

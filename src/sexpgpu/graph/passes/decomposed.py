@@ -16,8 +16,6 @@ from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.graph.core.ir import Graph
 from sexpgpu.graph.core.ops import OPS
 
-ATTENTION_OPS = ("attention_core", "attention_grad_q", "attention_grad_kv")
-
 
 def decomposed(graph: Graph, which) -> Graph:
     """`graph` with every node that `which(node)` picks written out as its op's decomposition;
@@ -32,4 +30,4 @@ def decomposed(graph: Graph, which) -> Graph:
 
 
 def composed_attention(graph: Graph) -> Graph:
-    return decomposed(graph, lambda node: node.op in ATTENTION_OPS and node.dtype == "f32")
+    return decomposed(graph, lambda node: OPS[node.op].kind == "attention" and node.dtype == "f32")

@@ -25,8 +25,9 @@ The stacked microbatch graph is built again from the experiment with the batch `
 That is sound only when no record sees another: the model graph must put the batch on the
 first axis of every value that depends on a record and never combine records. This module
 checks it by building the model at both batches and comparing them node for node; any
-node that reduces, concatenates, normalises, transposes or gathers across the first axis,
-or whose shape does not scale on the first axis alone, keeps the run unstacked, as do the
+node that reduces its records to one value, whose op says it combines rows of the first
+axis (its OpDef's `mixes_rows`, graph/core/ops.py), or whose shape does not scale on the
+first axis alone, keeps the run unstacked, as do the
 salts and generators that compile_program reports (a :microbatch, :records, :stage-records
 or field salt, and a generator with bf16 nodes).
 """
@@ -206,9 +207,6 @@ def _microbatch_losses(experiment, builder: _StackingBuilder, output, degree: in
 
 # --- does the graph keep each record to itself? ---------------------------------------------------
 
-AXIS_OPS = ("softmax", "log_softmax", "argmax", "layernorm", "concat", "slice", "pad", "cross_entropy")
-
-
 def _compare(reference: list, stacked: list, degree: int, what: str) -> list:
     """Reasons the stacked build is not `degree` copies of the reference on the first axis."""
     if len(reference) != len(stacked) or any(a.op != b.op for a, b in zip(reference, stacked)):
@@ -246,13 +244,5 @@ def _mixes(node, input_kinds: list, kind: str) -> bool:
         return False
     if kind == "shared":
         return True  # a value of the whole batch made from its records: a reduction across them
-    attrs = node.attrs
-    if node.op in AXIS_OPS and attrs.get("axis") == 0:
-        return True
-    if node.op == "transpose" and attrs["perm"][0] != 0:
-        return True
-    if OPS[node.op].kind == "attention" and node.rank <= 2:
-        return True  # the first axis is the positions every query reads
-    if node.op in ("gather",) and input_kinds[0] == "stacked":
-        return True  # rows picked from the stacked batch by one microbatch's indices
-    return node.op == "scatter_add"
+    rule = OPS[node.op].mixes_rows
+    return rule is not None and rule(node, [input_kind == "stacked" for input_kind in input_kinds])
