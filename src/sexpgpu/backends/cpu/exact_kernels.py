@@ -36,9 +36,8 @@ from sexpgpu.backends.cpu.op_kernels import KERNELS, check_ids
 from sexpgpu.backends.exact_sums import accumulated, rounded_once
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact import det_finalize
-from sexpgpu.graph.core.ops import EXACT_ONLY
+from sexpgpu.graph.core.ops import EXACT_ONLY, OPS
 from sexpgpu.graph.core.rules import RuleTable
-from sexpgpu.graph.passes.decomposed import ATTENTION_OPS
 from sexpgpu.graph.passes.exact_region import EXACT_FORMS, ROLES, on_acc
 
 
@@ -177,7 +176,7 @@ ACC_KERNELS.add("round", lambda node, args, m: rounded_once(args[0], node.dtype)
 # ops whose float kernel is already their exact rule: maxima take no order, gathers copy
 FLOAT_IS_EXACT = ("max", "gather", "max_pool2d", "max_pool2d_pick")
 EXACT_KERNELS = RuleTable("cpu exact kernels",
-                          needs=lambda op: op.name in EXACT_FORMS and op.name not in FLOAT_IS_EXACT + ATTENTION_OPS)
+                          needs=lambda op: op.name in EXACT_FORMS and op.name not in FLOAT_IS_EXACT and op.kind != "attention")
 for _op, _kernel in {
     "matmul": _matmul,
     "sum": _sum,
@@ -198,7 +197,7 @@ for _op, _kernel in {
 
 def exact_kernel(node, m):
     """`run(args) -> value` for a node of dtype acc, reading acc, or marked exact."""
-    if node.op in ATTENTION_OPS:  # a float32 one was written out as its composition (graph/passes/decomposed.py)
+    if OPS[node.op].kind == "attention":  # a float32 one was written out as its composition (graph/passes/decomposed.py)
         raise SexpgpuError("E-EXACT-003", f"the CPU interpreter has no exact kernel for the bf16 op '{node.op}': "
                            ":arithmetic exact computes attention in float32.", node.loc)
     kernel = (ACC_KERNELS if on_acc(node) else EXACT_KERNELS).get(node.op) or KERNELS[node.op]

@@ -47,7 +47,7 @@ from sexpgpu.backends.cuda.gathers import gather
 from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, same_memory, strided
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.core.rules import RuleTable
-from sexpgpu.graph.passes.decomposed import ATTENTION_OPS
+from sexpgpu.graph.core.ops import OPS
 from sexpgpu.graph.passes.exact_region import EXACT_FORMS, ROLES, is_exact, on_acc
 
 
@@ -372,7 +372,7 @@ for _op, _rule in {
     "max_pool2d_grad": _max_pool2d_grad,
     "max_pool2d_pick": _max_pool2d_pick,
     # a float32 attention op is written out as its composition (graph/passes/decomposed.py); a bf16 one keeps its op
-    **{op: _refused for op in ATTENTION_OPS},
+    **{name: _refused for name, op in OPS.items() if op.kind == "attention"},
 }.items():
     EXACT.add(_op, _rule)
 
