@@ -61,7 +61,9 @@ def extract(revision, folder):
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar.getmembers():
             if member.isfile():
-                (target / pathlib.Path(member.name).name).write_bytes(tar.extractfile(member).read())
+                # the oracle imports its own modules, not this tree's: its imports name the new package
+                text = tar.extractfile(member).read().replace(b"sexpgpu.numerics.portable", b"oracle_portable")
+                (target / pathlib.Path(member.name).name).write_bytes(text)
 
 
 def functions(name, folder, table):
