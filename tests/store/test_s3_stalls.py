@@ -96,7 +96,9 @@ def test_a_stalled_part_never_commits_its_checkpoint_and_its_line_names_the_part
         assert isinstance(error, SexpgpuError) and error.code == "E-S3-001", error
         assert "run/step-2/model.safetensors" in error.message and "part 2 of 3" in error.message
         lines = waiting_lines(capsys.readouterr().err)
-        assert lines and all("step-2/model.safetensors (part 2 of 3)" in line.group(2) for line in lines)
+        # on a loaded machine a part let through may also wait past the notice: each line names its own part
+        assert all("step-2/model.safetensors (part " in line.group(2) for line in lines)
+        assert any("step-2/model.safetensors (part 2 of 3)" in line.group(2) for line in lines)
         assert endpoint.stalled
     monkeypatch.setenv("AWS_ENDPOINT_URL", patience.server.endpoint)
     assert not any(key.startswith("run/step-2/COMMITTED") for key in patience.keys())
