@@ -212,16 +212,18 @@ def _combined(first: RowStep, second: RowStep, start: int) -> RowStep:
 # --- an elementwise value joins ---------------------------------------------------------------
 
 
-def add_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> bool:
-    """Make `value` (of `shape`, written to `key`) a store of the open kernel, if it reads
-    the kernel's outputs only as the kernel can give them; False when it cannot."""
+def add_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> RowStep | None:
+    """The open kernel with `value` (of `shape`, written to `key`) as one more store, if it
+    reads the kernel's outputs only as the kernel can give them; None when it cannot."""
     shape = tuple(shape)
+    step = RowStep(step.shape, step.reduced_rank, list(step.outputs), list(step.phases), list(step.row_stores),
+                   step.kind)
     if shape == tuple(step.shape):
-        return _element_store(step, key, dtype, value)
+        return step if _element_store(step, key, dtype, value) else None
     spec = step.spec()
     if numel(shape) != spec.rows or not shape or shape[:len(spec.lead)] != spec.lead:
-        return False
-    return _row_store(step, shape, key, dtype, value)
+        return None
+    return step if _row_store(step, shape, key, dtype, value) else None
 
 
 def _element_store(step: RowStep, key: str, dtype: str, value: Expr) -> bool:
