@@ -1,32 +1,18 @@
 """Stage (b), fusion: which values a kernel recomputes instead of reading, and which kernel
-nodes share a kernel. Every decision is a `Decision` naming its rule, kept in the Schedule.
+nodes share a kernel; docs/cuda.md, "The fusion planner and its budget", says why each rule.
+Every decision is a `Decision` naming its rule, kept in the Schedule.
 
-Values (STORE_RULES, asked by the lowering as it builds each value's expression): an
-elementwise value is inlined into each kernel that reads it; read by one kernel, it is
-computed once, where it is read. Read by R kernels, each recomputes it only when that is
-cheaper than writing it once and reading it back, by both measures, per element:
-- flops: its expression costs at most the policy's budget in flops per byte of the value
-  (9 by default and under --deterministic, the spec's figure for an A100; else the plan's
-  measured one, plan/choices.py);
-- bytes: each recomputing reader loads the L bytes its expression loads (a load counts the
-  distinct elements it reads: a bias broadcast along a long axis costs almost nothing),
-  against one kernel that loads L and writes S bytes, then R reads of S: recompute when
-  R L <= L + S + R S (a tie recomputes: one kernel fewer);
-and R is at most MAX_RECOMPUTING_READERS (each is one more kernel to compile). R counts
-kernels, from the graph alone (`KernelReaders`). This writes a transformer's residual stream
-out once instead of re-adding every branch in every kernel that reads it. A value read
-broadcast to more elements is inlined only when it costs at most BROADCAST_FLOPS, and one a
-reader needs in memory (a product, a gather, an output) is written out.
-
+Values (STORE_RULES, asked by the lowering as it builds each value's expression): a value is
+inlined into the R kernels that read it (`KernelReaders`, counted from the graph alone) when
+R is 1, or when recomputing costs at most the budget's flops a byte and loads no more bytes
+than writing it once and reading it back (`recompute_rule`); it is written out when the graph
+returns it, a reader needs it in memory, or a broadcast would repeat its arithmetic.
 Kernels (JOINS, `fuse`, a pass over the lowering's unfused kernel nodes): a node joins the
-open kernel before it by the first rule that takes it (a store into the row kernel,
-rowmerge.add_store, or the elementwise kernel of its space, `add_output`; a row kernel into
-the row kernel over the same rows, rowmerge.merged); else it starts a kernel of its own.
+open kernel before it by the first rule that takes it, else starts a kernel of its own.
 
-Fusion keeps every node's rounding: the inlined expression is the node's own, in float32
-with its bf16 rounding, and no multiply-add is contracted (enable_fp_fusion is off), so it
-decides where a value is computed, never what it is. SEXPGPU_OPTIMIZE=off writes every
-value out, joins nothing and captures no CUDA graph: the unfused lowering.
+Fusion keeps every node's rounding (the inlined expression is the node's own; no multiply-add
+is contracted), so it decides where a value is computed, never what it is.
+SEXPGPU_OPTIMIZE=off writes every value out, joins nothing and captures no CUDA graph.
 """
 
 from __future__ import annotations
@@ -38,7 +24,7 @@ from sexpgpu.backends.cuda import rowmerge
 from sexpgpu.backends.cuda.views import VIEW_OPS
 from sexpgpu.backends.cuda.codegen.expr import flops, map_leaves, nodes_in_order
 from sexpgpu.backends.cuda.codegen.space import contiguous
-from sexpgpu.backends.cuda.steps import FlatStep
+from sexpgpu.backends.cuda.steps import ITEM_BYTES, FlatStep
 
 MAX_FLAT_OUTPUTS = 8
 # A fused expression deeper than this is written out: a chain of thousands of elementwise ops
@@ -184,8 +170,17 @@ def recompute_rule(policy: FusionPolicy, value, readers: int, itemsize: int, loa
     return "reading back loads fewer bytes"
 
 
-def recompute(policy: FusionPolicy, value, readers: int, itemsize: int, loads: float = 0.0) -> bool:
-    return STORE_RULES[recompute_rule(policy, value, readers, itemsize, loads)]
+def store_rule(policy: FusionPolicy, readers: KernelReaders, node, value, buffers: dict) -> str:
+    """The rule of STORE_RULES that decides whether `node`'s value, the expression `value`
+    over `buffers`, is written out or inlined into its readers."""
+    if node in readers.outputs:
+        return "the graph returns it"
+    if value.depth > MAX_FUSED_DEPTH:
+        return "deeper than MAX_FUSED_DEPTH"
+    cost = flops([value])
+    count = readers.count(node, lambda reader: cost > policy.budget * ITEM_BYTES[reader.dtype])
+    loads = loaded_bytes(value, node.size, lambda key: ITEM_BYTES[buffers[key].dtype])
+    return recompute_rule(policy, value, count, ITEM_BYTES[node.dtype], loads)
 
 
 def add_output(step: FlatStep, shape, key: str, dtype: str, value) -> FlatStep | None:
@@ -229,50 +224,31 @@ class Decision:
         return f"{'fuse' if self.fused else 'apart'} {self.subject}: {self.rule}"
 
 
-def _store_of(node):
+def _store(node):
     """(shape, key, dtype, value) of a kernel node that writes one elementwise value, else None."""
     if isinstance(node, FlatStep) and len(node.outputs) == 1:
-        key, _, dtype, value = node.outputs[0]
+        (key, _, dtype, value), = node.outputs
         return node.shape, key, dtype, value
     return None
 
 
-def _into_rows(last, node):
-    store = _store_of(node)
-    return rowmerge.add_store(last, *store) if store and rowmerge.joinable(last) else None
-
-
-def _into_elementwise(last, node):
-    store = _store_of(node)
-    return add_output(last, *store) if store and isinstance(last, FlatStep) else None
-
-
-def _rows_into_rows(last, node):
-    return rowmerge.merged(last, node) if rowmerge.joinable(last) and rowmerge.joinable(node) else None
-
-
 # The legality rules by which a kernel node joins the open kernel before it, tried in order:
 # each gives the joined kernel, or None where it does not apply or would change a bit
-# (their conditions: add_output, rowmerge.add_store and rowmerge.merged).
+# (the conditions are rowmerge.add_store's, add_output's and rowmerge.merged's).
 JOINS = {
-    "a store joins the open row kernel": _into_rows,
-    "a store joins the open elementwise kernel of its space": _into_elementwise,
-    "a row kernel joins the row kernel over the same rows before it": _rows_into_rows,
+    "a store joins the open row kernel":
+        lambda last, node: rowmerge.add_store(last, *_store(node)) if _store(node) and rowmerge.joinable(last) else None,
+    "a store joins the open elementwise kernel of its space":
+        lambda last, node: add_output(last, *_store(node)) if _store(node) and isinstance(last, FlatStep) else None,
+    "a row kernel joins the row kernel over the same rows before it":
+        lambda last, node: rowmerge.joinable(last) and rowmerge.joinable(node) and rowmerge.merged(last, node) or None,
 }
 
 
-@dataclass
-class Fused:
-    """The fusion pass's result: the kernels in order and the decisions that made them."""
-
-    kernels: list
-    decisions: list
-
-
-def fuse(nodes: list, buffers: dict, policy: FusionPolicy) -> Fused:
-    """Stage (b)'s joins: each kernel node in order joins the kernel before it by the first
-    rule of JOINS that takes it, else starts a kernel of its own; then the stores no kernel
-    reads are dropped (`without_dead_stores`)."""
+def fuse(nodes: list, buffers: dict, policy: FusionPolicy) -> tuple[list, list]:
+    """Stage (b)'s joins: (the kernels, the Decisions). Each kernel node in order joins the
+    kernel before it by the first rule of JOINS that takes it, else starts a kernel of its
+    own; then the stores no kernel reads are dropped (`without_dead_stores`)."""
     kernels, decisions = [], []
     for index, node in enumerate(nodes):
         last = kernels[-1] if policy.fuses and kernels else None
@@ -286,7 +262,7 @@ def fuse(nodes: list, buffers: dict, policy: FusionPolicy) -> Fused:
         else:
             kernels.append(node)
             decisions.append(Decision(subject, "no rule joins it to the kernel before it", False))
-    return Fused(without_dead_stores(kernels, buffers, decisions), decisions)
+    return without_dead_stores(kernels, buffers, decisions), decisions
 
 
 def without_dead_stores(kernels: list, buffers: dict, decisions: list) -> list:

@@ -36,9 +36,9 @@ from sexpgpu.backends.cuda.draws import DRAWS
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.exact import ExactLowering
 from sexpgpu.backends.cuda.gathers import GATHERS
-from sexpgpu.backends.cuda.fusion import MAX_FUSED_DEPTH, FusionPolicy, KernelReaders, broadcastable, fuse
-from sexpgpu.backends.cuda.fusion import STORE_RULES, Decision, loaded_bytes, recompute_rule
-from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, scalar
+from sexpgpu.backends.cuda.fusion import STORE_RULES, Decision, FusionPolicy, KernelReaders, broadcastable, fuse
+from sexpgpu.backends.cuda.fusion import store_rule
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, load, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.pads import PADS
 from sexpgpu.backends.cuda.pattern_steps import Patterns
@@ -57,7 +57,7 @@ _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
 class Schedule:
     """What lowering and fusion make (stages a and b): the kernels in order as plain data
     (FlatStep, RowStep and ColumnStep: expressions reading buffers by key; TorchStep: a
-    PyTorch call), their buffers, and no Triton source yet."""
+    PyTorch call), their buffers, the kernel nodes before fusion and its decisions; no Triton."""
 
     graph: object
     steps: list
@@ -250,9 +250,9 @@ class Lowerer:
         if self.exact is not None:
             self.exact.finish(self)
         outputs = self._outputs()
-        fused = fuse(self.steps, self.buffers, self.policy)
-        return Schedule(self.graph, fused.kernels, self.buffers, inputs, outputs, tuple(self.patterns.uses),
-                        frozenset(self.patterns.covered), tuple(self.steps), tuple(self.decisions + fused.decisions))
+        kernels, joins = fuse(self.steps, self.buffers, self.policy)
+        return Schedule(self.graph, kernels, self.buffers, inputs, outputs, tuple(self.patterns.uses),
+                        frozenset(self.patterns.covered), tuple(self.steps), tuple(self.decisions + joins))
 
     def emit_result(self, node, step) -> None:
         """A step that writes `node`'s result to its first buffer; the node's value reads it."""
@@ -283,22 +283,11 @@ class Lowerer:
         if node.dtype == "bf16" and node.op not in _EXACT_IN_BF16:
             value = cast(value, "bf16")
         self.values[node] = value
-        rule = self._store_rule(node, value)
+        rule = store_rule(self.policy, self.readers, node, value, self.buffers)
         if STORE_RULES[rule]:
             self.decide(node, rule)
         else:
             self.realize(node, rule)
-
-    def _store_rule(self, node, value) -> str:
-        """The rule of fusion.STORE_RULES that decides whether `node`'s value is written out."""
-        if node in self._output_nodes:
-            return "the graph returns it"
-        if value.depth > MAX_FUSED_DEPTH:
-            return "deeper than MAX_FUSED_DEPTH"
-        cost = flops([value])
-        readers = self.readers.count(node, lambda reader: cost > self.policy.budget * ITEM_BYTES[reader.dtype])
-        loads = loaded_bytes(value, node.size, lambda key: ITEM_BYTES[self.buffers[key].dtype])
-        return recompute_rule(self.policy, value, readers, ITEM_BYTES[node.dtype], loads)
 
     def _view(self, node) -> None:
         (source,) = node.inputs
