@@ -80,6 +80,7 @@ e = Emitter()
 x = e.input("x", "f32", (8, 32))
 chain = e("mul", e("neg", e("exp", x)), x)
 found["chain_fuses"] = decided(e.graph({"x": x}, {"s": e("sum", chain, axes=(0,))}))
+found["chain_off"] = decided(e.graph({"x": x}, {"s": e("sum", chain, axes=(0,))}), level="off")
 
 e = Emitter()
 x = e.input("x", "f32", (8, 32))
@@ -148,11 +149,15 @@ def test_an_open_kernel_takes_a_value_of_its_space_that_reads_its_outputs_throug
 
 
 def test_lowering_makes_one_kernel_node_per_op_and_a_chain_of_elementwise_ops_fuses_into_its_reader(found):
-    found = found["chain_fuses"]
+    found_all, found = found, found["chain_fuses"]
     assert found["unfused"] == found["kernels"] == ["columns"]  # exp, neg and mul are inlined in the sum
     assert found["decisions"][:3] == ["fuse %1 exp: one kernel reads it", "fuse %2 neg: one kernel reads it",
                                       "fuse %3 mul: one kernel reads it"]
     assert "fuse %1 exp: one kernel reads it" in found["dump"]
+    off = found_all["chain_off"]  # unfused: every value written out, and no kernel joins another
+    assert off["unfused"] == off["kernels"] == ["elementwise", "elementwise", "elementwise", "columns"]
+    assert all(decision.startswith("apart") for decision in off["decisions"])
+    assert "apart %1 exp: fusion is off" in off["decisions"]
 
 
 def test_a_value_two_kernels_read_is_written_out_past_the_recompute_budget_and_recomputed_within_it(found):
