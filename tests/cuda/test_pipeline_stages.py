@@ -91,6 +91,8 @@ found["budget"] = [decided(graph, budget=budget) for budget in (0.1, 100.0)]
 e = Emitter()
 x = e.input("x", "f32", (4, 64))
 total = e("sum", x, axes=(1,))
+y = e.input("y", "f32", (4, 32))
+found["other_rows"] = decided(e.graph({"x": x, "y": y}, {"a": e("sum", x, axes=(1,)), "b": e("sum", y, axes=(1,))}))
 found["row_merge"] = decided(e.graph({"x": x}, {"top": e("max", x, axes=(1,)), "m": e("mul", total, total)}))
 
 from sexpgpu.backends.cuda.codegen.expr import load
@@ -169,8 +171,11 @@ def test_a_value_two_kernels_read_is_written_out_past_the_recompute_budget_and_r
 
 
 def test_row_kernels_over_the_same_rows_and_a_store_reading_them_join_by_named_rules(found):
-    found = found["row_merge"]
+    found_all, found = found, found["row_merge"]
     assert found["unfused"] == ["rows", "rows", "elementwise"] and found["kernels"] == ["rows"]
     joins = [decision for decision in found["decisions"] if decision.startswith("fuse node")]
     assert [join.split(": ")[1] for join in joins] == ["a row kernel joins the row kernel over the same rows before it",
                                                       "a store joins the open row kernel"]
+    assert found_all["other_rows"]["kernels"] == ["rows", "rows"]  # rows of another length: a kernel each
+    assert found_all["other_rows"]["decisions"][-1] == \
+        "apart node 1 rows -> b3: refused by: a row kernel joins the row kernel over the same rows before it"

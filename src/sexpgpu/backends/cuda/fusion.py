@@ -18,6 +18,7 @@ SEXPGPU_OPTIMIZE=off writes every value out, joins nothing and captures no CUDA 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from sexpgpu import settings
 from sexpgpu.backends.cuda import rowmerge
@@ -232,36 +233,50 @@ def _store(node):
     return None
 
 
-# The legality rules by which a kernel node joins the open kernel before it, tried in order:
-# each gives the joined kernel, or None where it does not apply or would change a bit
-# (the conditions are rowmerge.add_store's, add_output's and rowmerge.merged's).
+class Join(NamedTuple):
+    """A rule by which a kernel node joins the open kernel before it."""
+
+    applies: object  # applies(last, node): whether the rule is about kernels of these kinds
+    join: object  # join(last, node): the joined kernel, or None where joining would change a bit
+
+
+# The rules, tried in order (their conditions are rowmerge.add_store's, add_output's and
+# rowmerge.merged's).
 JOINS = {
     "a store joins the open row kernel":
-        lambda last, node: rowmerge.add_store(last, *_store(node)) if _store(node) and rowmerge.joinable(last) else None,
+        Join(lambda last, node: _store(node) and rowmerge.joinable(last),
+             lambda last, node: rowmerge.add_store(last, *_store(node))),
     "a store joins the open elementwise kernel of its space":
-        lambda last, node: add_output(last, *_store(node)) if _store(node) and isinstance(last, FlatStep) else None,
+        Join(lambda last, node: _store(node) and isinstance(last, FlatStep),
+             lambda last, node: add_output(last, *_store(node))),
     "a row kernel joins the row kernel over the same rows before it":
-        lambda last, node: rowmerge.joinable(last) and rowmerge.joinable(node) and rowmerge.merged(last, node) or None,
+        Join(lambda last, node: rowmerge.joinable(last) and rowmerge.joinable(node), rowmerge.merged),
 }
 
 
 def fuse(nodes: list, buffers: dict, policy: FusionPolicy) -> tuple[list, list]:
     """Stage (b)'s joins: (the kernels, the Decisions). Each kernel node in order joins the
     kernel before it by the first rule of JOINS that takes it, else starts a kernel of its
-    own; then the stores no kernel reads are dropped (`without_dead_stores`)."""
+    own (the decision names the rules that applied and refused); then the stores no kernel
+    reads are dropped (`without_dead_stores`)."""
     kernels, decisions = [], []
     for index, node in enumerate(nodes):
         last = kernels[-1] if policy.fuses and kernels else None
         subject = f"node {index} {node.kind} -> {','.join(node.writes)}"
-        for rule, join in JOINS.items():
-            joined = join(last, node) if last is not None else None
-            if joined is not None:
+        refused = []
+        for rule, (applies, join) in JOINS.items():
+            joined = join(last, node) if last is not None and applies(last, node) else False
+            if joined:
                 kernels[-1] = joined
                 decisions.append(Decision(subject, rule, True))
                 break
+            if joined is None:
+                refused.append(rule)
         else:
             kernels.append(node)
-            decisions.append(Decision(subject, "no rule joins it to the kernel before it", False))
+            why = f"refused by: {'; '.join(refused)}" if refused else "no rule joins kernels of these kinds"
+            why = why if policy.fuses else "fusion is off"
+            decisions.append(Decision(subject, why, False))
     return without_dead_stores(kernels, buffers, decisions), decisions
 
 
