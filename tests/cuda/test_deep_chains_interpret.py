@@ -14,7 +14,8 @@ pytest.importorskip("triton")
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
-from sexpgpu.backends.cuda.lowering import MAX_FUSED_DEPTH, Lowerer  # noqa: E402
+from sexpgpu.backends.cuda.fusion import MAX_FUSED_DEPTH  # noqa: E402
+from sexpgpu.backends.cuda.lowering import Lowerer  # noqa: E402
 from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 
 

@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 
 from op_cases import random_array  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
-from sexpgpu.backends.cuda.fusion import FusionPolicy, KernelReaders, loaded_bytes, recompute  # noqa: E402
+from sexpgpu.backends.cuda.fusion import STORE_RULES, FusionPolicy, KernelReaders, loaded_bytes, recompute_rule  # noqa: E402
 from sexpgpu.backends.cuda.codegen.expr import load  # noqa: E402
 from sexpgpu.backends.cuda.codegen.space import broadcast_view, contiguous  # noqa: E402
 from sexpgpu.graph.training.autodiff import gradients  # noqa: E402
@@ -199,7 +199,11 @@ def test_the_byte_rule():
     assert loaded_bytes(bias, size, item) == pytest.approx(4 / 32)
     assert loaded_bytes(two + bias, size, item) == pytest.approx(8 + 4 / 32)
     policy = FusionPolicy()
-    assert recompute(policy, two, 3, 4, 8.0)  # 3 x 8 <= 8 + 4 + 3 x 4
-    assert not recompute(policy, two, 4, 4, 8.0)  # 32 > 8 + 4 + 16
-    assert recompute(policy, two, 1, 4, 100.0)  # one reader always inlines
-    assert not recompute(FusionPolicy("off"), two, 1, 4, 8.0)
+    rules = [recompute_rule(policy, two, 3, 4, 8.0),  # 3 x 8 <= 8 + 4 + 3 x 4
+             recompute_rule(policy, two, 4, 4, 8.0),  # 32 > 8 + 4 + 16
+             recompute_rule(policy, two, 1, 4, 100.0),  # one reader always inlines
+             recompute_rule(FusionPolicy("off"), two, 1, 4, 8.0),
+             recompute_rule(FusionPolicy(budget=0.1), two, 3, 4, 8.0)]  # 1 flop > 0.1 x 4
+    assert rules == ["recomputing loads no more bytes than reading back", "reading back loads fewer bytes",
+                     "one kernel reads it", "fusion is off", "over the recompute budget"]
+    assert [STORE_RULES[rule] for rule in rules] == [True, False, True, False, False]

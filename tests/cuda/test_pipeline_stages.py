@@ -69,6 +69,32 @@ lives = liveness([(step.reads, step.writes) for step in schedule.steps], lambda 
 found["chain"] = {"lives": [[life.key, life.born, life.dies, arena.offsets[life.key], life.nbytes]
                             for life in lives if life.key in arena.offsets], "arena": arena.arena_bytes}
 
+from sexpgpu.backends.cuda.fusion import FusionPolicy
+
+def decided(graph, **policy):
+    schedule = Lowerer(graph, FusionPolicy(**policy)).schedule()
+    return {"decisions": [str(decision) for decision in schedule.decisions], "dump": schedule.dump(),
+            "unfused": [step.kind for step in schedule.unfused], "kernels": [step.kind for step in schedule.steps]}
+
+e = Emitter()
+x = e.input("x", "f32", (8, 32))
+chain = e("mul", e("neg", e("exp", x)), x)
+found["chain_fuses"] = decided(e.graph({"x": x}, {"s": e("sum", chain, axes=(0,))}))
+found["chain_off"] = decided(e.graph({"x": x}, {"s": e("sum", chain, axes=(0,))}), level="off")
+
+e = Emitter()
+x = e.input("x", "f32", (8, 32))
+shared = e("mul", e("exp", x), e("log", x))  # read by a column sum and a row sum: two kernels
+graph = e.graph({"x": x}, {"c": e("sum", shared, axes=(0,)), "r": e("sum", shared, axes=(1,))})
+found["budget"] = [decided(graph, budget=budget) for budget in (0.1, 100.0)]
+
+e = Emitter()
+x = e.input("x", "f32", (4, 64))
+total = e("sum", x, axes=(1,))
+y = e.input("y", "f32", (4, 32))
+found["other_rows"] = decided(e.graph({"x": x, "y": y}, {"a": e("sum", x, axes=(1,)), "b": e("sum", y, axes=(1,))}))
+found["row_merge"] = decided(e.graph({"x": x}, {"top": e("max", x, axes=(1,)), "m": e("mul", total, total)}))
+
 from sexpgpu.backends.cuda.codegen.expr import load
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.fusion import add_output
@@ -76,10 +102,12 @@ from sexpgpu.backends.cuda.steps import FlatStep
 
 x = load("x", contiguous((4, 8)))
 open_kernel = FlatStep((4, 8), [("t", contiguous((4, 8)), "f32", x * x)])
-found["legal"] = [add_output(open_kernel, (4, 8), "a", "f32", load("t", View((4, 8), (1, 4))) + 1.0),  # another view
-                  add_output(open_kernel, (8, 4), "b", "f32", x * 2.0),  # another space
-                  add_output(open_kernel, (4, 8), "c", "f32", load("t", contiguous((4, 8))) + 1.0)]
-found["legal_kernel"] = step_text(open_kernel)
+joined = [add_output(open_kernel, (4, 8), "a", "f32", load("t", View((4, 8), (1, 4))) + 1.0),  # another view
+          add_output(open_kernel, (8, 4), "b", "f32", x * 2.0),  # another space
+          add_output(open_kernel, (4, 8), "c", "f32", load("t", contiguous((4, 8))) + 1.0)]
+found["legal"] = [kernel is not None for kernel in joined]
+found["legal_kernel"] = step_text(joined[2])
+found["legal_open"] = step_text(open_kernel)  # the open kernel itself is left as it was
 """
 
 
@@ -119,3 +147,35 @@ def test_an_open_kernel_takes_a_value_of_its_space_that_reads_its_outputs_throug
     assert found["legal"] == [False, False, True]
     text = found["legal_kernel"]  # the read of t became t's own expression: x is loaded, t is not
     assert "reads=x writes=t,c" in text and "load ('t'" not in text
+    assert "writes=t\n" in found["legal_open"]
+
+
+def test_lowering_makes_one_kernel_node_per_op_and_a_chain_of_elementwise_ops_fuses_into_its_reader(found):
+    found_all, found = found, found["chain_fuses"]
+    assert found["unfused"] == found["kernels"] == ["columns"]  # exp, neg and mul are inlined in the sum
+    assert found["decisions"][:3] == ["fuse %1 exp: one kernel reads it", "fuse %2 neg: one kernel reads it",
+                                      "fuse %3 mul: one kernel reads it"]
+    assert "fuse %1 exp: one kernel reads it" in found["dump"]
+    off = found_all["chain_off"]  # unfused: every value written out, and no kernel joins another
+    assert off["unfused"] == off["kernels"] == ["elementwise", "elementwise", "elementwise", "columns"]
+    assert all(decision.startswith("apart") for decision in off["decisions"])
+    assert "apart %1 exp: fusion is off" in off["decisions"]
+
+
+def test_a_value_two_kernels_read_is_written_out_past_the_recompute_budget_and_recomputed_within_it(found):
+    over, within = found["budget"]
+    assert "apart %3 mul: over the recompute budget" in over["decisions"]
+    assert over["kernels"] == ["elementwise", "columns", "rows"]
+    assert "fuse %3 mul: recomputing loads no more bytes than reading back" in within["decisions"]
+    assert within["kernels"] == ["columns", "rows"]
+
+
+def test_row_kernels_over_the_same_rows_and_a_store_reading_them_join_by_named_rules(found):
+    found_all, found = found, found["row_merge"]
+    assert found["unfused"] == ["rows", "rows", "elementwise"] and found["kernels"] == ["rows"]
+    joins = [decision for decision in found["decisions"] if decision.startswith("fuse node")]
+    assert [join.split(": ")[1] for join in joins] == ["a row kernel joins the row kernel over the same rows before it",
+                                                      "a store joins the open row kernel"]
+    assert found_all["other_rows"]["kernels"] == ["rows", "rows"]  # rows of another length: a kernel each
+    assert found_all["other_rows"]["decisions"][-1] == \
+        "apart node 1 rows -> b3: refused by: a row kernel joins the row kernel over the same rows before it"

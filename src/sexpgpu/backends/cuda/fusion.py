@@ -1,59 +1,31 @@
-"""The fusion planner: which values a fused kernel recomputes instead of reading.
+"""Stage (b), fusion: which values a kernel recomputes instead of reading, and which kernel
+nodes share a kernel; docs/cuda.md, "The fusion planner and its budget", says why each rule.
+Every decision is a `Decision` naming its rule, kept in the Schedule.
 
-An elementwise node is not computed by a kernel of its own: its expression is inlined into
-each kernel that reads it (a later elementwise kernel, a row or column reduction, a
-normalisation). A node read by one kernel is therefore computed once, where it is read. A
-node read by R kernels is recomputed by each of them only when that is cheaper than writing
-it once and reading it back, by both measures, per element of the value:
+Values (STORE_RULES, asked by the lowering as it builds each value's expression): a value is
+inlined into the R kernels that read it (`KernelReaders`, counted from the graph alone) when
+R is 1, or when recomputing costs at most the budget's flops a byte and loads no more bytes
+than writing it once and reading it back (`recompute_rule`); it is written out when the graph
+returns it, a reader needs it in memory, or a broadcast would repeat its arithmetic.
+Kernels (JOINS, `fuse`, a pass over the lowering's unfused kernel nodes): a node joins the
+open kernel before it by the first rule that takes it, else starts a kernel of its own.
 
-- flops: its expression costs at most the policy's budget in flops per byte of the value
-  (by default and under --deterministic 9 flops a byte, the spec's figure for an A100;
-  otherwise the plan's measured one, plan/choices.py), unless R is 1;
-- bytes: each recomputing reader loads the L bytes its expression loads (each distinct load
-  counts the distinct elements it reads, so a bias broadcast along a long axis costs almost
-  nothing), against a kernel that loads L and writes the value's S bytes, then R reads of
-  S: recompute when R L <= L + S + R S (a tie recomputes: one kernel fewer);
-
-and R is at most eight (each recomputing reader is one more kernel to compile). R counts
-kernels, not direct readers: a reader that is itself inlined (a movement op, an elementwise
-node) stands for its own kernel readers, so a node read by one elementwise node that three
-kernels recompute is evaluated three times (`KernelReaders`). The count is made from the
-graph alone: an elementwise reader is taken as inlined unless it will surely be written
-out (then it is one reader): it has more than eight kernel readers, or it has several and
-the value it reads already costs more flops than the budget allows it. Row
-reductions that rowmerge.py later joins into one kernel still count apart, which errs
-towards writing out. This is what writes the residual stream of a transformer out once
-instead of re-adding every earlier branch in every kernel that reads it.
-
-A value a reader sees broadcast to a larger shape (a per-row statistic, a scalar) is inlined
-only when it costs at most 2 flops, since the broadcast would repeat its arithmetic for
-every copy. Otherwise, or when a reader needs memory (a product, a gather, a copy, an
-output of the graph), the node is written out by a fused elementwise kernel, which also
-takes the other values of the same shape written out just before it, or by the row kernel
-just before it (rowmerge.py).
-
-What may fuse with the kernel before it, and why, is said where it is decided: a value
-written out joins the open elementwise kernel of its space (`add_output`) or the open row
-kernel (rowmerge.add_store), and a row kernel joins the row kernel before it
-(rowmerge.merged); anything else starts a kernel of its own.
-
-Recomputing keeps every node's rounding: the inlined expression is the node's own, in
-float32 with the node's bf16 rounding, and no multiply-add is contracted (enable_fp_fusion
-is off), so fusion decides where a value is computed, never what it is.
-
-SEXPGPU_OPTIMIZE sets how much is fused:
-  on  (default) inline as above, merge neighbouring elementwise kernels, capture CUDA graphs;
-  off           every node is its own kernel and nothing is captured: the unfused lowering.
+Fusion keeps every node's rounding (the inlined expression is the node's own; no multiply-add
+is contracted), so it decides where a value is computed, never what it is.
+SEXPGPU_OPTIMIZE=off writes every value out, joins nothing and captures no CUDA graph.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from sexpgpu import settings
+from sexpgpu.backends.cuda import rowmerge
+from sexpgpu.backends.cuda.views import VIEW_OPS
 from sexpgpu.backends.cuda.codegen.expr import flops, map_leaves, nodes_in_order
 from sexpgpu.backends.cuda.codegen.space import contiguous
-from sexpgpu.backends.cuda.steps import FlatStep
+from sexpgpu.backends.cuda.steps import ITEM_BYTES, FlatStep
 
 MAX_FLAT_OUTPUTS = 8
 # A fused expression deeper than this is written out: a chain of thousands of elementwise ops
@@ -65,7 +37,6 @@ BUDGET_FLOPS_PER_BYTE = 9.0
 MAX_INLINE_NODES = 160  # a longer expression is written out, to bound compile time
 MAX_RECOMPUTING_READERS = 8  # more kernel readers than this read the value back: each is a kernel to compile
 BROADCAST_FLOPS = 2  # a value read broadcast to a larger shape is inlined only below this
-VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -98,14 +69,13 @@ def policy_from_environment(budget: float = BUDGET_FLOPS_PER_BYTE, products: dic
 
 
 class KernelReaders:
-    """How many kernels evaluate a node that is inlined: its readers, where a movement op,
-    or an elementwise reader (`inlinable(reader)`) that is itself inlined, stands for its
-    own kernel readers, and a graph output is one more. Counted from the graph alone,
-    before lowering: an elementwise reader is taken as inlined unless it will surely be
-    written out (then it is one reader): when it has more than MAX_RECOMPUTING_READERS
-    kernel readers, or, asked for a node whose value already costs more flops than the
-    budget allows the reader (the reader's own expression contains that value), when it
-    has more than one."""
+    """How many kernels evaluate an inlined node: its readers, where a movement op, or an
+    elementwise reader (`inlinable(reader)`) that is itself inlined, stands for its own kernel
+    readers, and a graph output is one more. An elementwise reader counts as one kernel when
+    it will surely be written out: it has more than MAX_RECOMPUTING_READERS kernel readers,
+    or more than one and (`writes_out`) the value it reads already costs more than the
+    budget allows it. Row reductions that later share a kernel count apart (errs towards
+    writing out)."""
 
     def __init__(self, graph, inlinable):
         self.consumers = graph.consumers()
@@ -160,44 +130,170 @@ def broadcastable(policy: FusionPolicy, value, source_size: int, target_size: in
     return target_size <= source_size or flops([value]) <= BROADCAST_FLOPS
 
 
-def recompute(policy: FusionPolicy, value, readers: int, itemsize: int, loads: float = 0.0) -> bool:
-    """Whether each of `readers` kernels recomputes this value's expression, which loads
-    `loads` bytes per element, rather than read it back."""
+# The rules that decide whether a value is inlined into the kernels that read it (True) or
+# written out once (False), by name: every Decision about a value names one of them.
+STORE_RULES = {
+    "the graph returns it": False,
+    "deeper than MAX_FUSED_DEPTH": False,
+    "a broadcast would repeat its arithmetic": False,
+    "a reader needs it in memory": False,
+    "a reader needs a view of it in memory": False,
+    "no view of its loads gives the reader's view": False,
+    "fusion is off": False,
+    "longer than MAX_INLINE_NODES": False,
+    "it costs no flops": True,
+    "more kernel readers than MAX_RECOMPUTING_READERS": False,
+    "one kernel reads it": True,
+    "over the recompute budget": False,
+    "recomputing loads no more bytes than reading back": True,
+    "reading back loads fewer bytes": False,
+}
+
+
+def recompute_rule(policy: FusionPolicy, value, readers: int, itemsize: int, loads: float = 0.0) -> str:
+    """The rule of STORE_RULES that decides whether each of `readers` kernels recomputes this
+    value's expression, which loads `loads` bytes per element, rather than read it back."""
     if not policy.fuses:
-        return False
+        return "fusion is off"
     if len(nodes_in_order([value])) > MAX_INLINE_NODES:
-        return False
+        return "longer than MAX_INLINE_NODES"
     cost = flops([value])
     if cost == 0:  # a constant or a view: nothing to recompute
-        return True
+        return "it costs no flops"
     if readers > MAX_RECOMPUTING_READERS:
-        return False
+        return "more kernel readers than MAX_RECOMPUTING_READERS"
     if readers <= 1:
-        return True
-    within_budget = cost <= policy.budget * itemsize
-    return within_budget and readers * loads <= loads + itemsize + readers * itemsize
+        return "one kernel reads it"
+    if cost > policy.budget * itemsize:
+        return "over the recompute budget"
+    if readers * loads <= loads + itemsize + readers * itemsize:
+        return "recomputing loads no more bytes than reading back"
+    return "reading back loads fewer bytes"
 
 
-def add_output(step: FlatStep, shape, key: str, dtype: str, value) -> bool:
-    """Whether the open elementwise kernel `step` takes `value` as one more output, and takes
-    it. Legal when it is of the same space, has fewer than MAX_FLAT_OUTPUTS outputs, and
+def store_rule(policy: FusionPolicy, readers: KernelReaders, node, value, buffers: dict) -> str:
+    """The rule of STORE_RULES that decides whether `node`'s value, the expression `value`
+    over `buffers`, is written out or inlined into its readers."""
+    if node in readers.outputs:
+        return "the graph returns it"
+    if value.depth > MAX_FUSED_DEPTH:
+        return "deeper than MAX_FUSED_DEPTH"
+    cost = flops([value])
+    count = readers.count(node, lambda reader: cost > policy.budget * ITEM_BYTES[reader.dtype])
+    loads = loaded_bytes(value, node.size, lambda key: ITEM_BYTES[buffers[key].dtype])
+    return recompute_rule(policy, value, count, ITEM_BYTES[node.dtype], loads)
+
+
+def add_output(step: FlatStep, shape, key: str, dtype: str, value) -> FlatStep | None:
+    """The open elementwise kernel `step` with `value` as one more output, or None when it
+    cannot take it. Legal when it is of the same space, has fewer than MAX_FLAT_OUTPUTS outputs, and
     `value` reads none of its outputs through another view or as a scalar: a read of an
     output through its own view becomes the output's expression (the kernel recomputes it
     rather than read what it writes), unless that makes it deeper than MAX_FUSED_DEPTH."""
     if step.shape != shape or len(step.outputs) >= MAX_FLAT_OUTPUTS:
-        return False
+        return None
     written = {key: (view, expression) for key, view, _, expression in step.outputs}
     for node in nodes_in_order([value]):
         if node.op == "load" and node.attr[0] in written and node.attr[1] != written[node.attr[0]][0]:
-            return False
+            return None
         if node.op == "scalar" and node.attr in written:
-            return False
+            return None
 
     def own(leaf):
         return written[leaf.attr[0]][1] if leaf.op == "load" and leaf.attr[0] in written else leaf
 
     substituted = map_leaves(value, own)
     if substituted.depth > MAX_FUSED_DEPTH:
-        return False
-    step.outputs.append((key, contiguous(shape), dtype, substituted))
-    return True
+        return None
+    return replace(step, outputs=step.outputs + [(key, contiguous(shape), dtype, substituted)])
+
+
+# --- the fusion pass (stage b): which kernel nodes share a kernel -------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision of the fusion pass, as plain data: the value or kernel node it is about,
+    the named rule that decided it, and whether it fused (inlined, or joined the kernel
+    before it) or stayed apart (written out, or a kernel of its own)."""
+
+    subject: str
+    rule: str
+    fused: bool
+
+    def __str__(self) -> str:
+        return f"{'fuse' if self.fused else 'apart'} {self.subject}: {self.rule}"
+
+
+def _store(node):
+    """(shape, key, dtype, value) of a kernel node that writes one elementwise value, else None."""
+    if isinstance(node, FlatStep) and len(node.outputs) == 1:
+        (key, _, dtype, value), = node.outputs
+        return node.shape, key, dtype, value
+    return None
+
+
+class Join(NamedTuple):
+    """A rule by which a kernel node joins the open kernel before it."""
+
+    applies: object  # applies(last, node): whether the rule is about kernels of these kinds
+    join: object  # join(last, node): the joined kernel, or None where joining would change a bit
+
+
+# The rules, tried in order (their conditions are rowmerge.add_store's, add_output's and
+# rowmerge.merged's).
+JOINS = {
+    "a store joins the open row kernel":
+        Join(lambda last, node: _store(node) and rowmerge.joinable(last),
+             lambda last, node: rowmerge.add_store(last, *_store(node))),
+    "a store joins the open elementwise kernel of its space":
+        Join(lambda last, node: _store(node) and isinstance(last, FlatStep),
+             lambda last, node: add_output(last, *_store(node))),
+    "a row kernel joins the row kernel over the same rows before it":
+        Join(lambda last, node: rowmerge.joinable(last) and rowmerge.joinable(node), rowmerge.merged),
+}
+
+
+def fuse(nodes: list, buffers: dict, policy: FusionPolicy) -> tuple[list, list]:
+    """Stage (b)'s joins: (the kernels, the Decisions). Each kernel node in order joins the
+    kernel before it by the first rule of JOINS that takes it, else starts a kernel of its
+    own (the decision names the rules that applied and refused); then the stores no kernel
+    reads are dropped (`without_dead_stores`)."""
+    kernels, decisions = [], []
+    for index, node in enumerate(nodes):
+        last = kernels[-1] if policy.fuses and kernels else None
+        subject = f"node {index} {node.kind} -> {','.join(node.writes)}"
+        refused = []
+        for rule, (applies, join) in JOINS.items():
+            joined = join(last, node) if last is not None and applies(last, node) else False
+            if joined:
+                kernels[-1] = joined
+                decisions.append(Decision(subject, rule, True))
+                break
+            if joined is None:
+                refused.append(rule)
+        else:
+            kernels.append(node)
+            why = f"refused by: {'; '.join(refused)}" if refused else "no rule joins kernels of these kinds"
+            why = why if policy.fuses else "fusion is off"
+            decisions.append(Decision(subject, why, False))
+    return without_dead_stores(kernels, buffers, decisions), decisions
+
+
+def without_dead_stores(kernels: list, buffers: dict, decisions: list) -> list:
+    """The kernels with the stores that no kernel reads taken out. A value is written out
+    when the fusion planner counts several kernels evaluating it; when its one reader then
+    joined the same kernel (which recomputes it by substitution), the store is left with no
+    reader. Dropping it changes no value, only the bytes written."""
+    read = {key for kernel in kernels for key in kernel.reads}
+    kept = []
+    for kernel in kernels:
+        if isinstance(kernel, FlatStep):
+            live = [output for output in kernel.outputs if output[0] in read or buffers[output[0]].kind != "arena"]
+            decisions += [Decision(f"store {output[0]}", "a store no kernel reads is dropped", True)
+                          for output in kernel.outputs if output not in live]
+            if not live:
+                continue
+            kernel = replace(kernel, outputs=live)
+        kept.append(kernel)
+    return kept

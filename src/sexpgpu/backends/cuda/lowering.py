@@ -1,16 +1,16 @@
 """A graph to the steps that run it on the GPU, in stages over plain data.
 
-(a, b) `Lowerer.schedule()`: lowering with fusion. The lowerer walks the graph's nodes in
-the graph's order and gives each node a value: a kernel expression over the node's shape
-(codegen/expr.py). An input is a load of its buffer; a movement op changes the views of its
-source's loads (views.py); an elementwise op combines its inputs' expressions
-(elementwise.py), so chains of them fuse; the fusion planner (fusion.py) decides where a
-value is written out instead, into the kernel before it when that is legal (`emit_elementwise`,
-`emit_rows`; rowmerge.py). Reductions, normalisations and the loss become row or column
-kernels that inline their input's expression (reductions.py); products, gathers, pads,
-windows, attention and draws are steps of their own, each kind a RuleTable in its module
-(`STEP_RULES`). A group of nodes that one of cuDNN's native pattern graphs computes is one
-step (pattern_steps.py). The result, a `Schedule`, holds the kernels as data and no Triton.
+(a) `Lowerer.schedule()` walks the graph's nodes in order and makes one kernel node per op
+(`Schedule.unfused`), giving each node a value: a kernel expression over its shape
+(codegen/expr.py). An input is a load of its buffer; a movement op changes its source's
+loads' views (views.py); an elementwise op combines its inputs' expressions (elementwise.py),
+and is written out (an elementwise kernel node) only where a rule of fusion.STORE_RULES says
+so. Reductions, normalisations and the loss are row or column kernel nodes inlining their
+input's expression (reductions.py); products, gathers, pads, windows, attention and draws
+are steps of their own, each kind a RuleTable (`STEP_RULES`); a group of nodes one of
+cuDNN's native pattern graphs computes is one step (pattern_steps.py).
+(b) fusion.fuse joins neighbouring kernel nodes into kernels by the named rules of
+fusion.JOINS; the `Schedule` holds the kernels and every decision as data, and no Triton.
 (c) `arena_plan`: every arena buffer's offset, from plan/memory.py's liveness and arena.
 (d) `generate`: each kernel's Triton source (codegen/), the `Lowered` steps the runtime runs.
 `lower` runs them in order.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from sexpgpu.errors import SexpgpuError
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sexpgpu.backends.cuda import rowmerge, views
 from sexpgpu.backends.cuda.attention import ATTENTION
@@ -35,9 +35,9 @@ from sexpgpu.backends.cuda.draws import DRAWS
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.exact import ExactLowering
 from sexpgpu.backends.cuda.gathers import GATHERS
-from sexpgpu.backends.cuda.fusion import MAX_FUSED_DEPTH, FusionPolicy, KernelReaders, add_output, broadcastable
-from sexpgpu.backends.cuda.fusion import loaded_bytes, recompute
-from sexpgpu.backends.cuda.codegen.expr import Expr, cast, flops, load, scalar
+from sexpgpu.backends.cuda.fusion import STORE_RULES, Decision, FusionPolicy, KernelReaders, broadcastable, fuse
+from sexpgpu.backends.cuda.fusion import store_rule
+from sexpgpu.backends.cuda.codegen.expr import Expr, cast, load, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.pads import PADS
 from sexpgpu.backends.cuda.pattern_steps import Patterns
@@ -56,7 +56,7 @@ _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
 class Schedule:
     """What lowering and fusion make (stages a and b): the kernels in order as plain data
     (FlatStep, RowStep and ColumnStep: expressions reading buffers by key; TorchStep: a
-    PyTorch call), their buffers, and no Triton source yet."""
+    PyTorch call), their buffers, the kernel nodes before fusion and its decisions; no Triton."""
 
     graph: object
     steps: list
@@ -65,10 +65,13 @@ class Schedule:
     outputs: dict  # graph output name -> buffer key
     patterns: tuple = ()  # backends/cuda/patterns.py's PatternUse of each match met
     covered: frozenset = frozenset()  # the nodes cuDNN's pattern graphs compute
+    unfused: tuple = ()  # the kernel nodes lowering made, before the fusion pass joined them
+    decisions: tuple = ()  # fusion.Decision of each: what was fused, by which rule
 
     def dump(self) -> str:
         buffers = [f"{key} {b.kind} {b.dtype}{list(b.shape)}" for key, b in self.buffers.items()]
-        return "\n".join(buffers + [f"step {index}: {step_text(step)}" for index, step in enumerate(self.steps)])
+        steps = [f"step {index}: {step_text(step)}" for index, step in enumerate(self.steps)]
+        return "\n".join(buffers + steps + [str(decision) for decision in self.decisions])
 
 
 @dataclass
@@ -93,7 +96,9 @@ class Lowerer:
         self.readers = KernelReaders(graph, lambda node: node.op in EXPRESSIONS)
         self.values: dict = {}  # node -> Expr over node.shape
         self.accumulators: dict = {}  # node -> buffer key of its digits (exact graphs' gradient region)
-        self.steps: list = []
+        self.steps: list = []  # the kernel nodes, unfused, in order
+        self.decisions: list = []  # fusion.Decision of each value: written out or inlined, by which rule
+        self.index = {node: number for number, node in enumerate(graph.nodes)}
         self.buffers: dict = {}
         self.exact = ExactLowering.of(graph)  # None for a graph with no exact node
         self._output_of: dict = {}  # node -> buffer key for its first output name
@@ -148,7 +153,7 @@ class Lowerer:
         for dim in shape:
             size *= int(dim)
         if not broadcastable(self.policy, self.values[node], node.size, size):
-            self.realize(node)
+            self.realize(node, "a broadcast would repeat its arithmetic")
 
     def addressable(self, node) -> tuple[str, View]:
         """(buffer, view over the node's own axes) holding `node`, writing it out if its
@@ -160,7 +165,7 @@ class Lowerer:
             return value.attr, View((), (), 0)
         if self._realize_under_view(node):
             return self.addressable(node)
-        self.realize(node)
+        self.realize(node, "a reader needs it in memory")
         return self.addressable(node)
 
     def _realize_under_view(self, node) -> bool:
@@ -172,7 +177,7 @@ class Lowerer:
             source = source.inputs[0]
         if source is node or source.rank == 0 or self.values[source].op in ("load", "scalar"):
             return False
-        self.realize(source)
+        self.realize(source, "a reader needs a view of it in memory")
         self._view_again(node, source)
         return True
 
@@ -185,8 +190,9 @@ class Lowerer:
         for view in reversed(chain):
             self._view(view)
 
-    def realize(self, node) -> None:
-        """Write `node`'s value out with a fused elementwise kernel; it is read back after."""
+    def realize(self, node, rule: str) -> None:
+        """Write `node`'s value out with an elementwise kernel node, as fusion.STORE_RULES'
+        `rule` decides; it is read back after."""
         value = self.values[node]
         own = self._output_of.get(node)
         if (value.op == "load" and value.attr[0] == own) or (value.op == "scalar" and value.attr == own):
@@ -194,23 +200,17 @@ class Lowerer:
         if value.op in ("load", "scalar") and node not in self._output_nodes:
             if value.op == "scalar" or value.attr[1].over(node.shape):
                 return
+        self.decide(node, rule)
         key = self.result_buffer(node)
         self.emit_elementwise(node.shape, key, node.dtype, value)
         self.values[node] = self.loaded(node, key)
 
-    def _last(self):
-        """The step a new one may fuse into: the last one, when the policy fuses."""
-        return self.steps[-1] if self.policy.fuses and self.steps else None
+    def decide(self, node, rule: str) -> None:
+        self.decisions.append(Decision(f"%{self.index[node]} {node.op}", rule, STORE_RULES[rule]))
 
     def emit_elementwise(self, shape, key: str, dtype: str, value: Expr) -> None:
-        """Write `value` to `key`: a store of the open row kernel before it, or an output of
-        the fused elementwise kernel before it, where fusion allows (rowmerge.add_store,
-        fusion.add_output); else a kernel of its own."""
-        last = self._last()
-        if rowmerge.joinable(last) and rowmerge.add_store(last, shape, key, dtype, value):
-            return
-        if isinstance(last, FlatStep) and add_output(last, tuple(shape), key, dtype, value):
-            return
+        """Write `value` to `key`: a kernel node of its own, which the fusion pass may join
+        to the kernel before it (fusion.fuse)."""
         self.steps.append(FlatStep(tuple(shape), [(key, contiguous(shape), dtype, value)]))
 
     # --- the walk -----------------------------------------------------------------------------
@@ -246,30 +246,21 @@ class Lowerer:
         if self.exact is not None:
             self.exact.finish(self)
         outputs = self._outputs()
-        return Schedule(self.graph, _without_dead_stores(self.steps, self.buffers), self.buffers, inputs, outputs,
-                        tuple(self.patterns.uses), frozenset(self.patterns.covered))
+        kernels, joins = fuse(self.steps, self.buffers, self.policy)
+        return Schedule(self.graph, kernels, self.buffers, inputs, outputs, tuple(self.patterns.uses),
+                        frozenset(self.patterns.covered), tuple(self.steps), tuple(self.decisions + joins))
 
     def emit_result(self, node, step) -> None:
         """A step that writes `node`'s result to its first buffer; the node's value reads it."""
         self.steps.append(step)
         self.values[node] = self.loaded(node, step.writes[0])
 
-    def emit_rows(self, step: rowmerge.RowStep) -> None:
-        """A row kernel, joined with the open row kernel before it when they read the same
-        rows (rowmerge.py)."""
-        last = self._last()
-        joined = rowmerge.merged(last, step) if rowmerge.joinable(last) and rowmerge.joinable(step) else None
-        if joined is None:
-            self.steps.append(step)
-        else:
-            self.steps[-1] = joined
-
     def value_through(self, node, change) -> Expr:
         """`node`'s value with `change` applied to its views, writing it out first when a
         view cannot take the change."""
         value = views.through(self.values[node], change)
         if value is None:
-            self.realize(node)
+            self.realize(node, "no view of its loads gives the reader's view")
             value = views.through(self.values[node], change)
         return value
 
@@ -288,14 +279,11 @@ class Lowerer:
         if node.dtype == "bf16" and node.op not in _EXACT_IN_BF16:
             value = cast(value, "bf16")
         self.values[node] = value
-        if node in self._output_nodes or value.depth > MAX_FUSED_DEPTH or not self._recomputed(node, value):
-            self.realize(node)
-
-    def _recomputed(self, node, value) -> bool:
-        cost = flops([value])
-        readers = self.readers.count(node, lambda reader: cost > self.policy.budget * ITEM_BYTES[reader.dtype])
-        loads = loaded_bytes(value, node.size, lambda key: ITEM_BYTES[self.buffers[key].dtype])
-        return recompute(self.policy, value, readers, ITEM_BYTES[node.dtype], loads)
+        rule = store_rule(self.policy, self.readers, node, value, self.buffers)
+        if STORE_RULES[rule]:
+            self.decide(node, rule)
+        else:
+            self.realize(node, rule)
 
     def _view(self, node) -> None:
         (source,) = node.inputs
@@ -330,23 +318,6 @@ class Lowerer:
             self.steps.append(TorchStep(_copier(key, source, view), (source,), (key,), "copy", aliases=aliases))
             return
         self.emit_elementwise(node.shape, key, node.dtype, value)
-
-
-def _without_dead_stores(steps: list, buffers: dict) -> list:
-    """The steps with the fused kernels' stores that no step reads taken out. A value is
-    written out when the fusion planner counts several kernels evaluating it; when its one
-    reader then merged into the same kernel (which recomputes it by substitution), the store
-    is left with no reader. Dropping it changes no value, only the bytes written."""
-    read = {key for step in steps for key in step.reads}
-    kept = []
-    for step in steps:
-        if isinstance(step, FlatStep):
-            live = [output for output in step.outputs if output[0] in read or buffers[output[0]].kind != "arena"]
-            if not live:
-                continue
-            step = replace(step, outputs=live)
-        kept.append(step)
-    return kept
 
 
 def _copier(key: str, source: str, view: View):

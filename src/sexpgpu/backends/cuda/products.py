@@ -1,28 +1,13 @@
 """Products: their lowering, and the implementations of a long float32 product.
 
-A product is a step of PyTorch's: float32 operands give an ordinary GEMM with TF32 and
-reduced-precision reductions off (device.py), bf16 operands a GEMM accumulating in float32
-rounded once to bf16, and leading axes a batched product. cuBLAS's kernel for each shape is
-chosen by cuBLAS from the GPU and its version (the spec's "what the device decides").
-
-The implementations of a long float32 product, one of which the plan picks per shape
-(plan/choices.py; determinism.md, "What a run chooses"). The backend never chooses: it is
-given {ProductShape.key(): implementation} in its FusionPolicy and runs `ordinary` for every
-shape the map does not name. Each implementation sums in a fixed order, so each repeats its
-bits run to run; two implementations round differently.
-
-- `ordinary`: the product as PyTorch hands it to cuBLAS (a pedantic float32 GEMM into the
-  row-major result, which cuBLAS, column-major, computes as C^T = B^T A^T).
-- `transposed`: the other operand order: cuBLAS computes C = A B into a column-major scratch
-  (C^T stored), which one copy turns into the row-major result.
-- `split-k N` (N in 2, 4; legal when N divides K and each slice has at least
-  SPLIT_MIN_SLICE terms): N products over consecutive slices of K into a scratch of N
-  partial results, then one kernel sums them element by element as ((p0 + p1) + p2) + p3,
-  with no atomics.
-
-Only products whose operands fold into (batch, m, k) and (batch, k, n) views, or a matrix
-times a matrix, have a ProductShape and so a choice; a product that broadcasts its batch
-axes, or a bf16 one, is always ordinary.
+A product is a step of PyTorch's (cuBLAS's kernel for each shape is what the device decides):
+float32 operands give an ordinary GEMM with TF32 and reduced-precision reductions off
+(device.py), bf16 operands a GEMM accumulating in float32 rounded once to bf16, leading axes a
+batched product. The plan picks one implementation per float32 ProductShape (`ordinary`,
+`transposed`, `split-k N`; docs/cuda.md, "Float32 product implementations", says what each
+does) and hands {ProductShape.key(): implementation} over in the FusionPolicy; the backend
+never chooses, and runs `ordinary` for every shape the map does not name. Each sums in a
+fixed order, so each repeats its bits run to run; two implementations round differently.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def in_space(lowerer, node, perm) -> Expr:
 
 def _rows(lowerer, node, space, reduced_rank, phases, outputs, row_stores=(), kind="rows") -> None:
     """Emit a row kernel writing `outputs` [(key, view over space, dtype)]."""
-    lowerer.emit_rows(RowStep(tuple(space), reduced_rank, list(outputs), list(phases), list(row_stores), kind))
+    lowerer.steps.append(RowStep(tuple(space), reduced_rank, list(outputs), list(phases), list(row_stores), kind))
 
 
 def _columns(lowerer, reduced, kept, reduction: Reduction, key: str, dtype: str) -> None:

@@ -1,27 +1,15 @@
-"""Row reductions over the same rows, and the values that read them, in one row kernel.
+"""The legality of joining row kernels (fusion.JOINS): row reductions over the same rows, and
+the values that read them, in one row kernel; docs/cuda.md, "Row kernels merge", says how.
 
-A row kernel stays open (a `RowStep`, its expressions still reading buffers by key) while
-the lowering goes on. Two things join it:
-
-- a **row reduction over the same space** (same lead and reduced shape, same axis order)
-  lowered right after it: its phases go into the open kernel's phases of the same number
-  when it reads nothing the kernel writes, or after the kernel's last phase when it reads
-  the kernel's outputs; such a read becomes the output's own expression (`row(k)` for a
-  per-row statistic), rounded as its store rounds;
-- an **elementwise value written out right after it**: a value over the kernel's whole
-  space becomes a store of its last phase, and a value with one element per row (a
-  per-row statistic's shape, like `mean = sum / n`) becomes a per-row store, both reading
-  the kernel's outputs as above. So softmax's gradient `P (g - sum(g P))` is one kernel,
-  and layernorm's gradient (its statistics recomputed from x, sum(g), sum(g y), then the
-  result) is one kernel.
-
-A row that fits one chunk (length <= MAX_BLOCK) is loaded once for all phases, so a phase
-more costs no traffic. A longer row is read once per phase: there only a reduction that
-reads nothing of the kernel joins it, into phases it already has (one read instead of two),
-and nothing that would add a pass. Every reduction keeps its bits: its BLOCK, lanes and
-tree depend only on the row length (rows.block_for), a per-row value read from the kernel
-is the value its store writes, and no kernel that would be split (rows.split_count) is
-merged.
+A reduction over the same space (lead and reduced shape, axis order) joins the row kernel
+before it (`merged`): into its phases of the same number when it reads nothing the kernel
+writes, or after its last phase when it does, each such read becoming the output's own
+expression (`row(k)` for a per-row statistic), rounded as its store rounds. A value written
+out after it joins as a store (`add_store`): over the whole space into its last phase, or
+per row. A row of at most MAX_BLOCK elements is loaded once for all phases; a longer one is
+read once per phase, so there only a reduction reading nothing of the kernel joins, into
+phases it has. Every reduction keeps its bits: BLOCK, lanes and tree depend on the row
+length alone (rows.block_for), and no kernel that would be split (rows.split_count) joins.
 """
 
 from __future__ import annotations
@@ -212,16 +200,18 @@ def _combined(first: RowStep, second: RowStep, start: int) -> RowStep:
 # --- an elementwise value joins ---------------------------------------------------------------
 
 
-def add_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> bool:
-    """Make `value` (of `shape`, written to `key`) a store of the open kernel, if it reads
-    the kernel's outputs only as the kernel can give them; False when it cannot."""
+def add_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> RowStep | None:
+    """The open kernel with `value` (of `shape`, written to `key`) as one more store, if it
+    reads the kernel's outputs only as the kernel can give them; None when it cannot."""
     shape = tuple(shape)
+    step = RowStep(step.shape, step.reduced_rank, list(step.outputs), list(step.phases), list(step.row_stores),
+                   step.kind)
     if shape == tuple(step.shape):
-        return _element_store(step, key, dtype, value)
+        return step if _element_store(step, key, dtype, value) else None
     spec = step.spec()
     if numel(shape) != spec.rows or not shape or shape[:len(spec.lead)] != spec.lead:
-        return False
-    return _row_store(step, shape, key, dtype, value)
+        return None
+    return step if _row_store(step, shape, key, dtype, value) else None
 
 
 def _element_store(step: RowStep, key: str, dtype: str, value: Expr) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from sexpgpu.backends.cuda.codegen.expr import Expr, map_leaves
 from sexpgpu.backends.cuda.codegen.space import View, contiguous_strides, numel
-from sexpgpu.backends.cuda.fusion import VIEW_OPS
 from sexpgpu.graph.core.rules import RuleTable
 
 
@@ -109,6 +108,7 @@ def through(value: Expr, change) -> Expr | None:
 
 # The movement ops as view changes: `VIEWS[op](node, source)` maps a view of the source's
 # buffer to the node's, or to None when no strided view can express it.
+VIEW_OPS = ("reshape", "transpose", "slice", "broadcast")
 VIEWS = RuleTable("cuda views", needs=lambda op: op.name in VIEW_OPS)
 VIEWS.add("reshape", lambda node, source: lambda view: reshape(view, source.shape, node.shape))
 VIEWS.add("transpose", lambda node, source: lambda view: transpose(view, source.shape, node.attrs["perm"]))
