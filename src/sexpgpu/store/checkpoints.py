@@ -199,7 +199,7 @@ def read_checkpoint(path: str) -> Checkpoint:
     record = read_record(path)
     tensors, dtypes = {}, {}
     for name, data in _verified_files(path, record):
-        header = _parse(path, name, data)
+        header = _parse(path, name, data, len(data))
         prefix = PARAM_PREFIX if name == MODEL_FILE else ""
         for key, array in safetensors_io.decode_all(header, data).items():
             tensors[prefix + key] = array
@@ -298,9 +298,9 @@ def _check_digest(path: str, name: str, data, sha: str, expected: dict) -> None:
         raise corrupt(path, f"{name} has SHA-256 {sha} where {expected['sha256']} was written")
 
 
-def _parse(path: str, name: str, data) -> safetensors_io.Header:
+def _parse(path: str, name: str, head, file_bytes: int) -> safetensors_io.Header:
     try:
-        return safetensors_io.parse_header(data, len(data))
+        return safetensors_io.parse_header(head, file_bytes)
     except safetensors_io.SafetensorsFormatError as error:
         raise corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
 
@@ -317,9 +317,6 @@ def tensor_headers(path: str, record: dict) -> dict[str, safetensors_io.Header]:
             head, size = steps.read_head(file, 8 + min(length, safetensors_io.MAX_HEADER_BYTES))
         except MissingFile:
             raise corrupt(path, f"{name} is missing") from None
-        try:
-            headers[name] = safetensors_io.parse_header(head, size)
-        except safetensors_io.SafetensorsFormatError as error:
-            raise corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
+        headers[name] = _parse(path, name, head, size)
     return headers
 
