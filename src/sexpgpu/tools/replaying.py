@@ -16,6 +16,7 @@ from sexpgpu.run.choosing import ChoiceSettings, choose, stacked_training
 from sexpgpu.tools.comparing import METRICS, read_metrics
 from sexpgpu.tools.evaluating import check_same_run, checkpoints_named, experiment_of
 from sexpgpu.run.loop import Stacking, Trainer
+from sexpgpu.run.report import row
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
 from sexpgpu.store import check_tensors, read_checkpoint, read_record
@@ -62,7 +63,7 @@ def replay(named: str, options: ReplayOptions) -> Replayed:
     chosen = choose(built, ChoiceSettings(), record, lambda: unstacked.first_inputs(built.initial_state()))
     built.backend.take_choices(chosen.choices)
     for label, text in chosen.report_lines():
-        print(f"  {label:<20}{text}", file=out)
+        print(row(label, text), file=out)
     degree = chosen.choices.stacking
     trainer = Trainer(experiment.run, built.program, built.backend, built.feeder,
                       Stacking(stacked_training(built.program, degree), degree, pinned=True))
