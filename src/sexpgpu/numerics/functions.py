@@ -28,7 +28,7 @@ def _unary(fn, name: str, doc: str):
             from sexpgpu.numerics import cuda
 
             return cuda.unary(fn.__name__, x.detach().contiguous())
-        return arrays.like(cpu.unary(fn, arrays.as_numpy(x)), x)
+        return arrays.like(cpu.elementwise(fn, arrays.as_numpy(x)), x)
 
     function.__name__ = function.__qualname__ = name
     function.__doc__ = doc
@@ -74,7 +74,7 @@ def pow(x, y):
         xb, yb = arrays.torch_module().broadcast_tensors(x.detach(), y.detach())
         return cuda.binary(_pow.pow_f32.__name__, xb.contiguous(), yb.contiguous())
     xb, yb = np.broadcast_arrays(arrays.as_numpy(x), arrays.as_numpy(y))
-    out = cpu.binary(_pow.pow_f32, xb, yb)
+    out = cpu.elementwise(_pow.pow_f32, xb, yb)
     if kind == "torch":
         return arrays.torch_module().from_numpy(out)
     both_scalars = isinstance(x, np.generic) and isinstance(y, np.generic)
