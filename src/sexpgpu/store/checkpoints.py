@@ -210,14 +210,21 @@ def read_checkpoint(path: str) -> Checkpoint:
 def _verified_files(path: str, record: dict):
     """(name, bytes) of each tensor file the record names, once it matches its recorded byte
     count and SHA-256 (E-CKPT-001 if not)."""
-    steps = _steps_module(path)
     for name, expected in sorted(record["tensors"].items()):
-        try:
-            data, sha = steps.read_whole(join(path, name))
-        except MissingFile:
-            raise corrupt(path, f"{name} is missing") from None
-        _check_digest(path, name, data, sha, expected)
-        yield name, data
+        yield name, _verified(path, name, expected)
+
+
+def _verified(path: str, name: str, expected: dict):
+    """The bytes of one of the checkpoint's files, once they match `expected`'s byte count and SHA-256."""
+    try:
+        data, sha = _steps_module(path).read_whole(join(path, name))
+    except MissingFile:
+        raise corrupt(path, f"{name} is missing") from None
+    if len(data) != expected["bytes"]:
+        raise corrupt(path, f"{name} has {len(data)} bytes where {expected['bytes']} were written (truncated?)")
+    if sha != expected["sha256"]:
+        raise corrupt(path, f"{name} has SHA-256 {sha} where {expected['sha256']} was written")
+    return data
 
 
 def read_record(path: str) -> dict:
@@ -230,12 +237,7 @@ def read_record(path: str) -> dict:
         marker = parse_json(path, MARKER, steps.read_small(join(path, MARKER)))
     except MissingFile:
         raise corrupt(path, f"its {MARKER} marker is missing") from None
-    expected = check_marker(path, marker)
-    try:
-        data, sha = steps.read_whole(join(path, EXPERIMENT_FILE))
-    except MissingFile:
-        raise corrupt(path, f"{EXPERIMENT_FILE} is missing") from None
-    _check_digest(path, EXPERIMENT_FILE, data, sha, expected)
+    data = _verified(path, EXPERIMENT_FILE, check_marker(path, marker))
     record = check_record(path, parse_json(path, EXPERIMENT_FILE, data), marker)
     check_name(path, record["step"])
     return record
@@ -289,13 +291,6 @@ def uncommitted_after(path: str, step: int) -> dict[int, str]:
     committed: interrupted writes that a resume from `path` should name."""
     root = parent(path)
     return {later: where for later, where in _steps_module(root).uncommitted_steps(root).items() if later > step}
-
-
-def _check_digest(path: str, name: str, data, sha: str, expected: dict) -> None:
-    if len(data) != expected["bytes"]:
-        raise corrupt(path, f"{name} has {len(data)} bytes where {expected['bytes']} were written (truncated?)")
-    if sha != expected["sha256"]:
-        raise corrupt(path, f"{name} has SHA-256 {sha} where {expected['sha256']} was written")
 
 
 def _parse(path: str, name: str, head, file_bytes: int) -> safetensors_io.Header:
