@@ -133,9 +133,7 @@ def resume_state(built, options, root: str) -> Resumed:
     layout_note = _check_layout(recorded, built.experiment.run, options, exact)
     pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded_pins(path, recorded)]
     built.load_pins = pins
-    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
-    state.params = {path: built.backend.from_host(value) for path, value in state.params.items()}
-    state.optimizer = {name: built.backend.from_host(value) for name, value in state.optimizer.items()}
+    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors).moved(built.backend.from_host)
     annotation = row("resumed from", f"{path} at step {checkpoint.step}")
     for pin in pins:
         annotation += f"; {pin.param} loaded from {pin.file} ({pin.version_kind} {pin.version})"

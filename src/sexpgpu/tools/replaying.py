@@ -56,9 +56,7 @@ def replay(named: str, options: ReplayOptions) -> Replayed:
     checkpoint = read_checkpoint(path)
     check_tensors(checkpoint, expected_tensors(built))
     last = _last_step(checkpoint.step, logged, options.steps, metrics_path, experiment.run.steps)
-    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
-    state.params = {name: built.backend.from_host(value) for name, value in state.params.items()}
-    state.optimizer = {name: built.backend.from_host(value) for name, value in state.optimizer.items()}
+    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors).moved(built.backend.from_host)
     unstacked = Trainer(experiment.run, built.program, built.backend, built.feeder)
     chosen = choose(built, ChoiceSettings(), record, lambda: unstacked.first_inputs(built.initial_state()))
     built.backend.take_choices(chosen.choices)
