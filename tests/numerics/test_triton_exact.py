@@ -154,7 +154,7 @@ def sigmoid_ties():
 def test_functions_equal_numpy_on_edges(name):
     x = np.concatenate([float32_edges(), sigmoid_ties().view(np.uint32)]).view(np.float32)
     got = cuda.unary(UNARY[name].__name__, torch.from_numpy(x.copy())).numpy()
-    assert np.array_equal(got.view(np.uint32), cpu.unary(UNARY[name], x).view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), cpu.elementwise(UNARY[name], x).view(np.uint32))
 
 
 @pytest.mark.parametrize("name", sorted(UNARY))

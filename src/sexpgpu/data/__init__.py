@@ -5,5 +5,3 @@ is its step and nothing else needs saving to resume it.
 """
 
 from sexpgpu.data.sources import DataSource, FieldSpec, open_source, record_indices
-
-__all__ = ["DataSource", "FieldSpec", "open_source", "record_indices"]

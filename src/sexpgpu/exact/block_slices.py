@@ -75,7 +75,7 @@ def int8_tensor_core_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     m, k = a.shape
     n = b.shape[0]
-    padded_m, padded_k, padded_n = max(_round_up(m, 16), 32), _round_up(k, 16), _round_up(n, 16)
+    padded_m, padded_k, padded_n = max(round_up(m, 16), 32), round_up(k, 16), round_up(n, 16)
     a = F.pad(a, (0, padded_k - k, 0, padded_m - m))
     b = F.pad(b, (0, padded_k - k, 0, padded_n - n))
     return torch._int_mm(a, b.T)[:m, :n]
@@ -86,7 +86,7 @@ def int8_reference_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return fp64_products(a, b).to(torch.int32)
 
 
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 

@@ -47,15 +47,11 @@ _forced: list[str] = []
 _device_paths: list[bool] = []  # device_paths() in effect, innermost last: whether CPU tensors take CUDA's paths
 
 
-def _has_int8_tensor_cores(device: torch.device) -> bool:
+def int8_tensor_cores(device: torch.device) -> bool:
+    """Whether int8 slice products are the device's (its tensor cores, or their CPU stand-in)."""
     # Ampere (8.0) and later run cuBLASLt's int8 products, with int32 sums, on tensor cores;
     # CPU tensors on the device paths multiply int8 slices through the cores' exact stand-in.
     return device.type == "cpu" or torch.cuda.get_device_capability(device) >= (8, 0)
-
-
-def int8_tensor_cores(device: torch.device) -> bool:
-    """Whether int8 slice products are the device's (its tensor cores, or their CPU stand-in)."""
-    return _has_int8_tensor_cores(device)
 
 
 @contextlib.contextmanager
@@ -83,7 +79,7 @@ def launch_kind(device: torch.device) -> str:
     return "compiled" if device.type == "cuda" else "interpreted"
 
 
-REQUIREMENTS = {"int8 tensor cores": _has_int8_tensor_cores}
+REQUIREMENTS = {"int8 tensor cores": int8_tensor_cores}
 
 
 def register(backend: Implementation, default_on: tuple[str, ...] = ()) -> None:

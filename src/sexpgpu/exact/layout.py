@@ -18,9 +18,6 @@ LOW_MASK = RADIX - 1
 # -149 <= e <= 104. A product's significand has at most 48 bits and its lowest bit
 # lies at 2**-298 or above; its magnitude stays below 2**256.
 LOWEST_INPUT_EXPONENT = -149
-HIGHEST_INPUT_EXPONENT = 104
-LOWEST_PRODUCT_EXPONENT = 2 * LOWEST_INPUT_EXPONENT
-PRODUCT_BITS = 48
 
 UNITS = 10
 DIGITS = 18
@@ -35,8 +32,3 @@ WIDTH = DIGITS + 3
 # One backend call adds at most this many products into each output. Each adds less than
 # 2**32 to a digit, so a digit stays below 2**51 and is exact in int64 and in fp64.
 MAX_K_PER_CALL = 1 << 19
-
-
-def digit_weight_exponent(plane: int) -> int:
-    """The power of two that plane `plane` counts in."""
-    return RADIX_BITS * (plane - UNITS)

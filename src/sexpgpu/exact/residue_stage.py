@@ -46,6 +46,7 @@ from typing import NamedTuple
 import torch
 
 from . import implementations
+from .block_slices import round_up
 from .float64_stage import SLACK, gamma, upward_float32
 
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211)  # pairwise coprime
@@ -175,7 +176,7 @@ def residue_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None =
     panel = max(1, PLANE_BYTES // (moduli.count * padded_n) // shape.block_m) * shape.block_m
     for r0 in range(0, m, panel):
         rows = min(panel, m - r0)
-        products = _products(xs, ws, r0, _round_up(rows, shape.block_m), moduli, shape)
+        products = _products(xs, ws, r0, round_up(rows, shape.block_m), moduli, shape)
         _reconstruct(products, xs, ws, r0, rows, n, moduli, result[r0 : r0 + rows], done[r0 : r0 + rows])
     return Settled(done.view(torch.bool), result, xs.norm, ws.norm)
 
@@ -206,7 +207,7 @@ def residues(rows: torch.Tensor, moduli: Moduli, row_multiple: int, column_multi
 
     rows = rows.float() if rows.dtype == torch.bfloat16 else rows  # exact; the kernel reads float32
     r, k = rows.shape
-    padded_r, padded_k = _round_up(max(r, 1), row_multiple), _round_up(k, column_multiple)
+    padded_r, padded_k = round_up(max(r, 1), row_multiple), round_up(k, column_multiple)
     planes = torch.empty((moduli.count, padded_r, padded_k), dtype=torch.int8, device=rows.device)
     norm, residual, unscale = (torch.empty(r, dtype=torch.float64, device=rows.device) for _ in range(3))
     table, _ = moduli.table(rows.device)
@@ -233,7 +234,3 @@ def _reconstruct(products, xs: Residues, ws: Residues, r0: int, rows: int, n: in
                       ws.residual, table, words, value, done, rows, n, products.shape[1], products.shape[2],
                       upward_float32(SLACK), COUNT=moduli.count, COLUMNS=COLUMNS, WORDS=moduli.words,
                       BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4, enable_fp_fusion=False)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple

@@ -160,12 +160,10 @@ def _same_tensors(left: dict, right: dict) -> bool:
 
 # --- the rows ------------------------------------------------------------------------------
 
-def _level_1(workspace) -> Outcome:
-    return same_bits(workspace.run("a"), workspace.run("b"))
-
-
-def _level_2(workspace) -> Outcome:
-    return same_bits(workspace.run("a"), workspace.run("pinned"))
+def _same_bits_of(first: str, second: str, resumed: bool = False) -> Callable:
+    """The row that checks two of the tier's runs for the same bits (after the middle step, if `resumed`)."""
+    return lambda workspace: same_bits(workspace.run(first), workspace.run(second),
+                                       resumed_at=workspace.middle if resumed else 0)
 
 
 def _level_3(workspace) -> Outcome:
@@ -179,14 +177,6 @@ def _determinism(workspace, name: str) -> str:
     with open(os.path.join(workspace.run(name), "report.txt"), encoding="utf-8") as handle:
         lines = [line.strip() for line in handle if line.strip().startswith("determinism")]
     return lines[-1].removeprefix("determinism").strip()
-
-
-def _deterministic(workspace) -> Outcome:
-    return same_bits(workspace.run("deterministic-1"), workspace.run("deterministic-2"))
-
-
-def _resume(workspace) -> Outcome:
-    return same_bits(workspace.run("a"), workspace.run("resumed"), resumed_at=workspace.middle)
 
 
 def _evaluate(workspace) -> Outcome:
@@ -239,13 +229,14 @@ class Promise:
 
 
 PROMISES = (
-    Promise("level 1", "the same run twice: identical bits", _level_1),
+    Promise("level 1", "the same run twice: identical bits", _same_bits_of("a", "b")),
     Promise("level 2", "a run pinned to the first run's recorded choices (--choices its experiment.json): its bits",
-            _level_2),
+            _same_bits_of("a", "pinned")),
     Promise("level 3", "the first run resumed from its middle checkpoint choosing again (--choices fresh): every step's "
                        "loss inside the envelope", _level_3),
-    Promise("--deterministic", "twice under --deterministic: identical bits", _deterministic),
-    Promise("resume", "the first run resumed from its middle checkpoint: its bits", _resume),
+    Promise("--deterministic", "twice under --deterministic: identical bits", _same_bits_of("deterministic-1", "deterministic-2")),
+    Promise("resume", "the first run resumed from its middle checkpoint: its bits",
+            _same_bits_of("a", "resumed", resumed=True)),
     Promise("evaluate", "sexpgpu evaluate of each checkpoint: the eval values the run logged inline", _evaluate),
     Promise("exact: stacking", ":arithmetic exact at every stacking degree: identical bits", _exact_stacking),
     Promise("exact: CPU = GPU", ":arithmetic exact on the CPU and on the GPU: identical bits", _exact_devices),

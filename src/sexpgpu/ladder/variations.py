@@ -20,7 +20,6 @@ from sexpgpu.run import choosing
 from sexpgpu.run.choosing import choice_settings, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.setup import build_run
-from sexpgpu.run.state import TrainingState
 
 SEEDS = 4  # drawn variations, on a device that makes choices
 SWITCH_CHANCE = 0.5  # how often a drawn variation is a resume that chose again
@@ -104,14 +103,14 @@ def compute(experiment, device: str, variation: Variation, steps: int | None = N
         built = build_run(experiment, device)
         choices = segment_choices(built, segment)
         built.backend.take_choices(choices)
-        state = built.initial_state() if host is None else _on_device(built.backend, host)
+        state = built.initial_state() if host is None else host.moved(built.backend.from_host)
         degree = choices.stacking
         trainer = Trainer(experiment.run, built.program, built.backend, built.feeder,
                           Stacking(stacked_training(built.program, degree), degree, pinned=True))
         while state.step < min(end, steps):
             computed.records.append(trainer.step(state))
         computed.segments.append({"from": segment.start, "choices": choices.to_json()})
-        host = _on_host(built.backend, state)
+        host = state.moved(built.backend.to_host)
         del built, trainer, state
         gc.collect()  # this segment's backend and its device memory go before the next one's come
     computed.state = {**host.params, **host.optimizer}
@@ -147,13 +146,3 @@ def _picker(seed: str | None):
         return lambda offered: offered[0]
     draw = random.Random(seed)
     return lambda offered: draw.choice(list(offered))
-
-
-def _on_host(backend, state: TrainingState) -> TrainingState:
-    return TrainingState(state.step, {name: backend.to_host(value) for name, value in state.params.items()},
-                         {name: backend.to_host(value) for name, value in state.optimizer.items()})
-
-
-def _on_device(backend, state: TrainingState) -> TrainingState:
-    return TrainingState(state.step, {name: backend.from_host(value) for name, value in state.params.items()},
-                         {name: backend.from_host(value) for name, value in state.optimizer.items()})

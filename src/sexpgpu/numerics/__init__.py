@@ -14,10 +14,3 @@ from sexpgpu.numerics.keys import Key, fold_in, stream_key
 from sexpgpu.numerics.sampling import PARAMETERS as DRAW_PARAMETERS
 from sexpgpu.numerics.sampling import DrawSpec, bernoulli, draw, draw_spec, normal, randint, truncated_normal, uniform
 from sexpgpu.numerics.device_draws import draw_args, draw_into, fold_keys
-
-__all__ = [
-    "DRAW_PARAMETERS", "DrawSpec", "INITIALIZERS", "Key", "bernoulli", "cos", "draw", "draw_args",
-    "draw_into", "draw_spec", "erf", "exp", "expm1", "fans", "fold_in", "fold_keys",
-    "initialize", "log", "log1p", "normal", "philox4x32", "pow", "randint", "rsqrt",
-    "sigmoid", "sin", "stream_key", "tanh", "truncated_normal", "uniform",
-]

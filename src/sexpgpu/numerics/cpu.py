@@ -11,25 +11,14 @@ def _pieces(n):
     return ((start, min(start + PIECE, n)) for start in range(0, n, PIECE))
 
 
-def unary(fn, x):
-    """fn (bits, table) -> bits over a float32 array; returns a new C-ordered array."""
-    bits = np.ascontiguousarray(x).reshape(-1).view(np.uint32)
-    out = np.empty_like(bits)
+def elementwise(fn, *xs):
+    """fn (bits, ..., table) -> bits over float32 arrays of one shape; returns a new C-ordered array."""
+    words = [np.ascontiguousarray(x).reshape(-1).view(np.uint32) for x in xs]
+    out = np.empty_like(words[0])
     with np.errstate(all="ignore"):
-        for a, b in _pieces(len(bits)):
-            out[a:b] = fn(bits[a:b], tables.TABLE)
-    return out.view(np.float32).reshape(np.shape(x))
-
-
-def binary(fn, x, y):
-    """fn (x bits, y bits, table) -> bits over two float32 arrays of one shape."""
-    xb = np.ascontiguousarray(x).reshape(-1).view(np.uint32)
-    yb = np.ascontiguousarray(y).reshape(-1).view(np.uint32)
-    out = np.empty_like(xb)
-    with np.errstate(all="ignore"):
-        for a, b in _pieces(len(xb)):
-            out[a:b] = fn(xb[a:b], yb[a:b], tables.TABLE)
-    return out.view(np.float32).reshape(np.shape(x))
+        for a, b in _pieces(len(out)):
+            out[a:b] = fn(*(w[a:b] for w in words), tables.TABLE)
+    return out.view(np.float32).reshape(np.shape(xs[0]))
 
 
 def philox4x32(counter, key):

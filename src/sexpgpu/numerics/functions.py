@@ -19,63 +19,32 @@ from sexpgpu.numerics.portable import roots as _roots
 from sexpgpu.numerics.portable import trig as _trig
 
 
-def _unary(fn, name, x):
+def _unary(fn, name: str, doc: str):
+    """The public function `name`: `fn` on numpy arrays and CPU tensors, its Triton build on CUDA."""
     what = f"sexpgpu.numerics.{name}"
-    if arrays.kind(x, what) == "cuda":
-        from sexpgpu.numerics import cuda
 
-        return cuda.unary(fn.__name__, x.detach().contiguous())
-    return arrays.like(cpu.unary(fn, arrays.as_numpy(x)), x)
+    def function(x):
+        if arrays.kind(x, what) == "cuda":
+            from sexpgpu.numerics import cuda
 
+            return cuda.unary(fn.__name__, x.detach().contiguous())
+        return arrays.like(cpu.elementwise(fn, arrays.as_numpy(x)), x)
 
-def exp(x):
-    """e^x, correctly rounded."""
-    return _unary(_exp.exp_f32, "exp", x)
-
-
-def expm1(x):
-    """e^x - 1, correctly rounded."""
-    return _unary(_exp.expm1_f32, "expm1", x)
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = doc
+    return function
 
 
-def log(x):
-    """Natural logarithm, correctly rounded; NaN below 0, -inf at +-0."""
-    return _unary(_log.log_f32, "log", x)
-
-
-def log1p(x):
-    """log(1 + x), correctly rounded; NaN below -1, -inf at -1."""
-    return _unary(_log.log1p_f32, "log1p", x)
-
-
-def tanh(x):
-    """Hyperbolic tangent, correctly rounded."""
-    return _unary(_exp.tanh_f32, "tanh", x)
-
-
-def sigmoid(x):
-    """1 / (1 + e^-x), correctly rounded."""
-    return _unary(_exp.sigmoid_f32, "sigmoid", x)
-
-
-def erf(x):
-    """The error function, correctly rounded."""
-    return _unary(_erf.erf_f32, "erf", x)
-
-
-def cos(x):
-    """Cosine, correctly rounded, with exact argument reduction."""
-    return _unary(_trig.cos_f32, "cos", x)
-
-
-def sin(x):
-    """Sine, correctly rounded, with exact argument reduction."""
-    return _unary(_trig.sin_f32, "sin", x)
-
-
-def rsqrt(x):
-    """1 / sqrt(x), correctly rounded; +-inf at +-0, NaN below 0."""
-    return _unary(_roots.rsqrt_f32, "rsqrt", x)
+exp = _unary(_exp.exp_f32, "exp", "e^x, correctly rounded.")
+expm1 = _unary(_exp.expm1_f32, "expm1", "e^x - 1, correctly rounded.")
+log = _unary(_log.log_f32, "log", "Natural logarithm, correctly rounded; NaN below 0, -inf at +-0.")
+log1p = _unary(_log.log1p_f32, "log1p", "log(1 + x), correctly rounded; NaN below -1, -inf at -1.")
+tanh = _unary(_exp.tanh_f32, "tanh", "Hyperbolic tangent, correctly rounded.")
+sigmoid = _unary(_exp.sigmoid_f32, "sigmoid", "1 / (1 + e^-x), correctly rounded.")
+erf = _unary(_erf.erf_f32, "erf", "The error function, correctly rounded.")
+cos = _unary(_trig.cos_f32, "cos", "Cosine, correctly rounded, with exact argument reduction.")
+sin = _unary(_trig.sin_f32, "sin", "Sine, correctly rounded, with exact argument reduction.")
+rsqrt = _unary(_roots.rsqrt_f32, "rsqrt", "1 / sqrt(x), correctly rounded; +-inf at +-0, NaN below 0.")
 
 
 def _exponent(y, kind, like, what):
@@ -105,7 +74,7 @@ def pow(x, y):
         xb, yb = arrays.torch_module().broadcast_tensors(x.detach(), y.detach())
         return cuda.binary(_pow.pow_f32.__name__, xb.contiguous(), yb.contiguous())
     xb, yb = np.broadcast_arrays(arrays.as_numpy(x), arrays.as_numpy(y))
-    out = cpu.binary(_pow.pow_f32, xb, yb)
+    out = cpu.elementwise(_pow.pow_f32, xb, yb)
     if kind == "torch":
         return arrays.torch_module().from_numpy(out)
     both_scalars = isinstance(x, np.generic) and isinstance(y, np.generic)

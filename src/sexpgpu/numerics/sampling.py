@@ -82,8 +82,7 @@ def _drawn(name, key, shape, device, params):
     """The public draw `name`: its arguments checked in the order written, then drawn."""
     what = f"sexpgpu.numerics.{name}"
     words, shape = _key(key, what), _shape(shape, what)
-    spec = _spec(name, params)
-    return _run(spec, words, shape, arrays.resolve_device(device, what))
+    return _run(draw_spec(name, **params), words, shape, arrays.resolve_device(device, what))
 
 
 def _float32_inside(low, high):
@@ -161,18 +160,14 @@ SPECS = {"uniform": _uniform_spec, "normal": _normal_spec, "truncated_normal": _
 PARAMETERS = {name: tuple(inspect.signature(spec).parameters) for name, spec in SPECS.items()}
 
 
-def _spec(name, params):
+def draw_spec(name, **params):
+    """The draw `name` ("uniform", "normal", "truncated_normal", "bernoulli", "randint") with
+    its parameters checked as the function of that name checks them (for draw_into)."""
     if name not in SPECS:
         close = difflib.get_close_matches(str(name), SPECS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"sexpgpu.numerics: unknown draw {name!r}{hint} (known: {', '.join(SPECS)})")
     return SPECS[name](**params)
-
-
-def draw_spec(name, **params):
-    """The draw `name` ("uniform", "normal", "truncated_normal", "bernoulli", "randint") with
-    its parameters checked as the function of that name checks them (for draw_into)."""
-    return _spec(name, params)
 
 
 def draw(name, key, shape, device=None, **params):

@@ -29,7 +29,6 @@ STRICT_RECOMPUTE = 9.0  # flops a byte: the A100's, what --deterministic takes
 COST_MODEL_LEAD = 0.05  # the cost model's pick is taken when ahead of the next by more than this
 PRODUCT_LEAD = 0.01  # another product implementation replaces ordinary when this much faster
 CONVOLUTION_CANDIDATES = 8  # the first this many engines the device's library offers are timed
-NODE_GRADIENT_DTYPES = ("bf16", "f32")
 DEFAULT_NODE_GRADIENTS = "bf16"
 RECORD_KEYS = ("device", "strict", "stacking", "recompute", "convolutions", "products", "node_gradients")
 

@@ -13,6 +13,7 @@ from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import experiment_to_json
 from sexpgpu.run.nonfinite import nonfinite_stop
+from sexpgpu.run.report import row
 from sexpgpu.run.setup import load_source
 from sexpgpu.run.state import TrainingState
 
@@ -132,10 +133,8 @@ def resume_state(built, options, root: str) -> Resumed:
     layout_note = _check_layout(recorded, built.experiment.run, options, exact)
     pins = [verify_load_pin(pin, source=_current_source(built, pin)) for pin in recorded_pins(path, recorded)]
     built.load_pins = pins
-    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
-    state.params = {path: built.backend.from_host(value) for path, value in state.params.items()}
-    state.optimizer = {name: built.backend.from_host(value) for name, value in state.optimizer.items()}
-    annotation = f"  {'resumed from':<20}{path} at step {checkpoint.step}"
+    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors).moved(built.backend.from_host)
+    annotation = row("resumed from", f"{path} at step {checkpoint.step}")
     for pin in pins:
         annotation += f"; {pin.param} loaded from {pin.file} ({pin.version_kind} {pin.version})"
     if layout_note:
@@ -144,7 +143,7 @@ def resume_state(built, options, root: str) -> Resumed:
         note = (f"step-{step} at {where} was not committed (its write was interrupted): resuming from step "
                 f"{checkpoint.step}; it is replaced when step {step} is written again")
         print(f"note: {note}", file=options.err or sys.stderr, flush=True)
-        annotation += f"\n  {'not committed':<20}{note}"
+        annotation += "\n" + row("not committed", note)
     return Resumed(state, path, annotation, recorded)
 
 
@@ -182,4 +181,4 @@ def _check_layout(recorded: dict, run, options, exact: bool) -> str | None:
             hint="Restore the file's :microbatches and start as many processes as wrote the checkpoint, or pass "
                  "--allow-layout-change to continue with bits that differ from the uninterrupted run's.",
         )
-    return f"  {'layout changed':<20}{described}: the bits will differ from the uninterrupted run's"
+    return row("layout changed", f"{described}: the bits will differ from the uninterrupted run's")

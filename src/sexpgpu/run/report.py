@@ -18,7 +18,8 @@ def _bytes(count: int) -> str:
     return f"{count} B"
 
 
-def _line(label: str, text: str) -> str:
+def row(label: str, text: str) -> str:
+    """A line of the report, and of the tools' output: its label in a column of 20."""
     return f"  {label:<20}{text}"
 
 
@@ -31,21 +32,21 @@ def lowering_report(experiment, program, backend_facts: dict, memory: dict, sour
     param_values = sum(int(np.prod(spec.shape)) for spec in program.params.values())
     lines = [
         f"sexpgpu {sexpgpu.__version__}: run {run.name} from {experiment.path} (sha256 {experiment.source_sha256[:16]})",
-        _line("backend", backend_facts["name"]),
-        _line("graph", f"{len(training.micro.nodes)} nodes a microbatch, {len(training.update.nodes)} in the update; "
+        row("backend", backend_facts["name"]),
+        row("graph", f"{len(training.micro.nodes)} nodes a microbatch, {len(training.update.nodes)} in the update; "
                        f"{len(program.passes)} pass{'' if len(program.passes) == 1 else 'es'}"),
-        _line("parameters", f"{len(program.params)} tensors, {param_values:,} values"),
-        _line("memory plan", ", ".join(f"{name} peak {_bytes(peak)}" for name, peak in memory.items())),
-        _line("data", _describe_data(source_identity)),
-        _line("steps", f"{run.steps} steps of {run.microbatches} x {run.batch} records, "
+        row("parameters", f"{len(program.params)} tensors, {param_values:,} values"),
+        row("memory plan", ", ".join(f"{name} peak {_bytes(peak)}" for name, peak in memory.items())),
+        row("data", _describe_data(source_identity)),
+        row("steps", f"{run.steps} steps of {run.microbatches} x {run.batch} records, "
                        f"{run.optimizer.kind}, {run.schedule.kind} schedule"),
     ]
     if run.diagnostics is not None:
-        lines.append(_line("diagnostics", f"every {run.diagnostics.every} steps the first microbatch runs the diagnosed "
+        lines.append(row("diagnostics", f"every {run.diagnostics.every} steps the first microbatch runs the diagnosed "
                                           "graph (diag/* in metrics.jsonl): a diagnosed step's bits may differ from "
                                           "an undiagnosed run's, and a run with these diagnostics repeats its own"))
     closing = closing or [("determinism", backend_facts["determinism"]), ("choices", backend_facts["choices"])]
-    lines += [_line(label, text) for label, text in closing]
+    lines += [row(label, text) for label, text in closing]
     return "\n".join(lines)
 
 

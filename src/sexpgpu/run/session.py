@@ -172,23 +172,10 @@ def _write_json(path: str, content: dict) -> None:
 class _Silent:
     """The metrics log and the progress of a process other than process 0: they write nothing."""
 
-    def write(self, record: dict) -> None:
+    def _nothing(self, *args) -> None:
         pass
 
-    def sync(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def update(self, step: int, loss: float) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
+    write = sync = close = update = note = finish = _nothing
 
 
 def _train(experiment, built, resumed, places, options, err, chosen, group) -> RunResult:

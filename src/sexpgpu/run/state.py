@@ -30,6 +30,11 @@ class TrainingState:
         optimizer = {name: array for name, array in tensors.items() if name.startswith("state/")}
         return cls(step, params, optimizer)
 
+    def moved(self, move) -> "TrainingState":
+        """The same state with every tensor passed through `move`: a backend's from_host or to_host."""
+        return TrainingState(self.step, {path: move(value) for path, value in self.params.items()},
+                             {name: move(value) for name, value in self.optimizer.items()})
+
 
 def initial_value(spec, seed: int) -> np.ndarray:
     """A parameter's starting value: a draw keyed by the run's seed and the parameter's path."""

@@ -25,28 +25,3 @@ from sexpgpu.store.identity import BIT_KEYS, check_same_experiment
 from sexpgpu.store.loads import LoadPin, load_parameter, verify_load_pin
 from sexpgpu.store.s3_objects import TransferSettings
 from sexpgpu.store.s3_waits import lines_to as s3_waiting_lines_to
-
-__all__ = [
-    "BIT_KEYS",
-    "Checkpoint",
-    "TensorSpec",
-    "Verified",
-    "check_tensors",
-    "format_verified",
-    "uncommitted_after",
-    "verify_checkpoint",
-    "LoadPin",
-    "TransferSettings",
-    "check_same_experiment",
-    "describe_checkpoint",
-    "format_checkpoint",
-    "list_checkpoints",
-    "load_parameter",
-    "read_checkpoint",
-    "read_record",
-    "recorded_pins",
-    "resolve_checkpoint",
-    "s3_waiting_lines_to",
-    "verify_load_pin",
-    "write_checkpoint",
-]

@@ -199,7 +199,7 @@ def read_checkpoint(path: str) -> Checkpoint:
     record = read_record(path)
     tensors, dtypes = {}, {}
     for name, data in _verified_files(path, record):
-        header = _parse(path, name, data)
+        header = _parse(path, name, data, len(data))
         prefix = PARAM_PREFIX if name == MODEL_FILE else ""
         for key, array in safetensors_io.decode_all(header, data).items():
             tensors[prefix + key] = array
@@ -210,14 +210,21 @@ def read_checkpoint(path: str) -> Checkpoint:
 def _verified_files(path: str, record: dict):
     """(name, bytes) of each tensor file the record names, once it matches its recorded byte
     count and SHA-256 (E-CKPT-001 if not)."""
-    steps = _steps_module(path)
     for name, expected in sorted(record["tensors"].items()):
-        try:
-            data, sha = steps.read_whole(join(path, name))
-        except MissingFile:
-            raise corrupt(path, f"{name} is missing") from None
-        _check_digest(path, name, data, sha, expected)
-        yield name, data
+        yield name, _verified(path, name, expected)
+
+
+def _verified(path: str, name: str, expected: dict):
+    """The bytes of one of the checkpoint's files, once they match `expected`'s byte count and SHA-256."""
+    try:
+        data, sha = _steps_module(path).read_whole(join(path, name))
+    except MissingFile:
+        raise corrupt(path, f"{name} is missing") from None
+    if len(data) != expected["bytes"]:
+        raise corrupt(path, f"{name} has {len(data)} bytes where {expected['bytes']} were written (truncated?)")
+    if sha != expected["sha256"]:
+        raise corrupt(path, f"{name} has SHA-256 {sha} where {expected['sha256']} was written")
+    return data
 
 
 def read_record(path: str) -> dict:
@@ -230,12 +237,7 @@ def read_record(path: str) -> dict:
         marker = parse_json(path, MARKER, steps.read_small(join(path, MARKER)))
     except MissingFile:
         raise corrupt(path, f"its {MARKER} marker is missing") from None
-    expected = check_marker(path, marker)
-    try:
-        data, sha = steps.read_whole(join(path, EXPERIMENT_FILE))
-    except MissingFile:
-        raise corrupt(path, f"{EXPERIMENT_FILE} is missing") from None
-    _check_digest(path, EXPERIMENT_FILE, data, sha, expected)
+    data = _verified(path, EXPERIMENT_FILE, check_marker(path, marker))
     record = check_record(path, parse_json(path, EXPERIMENT_FILE, data), marker)
     check_name(path, record["step"])
     return record
@@ -291,16 +293,9 @@ def uncommitted_after(path: str, step: int) -> dict[int, str]:
     return {later: where for later, where in _steps_module(root).uncommitted_steps(root).items() if later > step}
 
 
-def _check_digest(path: str, name: str, data, sha: str, expected: dict) -> None:
-    if len(data) != expected["bytes"]:
-        raise corrupt(path, f"{name} has {len(data)} bytes where {expected['bytes']} were written (truncated?)")
-    if sha != expected["sha256"]:
-        raise corrupt(path, f"{name} has SHA-256 {sha} where {expected['sha256']} was written")
-
-
-def _parse(path: str, name: str, data) -> safetensors_io.Header:
+def _parse(path: str, name: str, head, file_bytes: int) -> safetensors_io.Header:
     try:
-        return safetensors_io.parse_header(data, len(data))
+        return safetensors_io.parse_header(head, file_bytes)
     except safetensors_io.SafetensorsFormatError as error:
         raise corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
 
@@ -317,9 +312,6 @@ def tensor_headers(path: str, record: dict) -> dict[str, safetensors_io.Header]:
             head, size = steps.read_head(file, 8 + min(length, safetensors_io.MAX_HEADER_BYTES))
         except MissingFile:
             raise corrupt(path, f"{name} is missing") from None
-        try:
-            headers[name] = safetensors_io.parse_header(head, size)
-        except safetensors_io.SafetensorsFormatError as error:
-            raise corrupt(path, f"{name} is not a valid safetensors file: {error}") from None
+        headers[name] = _parse(path, name, head, size)
     return headers
 

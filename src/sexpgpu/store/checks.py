@@ -49,7 +49,7 @@ def parse_json(path: str, name: str, data) -> object:
         raise corrupt(path, f"{name} is not JSON") from None
 
 
-def _is_count(value) -> bool:
+def is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -59,7 +59,7 @@ def _digest_problem(entry) -> str | None:
         return 'is not {"sha256": ..., "bytes": ...}'
     if not isinstance(entry["sha256"], str) or not _SHA256.fullmatch(entry["sha256"]):
         return "has a sha256 that is not 64 lowercase hex digits"
-    if not _is_count(entry["bytes"]):
+    if not is_count(entry["bytes"]):
         return "has a byte count that is not a non-negative integer"
     return None
 
@@ -70,7 +70,7 @@ def check_marker(path: str, marker) -> dict:
         raise corrupt(path, f"its {MARKER} marker does not hold exactly the keys {sorted(MARKER_KEYS)}")
     if marker["format"] != FORMAT:
         raise corrupt(path, f"its {MARKER} marker is for format {_short(marker['format'])}, not {FORMAT}")
-    if not _is_count(marker["step"]):
+    if not is_count(marker["step"]):
         raise corrupt(path, f"its {MARKER} marker's step {_short(marker['step'])} is not a non-negative integer")
     problem = _digest_problem(marker[EXPERIMENT_FILE])
     if problem:
@@ -82,7 +82,7 @@ def check_record(path: str, record, marker: dict) -> dict:
     """experiment.json's own fields: format, step (the marker's) and a digest for each tensor file."""
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise corrupt(path, f"{EXPERIMENT_FILE} is not in the {FORMAT} format")
-    if record.get("step") != marker["step"] or not _is_count(record.get("step")):
+    if record.get("step") != marker["step"] or not is_count(record.get("step")):
         raise corrupt(path, f"{EXPERIMENT_FILE} is for step {_short(record.get('step'))} but {MARKER} for {marker['step']}")
     tensors = record.get("tensors")
     if not isinstance(tensors, dict) or MODEL_FILE not in tensors or not set(tensors) <= set(TENSOR_FILES):

@@ -21,6 +21,7 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError, did_you_mean
 from sexpgpu.store import s3_objects, safetensors_io
+from sexpgpu.store.checks import is_count
 from sexpgpu.store.digests import CHUNK_BYTES, file_sha256
 from sexpgpu.store.uris import MissingFile, is_s3, join, parent
 
@@ -48,13 +49,9 @@ class LoadPin:
         if not isinstance(record, dict) or set(record) != set(fields):
             raise ValueError(f"a load pin needs exactly the keys {sorted(fields)}")
         if not all(isinstance(record[name], str) for name in fields if name != "bytes") or \
-                not _is_size(record["bytes"]) or record["version_kind"] not in ("sha256", "etag"):
+                not is_count(record["bytes"]) or record["version_kind"] not in ("sha256", "etag"):
             raise ValueError("a load pin holds strings, a byte count, and a version_kind of sha256 or etag")
         return cls(**record)
-
-
-def _is_size(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ import re
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.store import crash_points, s3_objects
+from sexpgpu.store.checks import MARKER, STEP_NAME
 from sexpgpu.store.s3_objects import TransferSettings
 from sexpgpu.store.uris import MissingFile, join, split_s3
 
-MARKER = "COMMITTED"
-_STEP_KEY = re.compile(r"(.*/)?step-(0|[1-9][0-9]*)/(.+)")
+_STEP_KEY = re.compile(rf"(.*/)?{STEP_NAME.pattern}/(.+)")
 
 
 class Writer:

@@ -42,21 +42,9 @@ STORED_DTYPES = {
     "F64": np.dtype("<f8"),
 }
 
-# (numpy kind, item size) -> safetensors dtype name, whatever the array's byte order.
-_NAME_OF_NUMPY_KIND = {
-    ("b", 1): "BOOL",
-    ("u", 1): "U8",
-    ("i", 1): "I8",
-    ("i", 2): "I16",
-    ("u", 2): "U16",
-    ("i", 4): "I32",
-    ("u", 4): "U32",
-    ("i", 8): "I64",
-    ("u", 8): "U64",
-    ("f", 2): "F16",
-    ("f", 4): "F32",
-    ("f", 8): "F64",
-}
+# (numpy kind, item size) -> safetensors dtype name, whatever the array's byte order; BF16 is
+# stored as U16's bytes and is asked for by name.
+_NAME_OF_NUMPY_KIND = {(dtype.kind, dtype.itemsize): name for name, dtype in STORED_DTYPES.items() if name != "BF16"}
 
 
 class SafetensorsFormatError(ValueError):

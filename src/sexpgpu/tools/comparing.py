@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.run.report import row
 from sexpgpu.store import list_checkpoints, read_checkpoint
 
 METRICS = "metrics.jsonl"
@@ -218,26 +219,26 @@ def _flat(value, prefix: str = "") -> dict:
 # --- the table ----------------------------------------------------------------------------
 
 def format_diff(diff: Diff) -> str:
-    rows = [f"diff {diff.a} {diff.b}", _row("steps in common", str(diff.common_steps))]
+    rows = [f"diff {diff.a} {diff.b}", row("steps in common", str(diff.common_steps))]
     for name, steps in diff.only_in.items():
-        rows.append(_row(f"only in {name}", f"steps {steps[0]}..{steps[-1]} ({len(steps)})"))
-    rows.append(_row("first difference", f"step {diff.first_step}: {' and '.join(diff.first_step_parts)}"
+        rows.append(row(f"only in {name}", f"steps {steps[0]}..{steps[-1]} ({len(steps)})"))
+    rows.append(row("first difference", f"step {diff.first_step}: {' and '.join(diff.first_step_parts)}"
                      if diff.first_step is not None else "none: every common step's loss bits and digest agree"))
-    rows.append(_row("evaluations", f"step {diff.first_eval_step}: {', '.join(diff.first_eval_keys)}"
+    rows.append(row("evaluations", f"step {diff.first_eval_step}: {', '.join(diff.first_eval_keys)}"
                      if diff.first_eval_step is not None else "agree"))
     if diff.checkpoint_step is None:
-        rows.append(_row("checkpoints", "none at a step both runs hold"))
+        rows.append(row("checkpoints", "none at a step both runs hold"))
     else:
-        rows.append(_row("checkpoints", f"step {diff.checkpoint_step}: "
+        rows.append(row("checkpoints", f"step {diff.checkpoint_step}: "
                          + (f"{len(diff.tensors)} tensors differ" if diff.tensors else "every tensor's bits agree")))
         if diff.tensors:
             rows.append(f"    {'tensor':<32}{'max abs':>12}{'max rel':>12}  differing")
             rows += _capped([f"    {t.name:<32}{t.note}" if t.note else
                              f"    {t.name:<32}{t.max_abs:>12.3g}{t.max_rel:>12.3g}  {t.differing} of {t.count}"
                              for t in diff.tensors])
-    rows.append(_row("records", f"{len(diff.records)} entries differ" if diff.records else "agree"))
+    rows.append(row("records", f"{len(diff.records)} entries differ" if diff.records else "agree"))
     rows += _capped([f"    {key:<44}{_shown(left)}  vs  {_shown(right)}" for key, left, right in diff.records])
-    rows.append(_row("verdict", "identical (exit 0)" if diff.identical else "different (exit 1)"))
+    rows.append(row("verdict", "identical (exit 0)" if diff.identical else "different (exit 1)"))
     return "\n".join(rows)
 
 
@@ -245,10 +246,6 @@ def _capped(rows: list) -> list:
     if len(rows) <= TABLE_ROWS:
         return rows
     return rows[:TABLE_ROWS] + [f"    … and {len(rows) - TABLE_ROWS} more (--json lists them all)"]
-
-
-def _row(label: str, text: str) -> str:
-    return f"  {label:<20}{text}"
 
 
 def _shown(value) -> str:

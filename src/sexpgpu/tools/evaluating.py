@@ -34,6 +34,7 @@ from sexpgpu.run.checkpointing import bit_identity, expected_tensors, identity_d
 from sexpgpu.run import choosing
 from sexpgpu.run.choosing import FRESH, ChoiceSettings, Chosen, choose, computes_exact, read_pinned
 from sexpgpu.run.loop import Trainer
+from sexpgpu.run.report import row
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
 from sexpgpu.store import check_tensors, list_checkpoints, read_checkpoint, read_record, resolve_checkpoint
@@ -95,10 +96,10 @@ def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     built.backend.take_choices(chosen.choices)
     state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
     state.params = {name: built.backend.from_host(value) for name, value in state.params.items()}
-    print(_row("evaluating", f"{path}: {experiment.run.name} at step {checkpoint.step} on {built.backend_facts['name']}"),
+    print(row("evaluating", f"{path}: {experiment.run.name} at step {checkpoint.step} on {built.backend_facts['name']}"),
           file=out)
     for label, text in chosen.report_lines():
-        print(_row(label, text), file=out)
+        print(row(label, text), file=out)
     trainer = Trainer(experiment.run, built.program, built.backend, built.feeder)
     values = [trainer.evaluate(state, spec, built.pass_name(spec)) for spec in passes]
     for value in values:
@@ -135,10 +136,6 @@ def _readable_evaluations(path: str):
 def level_of(determinism: str) -> str:
     """The level a determinism line states: its first word ("1 on every machine: …" is 1)."""
     return determinism.split(":")[0].split()[0]
-
-
-def _row(label: str, text: str) -> str:
-    return f"  {label:<20}{text}"
 
 
 # --- which run ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from sexpgpu.run.choosing import ChoiceSettings, choose, stacked_training
 from sexpgpu.tools.comparing import METRICS, read_metrics
 from sexpgpu.tools.evaluating import check_same_run, checkpoints_named, experiment_of
 from sexpgpu.run.loop import Stacking, Trainer
+from sexpgpu.run.report import row
 from sexpgpu.run.setup import build_run
 from sexpgpu.run.state import TrainingState
 from sexpgpu.store import check_tensors, read_checkpoint, read_record
@@ -55,14 +56,12 @@ def replay(named: str, options: ReplayOptions) -> Replayed:
     checkpoint = read_checkpoint(path)
     check_tensors(checkpoint, expected_tensors(built))
     last = _last_step(checkpoint.step, logged, options.steps, metrics_path, experiment.run.steps)
-    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors)
-    state.params = {name: built.backend.from_host(value) for name, value in state.params.items()}
-    state.optimizer = {name: built.backend.from_host(value) for name, value in state.optimizer.items()}
+    state = TrainingState.from_tensors(checkpoint.step, checkpoint.tensors).moved(built.backend.from_host)
     unstacked = Trainer(experiment.run, built.program, built.backend, built.feeder)
     chosen = choose(built, ChoiceSettings(), record, lambda: unstacked.first_inputs(built.initial_state()))
     built.backend.take_choices(chosen.choices)
     for label, text in chosen.report_lines():
-        print(f"  {label:<20}{text}", file=out)
+        print(row(label, text), file=out)
     degree = chosen.choices.stacking
     trainer = Trainer(experiment.run, built.program, built.backend, built.feeder,
                       Stacking(stacked_training(built.program, degree), degree, pinned=True))

@@ -55,15 +55,33 @@ def candidates(folders):
     return found
 
 
+def scaled_family(name, answers):
+    """The comprehension for answers that are one case at every even exponent (keys whose top
+    byte counts up from the first, each answer half the one before), as rsqrt's are; else None."""
+    keys = sorted(answers)
+    if len(keys) < 3 or any(key != keys[0] + (i << 24) or answers[key] != answers[keys[0]] - (i << 23)
+                            for i, key in enumerate(keys)):
+        return None
+    low, first = keys[0] & 0xFFFFFF, keys[0] >> 24
+    return (f"    # {name}(4x) is {name}(x) / 2 exactly: x's hard case at every even exponent\n"
+            f'    "{name}": {{(e << 24) | 0x{low:06x}: 0x{answers[keys[0]]:08x} - ((e - {first}) << 23) '
+            f"for e in range({first}, {first + len(keys)})}},\n")
+
+
 def main():
     found = candidates(sys.argv[1:])
     out = [HEADER]
     for name in FUNCTIONS:
-        entries = []
+        answers = {}
         for bits, bound in sorted(found[name].items()):
             d = ref.midpoint_distance(ref.exact(name, bits))
             assert d < bound, (name, hex(bits), d)
-            entries.append(f"0x{bits:08x}: 0x{ref.correct(name, bits):08x}")
+            answers[bits] = ref.correct(name, bits)
+        family = scaled_family(name, answers)
+        if family:
+            out.append(family)
+            continue
+        entries = [f"0x{bits:08x}: 0x{answer:08x}" for bits, answer in answers.items()]
         rows = ["        " + ", ".join(entries[i:i + 4]) + "," for i in range(0, len(entries), 4)]
         out.append(f'    "{name}": {{\n' + "\n".join(rows) + ("\n" if rows else "") + "    },\n")
     out.append("}\n")

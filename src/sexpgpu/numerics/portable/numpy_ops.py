@@ -23,30 +23,16 @@ def f64_from_bits(i):
     return np.asarray(i, dtype=np.int64).view(np.float64)
 
 
-def to_f64(i):
-    """An integer's value as float64 (exact below 2^53)."""
-    return np.asarray(i).astype(np.float64)
+def _cast(dtype):
+    def cast(x):
+        return np.asarray(x).astype(dtype)
+
+    return cast
 
 
-def trunc_i64(x):
-    """A finite float64 of magnitude below 2^63, truncated to int64."""
-    return np.asarray(x).astype(np.int64)
-
-
-def i64(x):
-    return np.asarray(x).astype(np.int64)
-
-
-def u64(x):
-    return np.asarray(x).astype(np.uint64)
-
-
-def u32(x):
-    return np.asarray(x).astype(np.uint32)
-
-
-def i32(x):
-    return np.asarray(x).astype(np.int32)
+# to_f64: an integer's value, exact below 2^53; trunc_i64: a finite float64 of magnitude
+# below 2^63, truncated
+to_f64, trunc_i64, i64, u64, u32, i32 = map(_cast, (np.float64, np.int64, np.int64, np.uint64, np.uint32, np.int32))
 
 
 def sqrt(x):
