@@ -102,11 +102,6 @@ def stacking_blockers(program) -> list:
     return []
 
 
-def stacking_degrees(microbatches: int) -> tuple:
-    """The degrees a run of `microbatches` a step may stack: the divisors, 1 first."""
-    return tuple(degree for degree in range(1, microbatches + 1) if microbatches % degree == 0)
-
-
 # --- the stacked microbatch graph -----------------------------------------------------------------
 
 # an unstacked graph -> {degree: its stacked TrainingGraph (a micro graph) or Graph (a generator)}
