@@ -708,13 +708,13 @@ def run_seeds(seeds, profile: str, device: str = "cuda", deadline: float | None 
 
 def summary(outcomes, profile: str, seconds: float, asked: int | None = None) -> str:
     """The line to quote: graphs run, ops covered, mismatches."""
-    covered = frozenset().union(*(outcome.ops for outcome in outcomes)) & frozenset(OPS)
+    covered = frozenset().union(*(outcome.ops for outcome in outcomes)) & frozenset(OP_NAMES)
     failed = [outcome for outcome in outcomes if outcome.failures]
     bf16 = sum(outcome.dtype == "bf16" for outcome in outcomes)
     of = f" of {asked}" if asked is not None and asked != len(outcomes) else ""
     lines = [f"random graphs ({profile}): {len(outcomes)}{of} graphs run ({bf16} with bf16), "
-             f"{len(covered)} of {len(OPS)} ops covered, {len(failed)} mismatches, {seconds:.0f} s"]
-    missing = sorted(frozenset(OPS) - covered)
+             f"{len(covered)} of {len(OP_NAMES)} ops covered, {len(failed)} mismatches, {seconds:.0f} s"]
+    missing = sorted(frozenset(OP_NAMES) - covered)
     if missing:
         lines.append("  ops not covered: " + " ".join(missing))
     for outcome in failed[:20]:
