@@ -363,6 +363,8 @@ def counted_step(trainer, state, counts: Counting) -> None:
 
     training, backend, sums = trainer.stacking.training, trainer.backend, trainer.sums
     graphs = {id(training.micro): "microbatch calls", id(training.update): "update call"}
+    if training.sums is not None:  # a step's sums are graphs the backend runs (graph/passes/exact_region.py)
+        graphs.update({id(training.sums.accumulate): "adding the gradients", id(training.sums.rounding): "rounding the gradients"})
     within: list[str] = ["the loop"]
 
     def in_phase(name_of, call):
