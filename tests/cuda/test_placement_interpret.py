@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.placement import placements  # noqa: E402
-from sexpgpu.graph.frontend.build import Initializer, ParamSpec  # noqa: E402
+from sexpgpu.graph.frontend.records import Initializer, ParamSpec  # noqa: E402
 from sexpgpu.graph.training.optimizers import build_update  # noqa: E402
 from sexpgpu.lang.experiment import OptimizerSpec  # noqa: E402
 

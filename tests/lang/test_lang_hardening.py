@@ -9,7 +9,8 @@ import pytest
 
 from sexpgpu.cli.main import main
 from sexpgpu.errors import SexpgpuError, nearest_name
-from sexpgpu.lang.forms import experiment_to_json, parse_experiment, select_run
+from sexpgpu.lang.forms import parse_experiment, select_run
+from sexpgpu.lang.serialize import experiment_to_json
 from sexpgpu.lang.reader import read_text
 from sexpgpu.lang.syntax import Integer, SList
 

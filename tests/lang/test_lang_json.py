@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from sexpgpu.lang.forms import experiment_to_json, load_experiment
+from sexpgpu.lang.forms import load_experiment
+from sexpgpu.lang.serialize import experiment_to_json
 
 TEXT = """; a comment
 (defgraph block (x) :width 8

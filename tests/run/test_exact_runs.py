@@ -20,7 +20,8 @@ from sexpgpu.cli.main import main  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
 from sexpgpu.graph.core.emit import Emitter  # noqa: E402
 from sexpgpu.graph.passes.exact_region import exact_graph  # noqa: E402
-from sexpgpu.lang.forms import experiment_to_json, parse_experiment, select_run  # noqa: E402
+from sexpgpu.lang.forms import parse_experiment, select_run  # noqa: E402
+from sexpgpu.lang.serialize import experiment_to_json  # noqa: E402
 from sexpgpu.lang.reader import read_text  # noqa: E402
 from sexpgpu.run.choosing import stacked_training  # noqa: E402
 from sexpgpu.run.loop import Stacking, Trainer  # noqa: E402

@@ -3,7 +3,6 @@
     load_experiment(path, selection)  reads a file, checks it, and picks the run
     parse_experiment(data, path, sha)  checks what the reader produced (no run picked)
     select_run(experiment, selection)  picks the run: by name, or the only one
-    experiment_to_json(experiment)     the resolved selected run, for run directories (serialize.py)
 
 Definitions may come in any order: graphs are checked first, then runs, which refer to them.
 Every error is a SexpgpuError with the location of the offending datum (docs/errors.md).
@@ -19,7 +18,6 @@ from sexpgpu.lang.experiment import Experiment
 from sexpgpu.lang.defgraph import RESERVED, read_graph
 from sexpgpu.lang.reader import read_source, read_text
 from sexpgpu.lang.defrun import RunContext, read_run
-from sexpgpu.lang.serialize import experiment_to_json  # noqa: F401  (the run stage imports it from here)
 from sexpgpu.lang.syntax import SList, Symbol, describe
 from sexpgpu.lang.values import type_error
 

@@ -15,6 +15,7 @@ measures instead (plan/choices.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from sexpgpu.plan.device import ProductShape, Throughput
 
@@ -65,15 +66,8 @@ def graph_products(graph) -> tuple:
         if node.op != "matmul" or node.dtype != "f32":
             continue
         a, b = node.inputs
-        shape = ProductShape(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], batch=_batch(node.shape),
+        shape = ProductShape(m=a.shape[-2], n=b.shape[-1], k=a.shape[-1], batch=prod(node.shape[:-2]),
                              a_transposed=a.op == "transpose", b_transposed=b.op == "transpose")
         if shape not in shapes:
             shapes.append(shape)
     return tuple(shapes)
-
-
-def _batch(shape: tuple) -> int:
-    count = 1
-    for dim in shape[:-2]:
-        count *= dim
-    return count

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.lang.forms import experiment_to_json
+from sexpgpu.lang.serialize import experiment_to_json
 from sexpgpu.run.nonfinite import nonfinite_stop
 from sexpgpu.run.report import row
 from sexpgpu.run.setup import load_source

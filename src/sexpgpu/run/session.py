@@ -23,7 +23,7 @@ from typing import NamedTuple
 from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.files import write_atomically
-from sexpgpu.lang.forms import experiment_to_json
+from sexpgpu.lang.serialize import experiment_to_json
 from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, computes_exact, lowering_annotation, stacked_training
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step

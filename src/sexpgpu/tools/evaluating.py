@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 
 import sexpgpu
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.lang.forms import experiment_to_json, load_experiment
+from sexpgpu.lang.forms import load_experiment
+from sexpgpu.lang.serialize import experiment_to_json
 from sexpgpu.plan.cache import open_cache
 from sexpgpu.plan.choices import ORDINARY, Choices, Situation, choices_from_json, decide, take_pinned
 from sexpgpu.plan.levels import How, determinism_line

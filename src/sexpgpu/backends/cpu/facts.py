@@ -13,13 +13,12 @@ CPU_CHOICES = {
     "exact": "none: every sum exact and rounded once, so no stacking degree or GPU count changes a bit; "
              "portable float32 math",
 }
-CPU_LEVELS = {"float": "interpreter", "exact": "exact"}
 
 
-def cpu_facts(arithmetic: str = "float") -> dict:
+def cpu_facts() -> dict:
     return {
         "kind": "cpu",
         "name": f"cpu interpreter (numpy {np.__version__}, {platform.machine() or 'unknown machine'})",
-        "determinism": determinism_line(How(CPU_LEVELS[arithmetic]), ""),
-        "choices": CPU_CHOICES[arithmetic],
+        "determinism": determinism_line(How("interpreter"), ""),
+        "choices": CPU_CHOICES["float"],
     }

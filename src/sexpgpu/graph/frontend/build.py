@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
 from sexpgpu.graph.frontend.layers import BUILTINS
-from sexpgpu.graph.frontend.records import Frame, Initializer, LoadSpec, ParamSpec, initializer_of, join_path
+from sexpgpu.graph.frontend.records import Frame, LoadSpec, ParamSpec, initializer_of, join_path
 from sexpgpu.graph.core.ops import OpError, dims_text
 from sexpgpu.graph.core.ir import Node
 from sexpgpu.lang.keywords import first_keyword, split_pairs

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.training.autodiff import gradients
-from sexpgpu.graph.frontend.build import Builder, Frame
+from sexpgpu.graph.frontend.build import Builder
+from sexpgpu.graph.frontend.records import Frame
 from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.graph.passes.exact_region import exact_graph, gradient_sums
 from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node, dtype_named
