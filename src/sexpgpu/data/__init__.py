@@ -3,5 +3,3 @@
 A data source is a pure function of the global record index, so the data position of a run
 is its step and nothing else needs saving to resume it.
 """
-
-from sexpgpu.data.sources import DataSource, FieldSpec, open_source, record_indices

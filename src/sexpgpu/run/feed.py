@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sexpgpu.data import open_source
+from sexpgpu.data.sources import open_source
 from sexpgpu.graph.training.stacking import stack_generator
 
 

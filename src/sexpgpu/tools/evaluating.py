@@ -86,7 +86,8 @@ def evaluate(paths, options: EvaluateOptions) -> list:
 
 def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     record = read_record(path)
-    _recorded_evaluations(path)  # one that cannot be added to stops before anything is computed
+    with _readable_evaluations(path):  # one that cannot be added to stops before anything is computed
+        read_evaluations(path)
     experiment = experiment_of(path, record, options.file)
     built = build_run(experiment, options.device, read_loads=False, holds="passes")
     check_same_run(path, record, experiment, built)
@@ -117,11 +118,6 @@ def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
 def _record(path: str, step: int, entry: dict) -> str:
     with _readable_evaluations(path):
         return add_evaluation(path, step, entry)
-
-
-def _recorded_evaluations(path: str) -> list:
-    with _readable_evaluations(path):
-        return read_evaluations(path)
 
 
 @contextmanager
