@@ -38,21 +38,17 @@ PRECISIONS = ("f32", "bf16")  # f32: as written; bf16: mixed precision (graph/pa
 ARITHMETICS = ("float", "exact")  # float: folds in documented orders; exact: every sum exact, rounded once
 
 
-def resolve_path(experiment_path: str, path: str) -> str:
-    """A path written in an experiment file: relative ones are joined to the file's folder;
-    absolute paths and `s3://` addresses are taken as written."""
-    if path.startswith("s3://") or os.path.isabs(path):
-        return path
-    return os.path.normpath(os.path.join(os.path.dirname(experiment_path), path))
-
-
 @dataclass(frozen=True)
 class RunContext:
     path: str  # the experiment file
     graphs: dict  # name -> GraphDef
 
     def resolve(self, path: str) -> str:
-        return resolve_path(self.path, path)
+        """A path written in an experiment file: relative ones are joined to the file's folder;
+        absolute paths and `s3://` addresses are taken as written."""
+        if path.startswith("s3://") or os.path.isabs(path):
+            return path
+        return os.path.normpath(os.path.join(os.path.dirname(self.path), path))
 
 
 # --- data -----------------------------------------------------------------------------

@@ -68,11 +68,10 @@ def read_metrics(path: str) -> tuple:
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             raise SexpgpuError("E-DIFF-002", f"{path}:{number}: not a metrics record (a JSON object with a step).",
                                hint="Give a metrics.jsonl that sexpgpu run wrote.")
-        into = steps if "digest" in record else evaluations.setdefault(record["step"], {})
-        if into is steps:
+        if "digest" in record:
             steps[record["step"]] = record
         else:
-            into.update(record)
+            evaluations.setdefault(record["step"], {}).update(record)
     return steps, evaluations
 
 
