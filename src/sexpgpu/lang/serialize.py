@@ -31,17 +31,8 @@ def experiment_to_json(experiment: Experiment) -> dict:
 
 
 def run_to_json(run: RunDef) -> dict:
-    resolved = _run_fields(run)
-    if run.arithmetic != "float":  # only then: a float run's identity is what it always was
-        resolved["arithmetic"] = run.arithmetic
-    if run.diagnostics is not None:  # only then: an undiagnosed run's identity is what it always was
-        resolved["diagnostics"] = {"every": run.diagnostics.every}
-    return resolved
-
-
-def _run_fields(run: RunDef) -> dict:
     optimizer = run.optimizer
-    return {
+    resolved = {
         "name": run.name,
         "seed": run.seed,
         "data": _data(run.data),
@@ -65,6 +56,11 @@ def _run_fields(run: RunDef) -> dict:
             "every": run.checkpoint.every, "keep": run.checkpoint.keep, "to": run.checkpoint.to,
         },
     }
+    if run.arithmetic != "float":  # only then: a float run's identity is what it always was
+        resolved["arithmetic"] = run.arithmetic
+    if run.diagnostics is not None:  # only then: an undiagnosed run's identity is what it always was
+        resolved["diagnostics"] = {"every": run.diagnostics.every}
+    return resolved
 
 
 def graph_to_json(graph: GraphDef) -> dict:
