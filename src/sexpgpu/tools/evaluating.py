@@ -110,14 +110,10 @@ def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     annotation = f"evaluated offline on {chosen.choices.device}: determinism {level_of(line)}"
     entry = {"annotation": annotation, "determinism": line, "choices": chosen.choices.to_json(), "values": values,
              "sexpgpu": sexpgpu.__version__}
-    recorded_in = _record(path, checkpoint.step, entry)
+    with _readable_evaluations(path):
+        recorded_in = add_evaluation(path, checkpoint.step, entry)
     print(f"{annotation} (recorded in {recorded_in})", file=out, flush=True)
     return Evaluation(path, checkpoint.step, values, line, annotation, recorded_in)
-
-
-def _record(path: str, step: int, entry: dict) -> str:
-    with _readable_evaluations(path):
-        return add_evaluation(path, step, entry)
 
 
 @contextmanager
