@@ -184,8 +184,7 @@ def evaluation_choices(built, settings: ChoiceSettings, record: dict, path: str)
     here = probe.device_facts().line()
     situation = _situation(probe, built, settings)
     if explicit:
-        pin = read_pinned(settings.choices)
-        return _take(situation, pin, settings.choices)
+        return _take(situation, read_pinned(settings.choices), settings.choices)
     if settings.choices is None and recorded is not None and recorded.device == here:
         return _take(situation, _as_run_inline(situation, recorded), f"the checkpoint {path}")
     program = built.program
