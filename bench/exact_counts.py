@@ -382,9 +382,9 @@ def counted_step(trainer, state, counts: Counting) -> None:
     execute = runtime.Executable.execute
 
     def execute_by_kind(self, env):
-        for step in self.lowered.steps:
-            with counts.phase(f"{within[-1]}: {step.kind}"):
-                step(env)
+        for launch in self.lowered.launches:
+            with counts.phase(f"{within[-1]}: {launch.kind}"):
+                launch(env)
 
     form = backend._form_pending
     backend.run = in_phase(lambda graph, inputs: graphs.get(id(graph), "other calls"), backend.run)

@@ -26,17 +26,17 @@ import smoke  # noqa: E402
 from bench_cuda import MODELS, PEERS, OurStep, seconds_per_step, torch_step  # noqa: E402
 
 
-def step_label(lowered, step) -> str:
+def launch_label(lowered, launch) -> str:
     shapes = lambda keys: ",".join("x".join(map(str, lowered.buffers[key].shape)) for key in keys if key in lowered.buffers)
-    return f"{step.kind:<13} R[{shapes(step.reads)}] W[{shapes(step.writes)}]"
+    return f"{launch.kind:<13} R[{shapes(launch.reads)}] W[{shapes(launch.writes)}]"
 
 
 def our_steps(ours: OurStep, graph, inputs: dict) -> list[tuple[str, float, int]]:
     lowered = ours.backend.lowered(graph)
-    ours.backend.step_seconds(graph, inputs)  # warm: every kernel compiled
+    ours.backend.launch_seconds(graph, inputs)  # warm: every kernel compiled
     rows = defaultdict(lambda: [0.0, 0])
-    for step, seconds in ours.backend.step_seconds(graph, inputs):
-        row = rows[step_label(lowered, step)]
+    for launch, seconds in ours.backend.launch_seconds(graph, inputs):
+        row = rows[launch_label(lowered, launch)]
         row[0] += seconds * 1e3
         row[1] += 1
     return sorted(((label, ms, count) for label, (ms, count) in rows.items()), key=lambda item: -item[1])

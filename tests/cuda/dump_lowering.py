@@ -1,4 +1,4 @@
-"""Dump every CUDA lowering decision for a set of graphs: steps, kernel sources, arena plan.
+"""Dump every CUDA lowering decision for a set of graphs: launches, kernel sources, arena plan.
 
     PYTHONPATH=src:tests:tests/cuda python tests/cuda/dump_lowering.py OUT.txt
 Compare two dumps with `diff`: a difference in kernel source could change speed; a
@@ -13,7 +13,10 @@ from dataclasses import replace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from sexpgpu.backends.cuda.codegen.compile import Launch  # noqa: E402
+try:
+    from sexpgpu.backends.cuda.codegen.compile import GeneratedKernel  # noqa: E402
+except ImportError:  # before the rename of the launches (commit 02e5ae9)
+    from sexpgpu.backends.cuda.codegen.compile import Launch as GeneratedKernel  # noqa: E402
 from sexpgpu.backends.cuda.fusion import FusionPolicy  # noqa: E402
 try:
     from sexpgpu.backends.cuda.lowering import lower  # noqa: E402
@@ -28,24 +31,24 @@ from sexpgpu.run.feed import Feeder  # noqa: E402
 from sexpgpu.backends.cpu import Interpreter  # noqa: E402
 
 
-def launches(obj, seen=None) -> list:
+def generated_kernels(obj, seen=None) -> list:
     seen = set() if seen is None else seen
     if id(obj) in seen:
         return []
     seen.add(id(obj))
-    if isinstance(obj, Launch):
+    if isinstance(obj, GeneratedKernel):
         return [obj]
-    if hasattr(type(obj), "launches"):  # a row kernel builds its launches when first asked
-        built = obj.launches() if callable(obj.launches) else obj.launches
-        return [launch for item in built for launch in launches(item, seen)]
+    built = next((getattr(obj, name) for name in ("kernels", "launches") if isinstance(getattr(type(obj), name, None), property)), None)
+    if built is not None:  # a row kernel builds its kernels when first asked (`launches` before the rename)
+        return [launch for item in built for launch in generated_kernels(item, seen)]
     if isinstance(obj, (list, tuple)):
-        return [launch for item in obj for launch in launches(item, seen)]
+        return [launch for item in obj for launch in generated_kernels(item, seen)]
     if isinstance(obj, dict):
-        return [launch for item in obj.values() for launch in launches(item, seen)]
+        return [launch for item in obj.values() for launch in generated_kernels(item, seen)]
     if getattr(type(obj), "__module__", "").startswith("sexpgpu") and hasattr(obj, "__dict__"):
-        return [launch for item in vars(obj).values() for launch in launches(item, seen)]
+        return [launch for item in vars(obj).values() for launch in generated_kernels(item, seen)]
     if callable(obj) and getattr(obj, "__closure__", None):
-        return [launch for cell in obj.__closure__ for launch in launches(cell.cell_contents, seen)]
+        return [launch for cell in obj.__closure__ for launch in generated_kernels(cell.cell_contents, seen)]
     return []
 
 
@@ -55,10 +58,10 @@ def dump_lowered(name: str, lowered, out) -> None:
     for key, buffer in lowered.buffers.items():
         out.write(f"buffer {key} {buffer.dtype} {buffer.shape} {buffer.kind} {buffer.live_from_start}\n")
     out.write(f"arena_bytes {lowered.arena_bytes}\noffsets {sorted(lowered.offsets.items())}\n")
-    for index, step in enumerate(lowered.steps):
+    for index, step in enumerate(lowered.launches if hasattr(lowered, "launches") else lowered.steps):
         extra = {field: getattr(step, field, None) for field in ("operands", "aliases", "product", "engine", "pattern")}
         out.write(f"step {index} {type(step).__name__} {step.kind} reads={step.reads} writes={step.writes} {extra}\n")
-        for launch in launches(step):
+        for launch in generated_kernels(step):
             out.write(f"  launch {launch.name} grid={launch.grid} warps={launch.num_warps}\n{launch.source}\n")
 
 

@@ -111,10 +111,10 @@ def test_float32_attention_lowers_to_the_fused_kernels_without_the_scores_in_mem
     length = 40
     graph, _ = case_graph(attention_case([(2, 3, length, 16)] * 3, "f32", True))
     lowered = CudaBackend(device="cpu").lowered(graph)
-    kinds = {step.kind for step in lowered.steps}
+    kinds = {step.kind for step in lowered.launches}
     assert "attention" in kinds and "matmul" not in kinds, kinds
     square = [key for key, buffer in lowered.buffers.items() if buffer.shape[-2:] == (length, length)]
-    writers = [step for step in lowered.steps if set(square) & set(step.writes)]
+    writers = [step for step in lowered.launches if set(square) & set(step.writes)]
     assert len(square) == 1 and len(writers) == 1 and writers[0].kind == "attention", square  # dS, from the dK/dV kernel
     monkeypatch.setattr(kernels, "MAX_DS_BYTES", 2 * 3 * length * length * 4 - 1)
     lowered = CudaBackend(device="cpu").lowered(graph)
@@ -176,8 +176,8 @@ def test_an_attention_layer_follows_the_interpreter_and_its_products_read_the_re
     for name in want:
         assert_matches(name, backend.to_host(got[name]), want[name], "f32")
     lowered = backend.lowered(micro)
-    written = {key for step in lowered.steps if step.kind == "attention" for key in step.writes}
-    readers = {step.kind for step in lowered.steps for key in step.reads if key in written}
+    written = {key for step in lowered.launches if step.kind == "attention" for key in step.writes}
+    readers = {step.kind for step in lowered.launches for key in step.reads if key in written}
     assert readers <= {"attention", "matmul"}, readers
 
 

@@ -101,6 +101,6 @@ def test_an_id_out_of_range_stops_a_replayed_call_before_the_replay():
 def test_a_check_of_a_computed_id_is_not_split():
     graph, _ = region_graph()
     lowered = CudaBackend(device="cpu").lowered(graph)
-    check = next(step for step in lowered.steps if step.kind == "hold")
-    computed = type(check)(check.run, (lowered.steps[0].writes[0],), (), "check")
-    assert host_split(dataclasses.replace(lowered, steps=[computed, *lowered.steps])) is None
+    check = next(step for step in lowered.launches if step.kind == "hold")
+    computed = type(check)(check.run, (lowered.launches[0].writes[0],), (), "check")
+    assert host_split(dataclasses.replace(lowered, launches=[computed, *lowered.launches])) is None

@@ -42,7 +42,7 @@ def _values(graph, seed: int = 1) -> dict:
 
 def _run(graph, values, key: str, implementation: str):
     backend = CudaBackend(device="cpu", policy=FusionPolicy("on", products={key: implementation}))
-    (step,) = [step for step in backend.lowered(graph).steps if step.kind == "matmul"]
+    (step,) = [step for step in backend.lowered(graph).launches if step.kind == "matmul"]
     assert len(step.writes) == (1 if implementation == "ordinary" else 2)  # the scratch the plan's choice needs
     return backend.to_host(backend.run(graph, values)["c"])
 
@@ -96,7 +96,7 @@ def test_a_shape_the_map_does_not_name_is_ordinary():
     values = _values(graph)
     other = CudaBackend(device="cpu", policy=FusionPolicy(products={ProductShape(M, N, 2048).key(): "split-k 4"}))
     default = CudaBackend(device="cpu")
-    assert [len(step.writes) for step in other.lowered(graph).steps] == [1]
+    assert [len(step.writes) for step in other.lowered(graph).launches] == [1]
     np.testing.assert_array_equal(other.to_host(other.run(graph, values)["c"]), default.to_host(default.run(graph, values)["c"]))
 
 
@@ -110,7 +110,7 @@ def test_the_recompute_budget_is_the_policys_and_moves_only_where_values_are_com
     results = {}
     for budget, written in ((20.0, 0), (9.0, 1)):
         backend = CudaBackend(device="cpu", policy=FusionPolicy("on", budget))
-        assert [step.kind for step in backend.lowered(graph).steps].count("elementwise") == written
+        assert [step.kind for step in backend.lowered(graph).launches].count("elementwise") == written
         results[budget] = {name: backend.to_host(value) for name, value in backend.run(graph, values).items()}
     for name in outputs:
         np.testing.assert_array_equal(results[9.0][name].view(np.uint32), results[20.0][name].view(np.uint32))
@@ -125,7 +125,7 @@ def test_the_probes_product_graph_has_the_shape_it_times():
     for shape in (ProductShape(M, N, 512), ProductShape(M, N, 512, batch=3, a_transposed=True),
                   ProductShape(M, N, 512, b_transposed=True)):
         backend = CudaBackend(device="cpu", policy=FusionPolicy(products={shape.key(): "split-k 2"}))
-        (step,) = backend.lowered(product_graph(shape)).steps[-1:]
+        (step,) = backend.lowered(product_graph(shape)).launches[-1:]
         assert step.kind == "matmul" and len(step.writes) == 2  # the map's key matched the lowered product
 
 
@@ -217,7 +217,7 @@ def test_a_pinned_stacked_runs_products_are_the_keys_its_lowered_steps_look_up()
     recorded = Choices("anywhere", False, 2, 9.0, {}, None, "bf16")
     products = take_pinned(situation, recorded, "a record").products
     stacked = stack_training(program.training, 2)
-    lowered = {step.product.key() for graph in stacked.graphs for step in backend.lowered(graph).steps
+    lowered = {step.product.key() for graph in stacked.graphs for step in backend.lowered(graph).launches
                if getattr(step, "product", None)}
     assert lowered and lowered <= set(products)
 

@@ -135,7 +135,7 @@ def test_the_lowering_runs_the_engine_it_was_given_and_pytorch_for_the_rest(engi
     offered = engines.offered(key, torch.cuda.current_device())
     assert offered
     backend = backend_with({key.key(): offered[0]})
-    steps = [step for step in backend.lowered(graph).steps if step.kind == "convolution"]
+    steps = [step for step in backend.lowered(graph).launches if step.kind == "convolution"]
     ran = [step.engine for step in steps]
     assert len(ran) == 3 and ran.count(offered[0]) == 1 and ran.count(None) == 2, ran
     got = backend.run(graph, values)

@@ -89,7 +89,7 @@ def test_each_role_runs_its_engine_with_its_operands_and_matches_the_interpreter
     graph, values = case_graph(case, differentiate=False)
     key = key_of(case)
     backend = CudaBackend(device="cpu", policy=FusionPolicy("on", convolutions={key.key(): engine}))
-    (step,) = [step for step in backend.lowered(graph).steps if step.kind == "convolution"]
+    (step,) = [step for step in backend.lowered(graph).launches if step.kind == "convolution"]
     assert step.engine == engine
     assert len(step.writes) == (2 if engine.startswith("engine 7 ") else 1)  # the result, and a workspace
     got = backend.to_host(backend.run(graph, values)["y"])
@@ -104,7 +104,7 @@ def test_a_convolution_the_policy_does_not_name_runs_pytorchs():
     graph, values = case_graph(case, differentiate=True)
     key = key_of(case)
     backend = CudaBackend(device="cpu", policy=FusionPolicy("on", convolutions={key.key(): "engine 0 knobs"}))
-    steps = [step for step in backend.lowered(graph).steps if step.kind == "convolution"]
+    steps = [step for step in backend.lowered(graph).launches if step.kind == "convolution"]
     assert sorted(map(str, (step.engine for step in steps))) == ["None", "None", "engine 0 knobs"]
     got, want = backend.run(graph, values), Interpreter().run(graph, values)
     for name in want:

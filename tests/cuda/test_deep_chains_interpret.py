@@ -37,7 +37,7 @@ def chain(depth: int, ops=("neg", "tanh", "relu")):
 
 def test_a_chain_past_the_recursion_limit_lowers_into_bounded_kernels():
     lowerer = Lowerer(chain(1200), FusionPolicy())
-    assert len(lowerer.schedule().steps) >= 1200 // MAX_FUSED_DEPTH
+    assert len(lowerer.schedule().launches) >= 1200 // MAX_FUSED_DEPTH
     assert max(value.depth for value in lowerer.values.values()) <= MAX_FUSED_DEPTH
 
 

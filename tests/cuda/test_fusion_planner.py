@@ -46,7 +46,7 @@ def assert_same_bits(graph, values) -> None:
 
 
 def kinds(graph) -> list[str]:
-    return [step.kind for step in FUSED.lowered(graph).steps]
+    return [step.kind for step in FUSED.lowered(graph).launches]
 
 
 def differentiated(build, shapes: dict, dtype: str = "f32", seed: int = 0):
@@ -73,15 +73,15 @@ def test_softmax_gradient_is_one_row_kernel_with_the_same_bits(dtype):
     """inner = sum(g P) and P (g - inner) share one kernel reading g and P once."""
     graph, values = differentiated(lambda e, x: e("softmax", x, axis=-1), {"x": (3, 4, 40)}, dtype)
     assert_same_bits(graph, values)
-    steps = FUSED.lowered(graph).steps
+    steps = FUSED.lowered(graph).launches
     gradient_rows = [step for step in steps if step.kind == "rows"][-1]
     assert "dx" not in [step.kind for step in steps]
-    assert len(gradient_rows.launch.spec.phases) == 2  # the sum, then the elementwise store
+    assert len(gradient_rows.kernel.spec.phases) == 2  # the sum, then the elementwise store
     assert kinds(graph).count("elementwise") < kinds_unfused(graph).count("elementwise")
 
 
 def kinds_unfused(graph) -> list[str]:
-    return [step.kind for step in UNFUSED.lowered(graph).steps]
+    return [step.kind for step in UNFUSED.lowered(graph).launches]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -105,8 +105,8 @@ def test_long_rows_merge_only_reductions_that_read_nothing_of_the_kernel():
     graph = e.graph({"x": x}, {"total": total, "top": top, "spread": spread, "centered": centered})
     values = {"x": np.random.default_rng(3).normal(size=(3, 2100)).astype(np.float32)}
     assert_same_bits(graph, values)
-    rows = [step for step in FUSED.lowered(graph).steps if step.kind == "rows"]
-    assert len(rows[0].launch.spec.phases[0].reductions) == 2
+    rows = [step for step in FUSED.lowered(graph).launches if step.kind == "rows"]
+    assert len(rows[0].kernel.spec.phases[0].reductions) == 2
     assert len(rows) == 2
 
 
@@ -148,8 +148,8 @@ def test_no_elementwise_kernel_writes_a_buffer_that_no_step_reads():
 
     experiment = load_experiment(str(Path(__file__).resolve().parents[2] / "examples" / "char-lm.sexp"))
     lowered = FUSED.lowered(build_run(experiment, "cpu").program.training.micro)
-    read = {key for step in lowered.steps for key in step.reads}
-    unread = [(key, lowered.buffers[key].shape) for step in lowered.steps if step.kind == "elementwise"
+    read = {key for step in lowered.launches for key in step.reads}
+    unread = [(key, lowered.buffers[key].shape) for step in lowered.launches if step.kind == "elementwise"
               for key in step.writes if key not in read and lowered.buffers[key].kind == "arena"]
     assert not unread, unread
 
@@ -175,7 +175,7 @@ def test_the_residual_stream_is_written_out_not_re_added_by_every_reader():
     written = [key for key, buffer in lowered.buffers.items() if buffer.kind == "arena" and buffer.shape == (4, 16)]
     assert len(written) == 4  # h_2 ... h_5; h_1 (three readers) and h_6 (two) are recomputed
     # rows of 16 are one chunk: every reduction and every write-out is one row kernel
-    assert [step.kind for step in lowered.steps] == ["rows"]
+    assert [step.kind for step in lowered.launches] == ["rows"]
 
 
 def test_kernel_readers_count_through_inlined_elementwise_readers():

@@ -100,7 +100,7 @@ def test_fusion_on_and_off_give_the_same_bits():
     on, off = fused.run(graph, values), unfused.run(graph, values)
     for name in on:
         assert torch.equal(on[name], off[name]), name
-    assert len(fused.lowered(graph).steps) < len(unfused.lowered(graph).steps)
+    assert len(fused.lowered(graph).launches) < len(unfused.lowered(graph).launches)
     compare(fused, graph, values)
 
 
@@ -110,7 +110,7 @@ def test_an_elementwise_chain_is_one_kernel(backend):
     y = e("tanh", e("mul", e("add", x, b), e("sigmoid", x)))
     graph = e.graph({"x": x, "b": b}, {"y": y})
     lowered = backend.lowered(graph)
-    assert [step.kind for step in lowered.steps] == ["elementwise"]
+    assert [step.kind for step in lowered.launches] == ["elementwise"]
 
 
 def test_a_value_read_by_several_kernels_is_recomputed_within_the_budget():
@@ -121,7 +121,7 @@ def test_a_value_read_by_several_kernels_is_recomputed_within_the_budget():
     outputs = {"a": e("sum", cheap, axes=(1,)), "b": e("max", cheap, axes=(1,)),
                "c": e("sum", costly, axes=(1,)), "d": e("max", costly, axes=(1,))}
     graph = e.graph({"x": x}, outputs)
-    kinds = [step.kind for step in CudaBackend(device="cpu").lowered(graph).steps]
+    kinds = [step.kind for step in CudaBackend(device="cpu").lowered(graph).launches]
     assert kinds.count("elementwise") == 1  # only `costly` is written out
 
 
@@ -237,8 +237,8 @@ def test_the_loss_kernel_gives_its_gradient_the_softmax():
     gradient's softmax costs no second kernel over the logits (and the bits stay: see
     test_fusion_on_and_off_give_the_same_bits, whose graph is this one)."""
     graph, _ = _mlp_training_graph()
-    fused = [step.kind for step in CudaBackend(device="cpu", policy=FusionPolicy("on")).lowered(graph).steps]
-    unfused = [step.kind for step in CudaBackend(device="cpu", policy=FusionPolicy("off")).lowered(graph).steps]
+    fused = [step.kind for step in CudaBackend(device="cpu", policy=FusionPolicy("on")).lowered(graph).launches]
+    unfused = [step.kind for step in CudaBackend(device="cpu", policy=FusionPolicy("off")).lowered(graph).launches]
     assert fused.count("cross-entropy") == unfused.count("cross-entropy") == 1
     assert fused.count("rows") == 1 and unfused.count("rows") == 2  # the loss's sum; unfused also the softmax
 
@@ -253,7 +253,7 @@ def test_a_value_read_through_two_views_is_written_once(backend):
     flat = e("matmul", flattened, w)
     whole = e("matmul", y, w)
     graph = e.graph({"x": x, "w": w}, {"whole": whole, "flat": flat})
-    written = [step for step in backend.lowered(graph).steps if step.kind == "elementwise"]
+    written = [step for step in backend.lowered(graph).launches if step.kind == "elementwise"]
     assert len(written) == 1
     rng = np.random.default_rng(2)
     compare(backend, graph, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32),

@@ -198,7 +198,7 @@ def test_each_pattern_matches_the_backends_own_lowering_and_repeats_its_bits(fro
     ours = own.run(graph, values)
     against_own = _compare(graph, runs[0], ours, own.to_host, "the backend's own lowering")
     against_cpu = _compare(graph, runs[0], CPU.run(graph, values), patterned.to_host, "the CPU interpreter")
-    steps = [f"{step.pattern} by {step.engine}" for step in lowered.steps if step.kind == "pattern"]
+    steps = [f"{step.pattern} by {step.engine}" for step in lowered.launches if step.kind == "pattern"]
     print(f"{name}: {'; '.join(steps)}\n  against patterns off: {', '.join(against_own)}"
           f"\n  against the interpreter: {', '.join(against_cpu)}")
 

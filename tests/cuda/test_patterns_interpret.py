@@ -1,5 +1,5 @@
 """cuDNN's native pattern graphs in the CUDA backend without a GPU: backends/cuda/cudnn_patterns.py
-and pattern_steps.py driven by tests/cuda/fake_frontend.py's stand-in for cuDNN's frontend,
+and pattern_launches.py driven by tests/cuda/fake_frontend.py's stand-in for cuDNN's frontend,
 the rest of the lowering under Triton's interpreter on the CPU, against the CPU interpreter.
 
 What is checked: each pattern's group becomes one step running the graph its builder makes
@@ -66,8 +66,8 @@ def run_both(graph, values, policy=PATTERNS_ON):
     return backend, backend.lowered(graph)
 
 
-def pattern_steps(lowered) -> list:
-    return [step for step in lowered.steps if step.kind == "pattern"]
+def pattern_launches(lowered) -> list:
+    return [step for step in lowered.launches if step.kind == "pattern"]
 
 
 # --- attention ----------------------------------------------------------------------------------
@@ -75,8 +75,8 @@ def pattern_steps(lowered) -> list:
 def test_bf16_attention_runs_cudnns_forward_and_deterministic_backward_within_the_envelope():
     graph, values = case_graph(attention_case([(1, 2, 8, 16)] * 3, "bf16", True), seed=1)
     backend, lowered = run_both(graph, values)
-    assert [step.pattern.split(" {")[0] for step in pattern_steps(lowered)] == ["Forward Attention", "Backward Attention"]
-    assert not [step for step in lowered.steps if step.kind == "attention"]  # none of the backend's own kernels
+    assert [step.pattern.split(" {")[0] for step in pattern_launches(lowered)] == ["Forward Attention", "Backward Attention"]
+    assert not [step for step in lowered.launches if step.kind == "attention"]  # none of the backend's own kernels
     assert [kinds for _, kinds, _ in fake_frontend.EXECUTED] == ["sdpa", "sdpa_backward"]
     forward, backward = fake_frontend.ATTENTION_CALLS
     assert forward["generate_stats"] is True and backward["use_deterministic_algorithm"] is True
@@ -84,8 +84,8 @@ def test_bf16_attention_runs_cudnns_forward_and_deterministic_backward_within_th
     assert forward["diagonal_band_right_bound"] == 0 == backward["diagonal_band_right_bound"]
     assert all(use.taken for use in lowered.patterns) and len(lowered.patterns) == 2
     # the first plan offered: engine 9 is nondeterministic, so engine 3, with its workspace in the arena
-    assert {step.engine for step in pattern_steps(lowered)} == {"engine 3 knobs 2=1"}
-    assert all(len(step.writes) >= 2 for step in pattern_steps(lowered))
+    assert {step.engine for step in pattern_launches(lowered)} == {"engine 3 knobs 2=1"}
+    assert all(len(step.writes) >= 2 for step in pattern_launches(lowered))
 
 
 def test_heads_are_read_in_place_and_dk_dv_written_side_by_side():
@@ -116,8 +116,8 @@ def test_a_backward_cudnn_declines_runs_the_backends_kernels_and_says_why():
     fake_frontend.DECLINED.add("sdpa_backward")
     graph, values = case_graph(attention_case([(1, 1, 8, 16)] * 3, "bf16", True), seed=1)
     backend, lowered = run_both(graph, values)
-    assert [step.kind for step in lowered.steps].count("pattern") == 1
-    assert [step.kind for step in lowered.steps].count("attention") >= 2  # its own log-sum-exp, row deltas, dq, dkv
+    assert [step.kind for step in lowered.launches].count("pattern") == 1
+    assert [step.kind for step in lowered.launches].count("attention") >= 2  # its own log-sum-exp, row deltas, dq, dkv
     taken, declined = lowered.patterns
     assert taken.taken and not declined.taken and "No valid engine configs for sdpa_backward" in declined.why
     line = patterns_line(backend.patterns, lowered.patterns)
@@ -128,7 +128,7 @@ def test_float32_attention_and_a_policy_without_patterns_lower_as_before():
     for dtype, policy in (("f32", PATTERNS_ON), ("bf16", FusionPolicy())):
         graph, _ = case_graph(attention_case([(1, 1, 8, 16)] * 3, dtype, False), seed=5)
         lowered = CudaBackend(device="cpu", policy=policy).lowered(graph)
-        assert not pattern_steps(lowered) and not lowered.patterns
+        assert not pattern_launches(lowered) and not lowered.patterns
     assert fake_frontend.EXECUTED == []
 
 
@@ -141,7 +141,7 @@ def test_float32_attention_and_a_policy_without_patterns_lower_as_before():
 def test_a_product_with_its_bias_and_activation_is_one_cudnn_graph(product, dtype, activation):
     graph, values = epilogue_graph(product, dtype, activation)
     _, lowered = run_both(graph, values)
-    (step,) = pattern_steps(lowered)
+    (step,) = pattern_launches(lowered)
     kinds = ["fprop" if product == "conv2d" else "matmul", "add"] + ([activation] if activation else [])
     ((_, ran, shapes),) = fake_frontend.EXECUTED
     assert ran == "+".join(kinds)
@@ -149,7 +149,7 @@ def test_a_product_with_its_bias_and_activation_is_one_cudnn_graph(product, dtyp
     assert len(shapes) == 3 + 1 + kept
     if product == "conv2d":
         assert shapes[2] == (1, 4, 1, 1)  # the bias, as cuDNN broadcasts it
-        assert [s.kind for s in lowered.steps].count("convolution") == 2  # the two cotangents
+        assert [s.kind for s in lowered.launches].count("convolution") == 2  # the two cotangents
 
 
 def test_an_eval_graph_keeps_only_the_activation():
@@ -163,8 +163,8 @@ def test_a_declined_product_lowers_as_without_patterns():
     fake_frontend.DECLINED.add("matmul")
     graph, values = epilogue_graph("matmul", "bf16", "gelu")
     _, lowered = run_both(graph, values)
-    assert not pattern_steps(lowered) and [use.taken for use in lowered.patterns] == [False]
-    assert [step.kind for step in lowered.steps].count("matmul") == 3  # the forward and the two cotangents
+    assert not pattern_launches(lowered) and [use.taken for use in lowered.patterns] == [False]
+    assert [step.kind for step in lowered.launches].count("matmul") == 3  # the forward and the two cotangents
 
 
 def test_the_probe_leaves_to_engines_only_the_convolutions_no_pattern_computes():

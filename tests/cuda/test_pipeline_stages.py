@@ -19,7 +19,7 @@ import json, sys
 sys.modules["triton"] = None  # any import of Triton fails
 from sexpgpu.backends.cuda.fusion import FusionPolicy
 from sexpgpu.backends.cuda.lowering import Lowerer, arena_plan
-from sexpgpu.backends.cuda.steps import step_text
+from sexpgpu.backends.cuda.launches import launch_text
 from sexpgpu.graph.core.emit import Emitter
 from sexpgpu.plan.memory import liveness
 
@@ -47,8 +47,8 @@ w = e.input("w", "f32", (32, 16))
 h = e("neg", e("matmul", x, w))
 graph = e.graph({"x": x, "w": w}, {"p": e("softmax", h), "s": e("sum", e("exp", h), axes=(0,))})
 (fused, fused_arena), (unfused, unfused_arena) = stages(graph), stages(graph, "off")
-found["mixed"] = {"fused": [type(step).__name__ for step in fused.steps],
-                  "unfused": [type(step).__name__ for step in unfused.steps],
+found["mixed"] = {"fused": [type(launch).__name__ for launch in fused.launches],
+                  "unfused": [type(launch).__name__ for launch in unfused.launches],
                   "dump": fused.dump(), "arena": [fused_arena.arena_bytes, unfused_arena.arena_bytes],
                   "arena_dump": fused_arena.dump()}
 
@@ -56,16 +56,16 @@ e = Emitter()
 x = e.input("x", "f32", (4, 64))
 mean = e("div", e("sum", x, axes=(1,)), e("const", value=64.0, dtype="f32", shape=(4,)))
 graph = e.graph({"x": x}, {"mean": mean, "top": e("max", x, axes=(1,))})
-found["rows"] = [[step.kind, list(step.writes)] for step in stages(graph)[0].steps]
+found["rows"] = [[launch.kind, list(launch.writes)] for launch in stages(graph)[0].launches]
 
 e = Emitter()
 x = e.input("x", "f32", (64, 64))
 value = x
-for _ in range(6):  # each product is a step of its own, with a buffer of its own
+for _ in range(6):  # each product is a launch of its own, with a buffer of its own
     value = e("matmul", value, x)
 schedule, arena = stages(e.graph({"x": x}, {"y": value}))
 buffers = schedule.buffers
-lives = liveness([(step.reads, step.writes) for step in schedule.steps], lambda key: buffers[key].nbytes)
+lives = liveness([(launch.reads, launch.writes) for launch in schedule.launches], lambda key: buffers[key].nbytes)
 found["chain"] = {"lives": [[life.key, life.born, life.dies, arena.offsets[life.key], life.nbytes]
                             for life in lives if life.key in arena.offsets], "arena": arena.arena_bytes}
 
@@ -74,7 +74,7 @@ from sexpgpu.backends.cuda.fusion import FusionPolicy
 def decided(graph, **policy):
     schedule = Lowerer(graph, FusionPolicy(**policy)).schedule()
     return {"decisions": [str(decision) for decision in schedule.decisions], "dump": schedule.dump(),
-            "unfused": [step.kind for step in schedule.unfused], "kernels": [step.kind for step in schedule.steps]}
+            "unfused": [launch.kind for launch in schedule.unfused], "kernels": [launch.kind for launch in schedule.launches]}
 
 e = Emitter()
 x = e.input("x", "f32", (8, 32))
@@ -95,19 +95,25 @@ y = e.input("y", "f32", (4, 32))
 found["other_rows"] = decided(e.graph({"x": x, "y": y}, {"a": e("sum", x, axes=(1,)), "b": e("sum", y, axes=(1,))}))
 found["row_merge"] = decided(e.graph({"x": x}, {"top": e("max", x, axes=(1,)), "m": e("mul", total, total)}))
 
+e = Emitter()
+logits = e.input("z", "f32", (4, 10))
+labels = e.input("y", "i32", (4,))
+found["beside"] = decided(e.graph({"z": logits, "y": labels},
+                                  {"loss": e("cross_entropy", logits, labels), "p": e("softmax", logits)}))
+
 from sexpgpu.backends.cuda.codegen.expr import load
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.fusion import add_output
-from sexpgpu.backends.cuda.steps import FlatStep
+from sexpgpu.backends.cuda.launches import FlatLaunch
 
 x = load("x", contiguous((4, 8)))
-open_kernel = FlatStep((4, 8), [("t", contiguous((4, 8)), "f32", x * x)])
+open_kernel = FlatLaunch((4, 8), [("t", contiguous((4, 8)), "f32", x * x)])
 joined = [add_output(open_kernel, (4, 8), "a", "f32", load("t", View((4, 8), (1, 4))) + 1.0),  # another view
           add_output(open_kernel, (8, 4), "b", "f32", x * 2.0),  # another space
           add_output(open_kernel, (4, 8), "c", "f32", load("t", contiguous((4, 8))) + 1.0)]
 found["legal"] = [kernel is not None for kernel in joined]
-found["legal_kernel"] = step_text(joined[2])
-found["legal_open"] = step_text(open_kernel)  # the open kernel itself is left as it was
+found["legal_kernel"] = launch_text(joined[2])
+found["legal_open"] = launch_text(open_kernel)  # the open kernel itself is left as it was
 """
 
 
@@ -119,10 +125,10 @@ def found():
 def test_the_stages_before_code_generation_run_without_triton_and_say_what_they_decided(found):
     found = found["mixed"]
     # the product is PyTorch's; neg is inlined in the softmax's row kernel and the column sum
-    assert found["fused"] == ["TorchStep", "RowStep", "ColumnStep"]
-    assert found["unfused"] == ["TorchStep", "FlatStep", "RowStep", "FlatStep", "ColumnStep"]
+    assert found["fused"] == ["TorchLaunch", "RowLaunch", "ColumnLaunch"]
+    assert found["unfused"] == ["TorchLaunch", "FlatLaunch", "RowLaunch", "FlatLaunch", "ColumnLaunch"]
     dump = found["dump"]
-    assert "step 1: rows RowStep" in dump and "= neg(" in dump and "step 2: columns ColumnStep" in dump
+    assert "launch 1: rows RowLaunch" in dump and "= neg(" in dump and "launch 2: columns ColumnLaunch" in dump
     assert found["arena"][0] < found["arena"][1]  # fewer buffers written out, a smaller arena
     assert found["arena_dump"].startswith(f"arena {found['arena'][0]} bytes\n")
 
@@ -150,7 +156,7 @@ def test_an_open_kernel_takes_a_value_of_its_space_that_reads_its_outputs_throug
     assert "writes=t\n" in found["legal_open"]
 
 
-def test_lowering_makes_one_kernel_node_per_op_and_a_chain_of_elementwise_ops_fuses_into_its_reader(found):
+def test_lowering_makes_one_launch_per_op_and_a_chain_of_elementwise_ops_fuses_into_its_reader(found):
     found_all, found = found, found["chain_fuses"]
     assert found["unfused"] == found["kernels"] == ["columns"]  # exp, neg and mul are inlined in the sum
     assert found["decisions"][:3] == ["fuse %1 exp: one kernel reads it", "fuse %2 neg: one kernel reads it",
@@ -173,9 +179,17 @@ def test_a_value_two_kernels_read_is_written_out_past_the_recompute_budget_and_r
 def test_row_kernels_over_the_same_rows_and_a_store_reading_them_join_by_named_rules(found):
     found_all, found = found, found["row_merge"]
     assert found["unfused"] == ["rows", "rows", "elementwise"] and found["kernels"] == ["rows"]
-    joins = [decision for decision in found["decisions"] if decision.startswith("fuse node")]
+    joins = [decision for decision in found["decisions"] if decision.startswith("fuse launch")]
     assert [join.split(": ")[1] for join in joins] == ["a row kernel joins the row kernel over the same rows before it",
                                                       "a store joins the open row kernel"]
     assert found_all["other_rows"]["kernels"] == ["rows", "rows"]  # rows of another length: a kernel each
     assert found_all["other_rows"]["decisions"][-1] == \
-        "apart node 1 rows -> b3: refused by: a row kernel joins the row kernel over the same rows before it"
+        "apart launch 1 rows -> b3: refused by: a row kernel joins the row kernel over the same rows before it"
+
+
+def test_a_layout_a_lowering_rule_chooses_is_a_named_decision_too(found):
+    # the cross-entropy's row kernel writes the softmax of the same logits beside the loss
+    decisions = found["beside"]["decisions"]
+    assert any(d.startswith("fuse %") and d.endswith("softmax: the loss kernel gives it beside the loss")
+               for d in decisions), decisions
+    assert found["beside"]["unfused"].count("cross-entropy") == 1

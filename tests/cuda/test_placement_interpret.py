@@ -42,7 +42,7 @@ def test_every_flattened_input_lies_in_its_concatenation():
     assert flattened <= set(placed)
     sliced = {key for name, key in lowered.outputs.items() if name != "grad_norm"}
     assert sliced <= set(placed)  # each new parameter and moment: its slice of the flat result
-    concatenations = {step.writes[0] for step in lowered.steps if step.kind == "concat"}
+    concatenations = {step.writes[0] for step in lowered.launches if step.kind == "concat"}
     assert {placed[key][0] for key in flattened} <= concatenations
 
 
@@ -68,7 +68,7 @@ def test_placed_inputs_give_the_same_bits_and_the_concatenation_copies_nothing()
     torch.Tensor.copy_ = counting_copy
     placed_concatenations = 0
     try:
-        for step in executable.lowered.steps:
+        for step in executable.lowered.launches:
             if step.kind == "concat" and {alias[0] for alias in step.aliases} == set(step.reads):
                 before = {key: env[key].clone() for key in step.writes}
                 step(env)

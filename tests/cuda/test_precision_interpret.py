@@ -78,7 +78,7 @@ def test_a_bf16_attention_step_gives_the_interpreters_loss_and_gradients(tmp_pat
         assert np.linalg.norm(got[name] - want[name]) <= PRECISION_RTOL * np.linalg.norm(want[name]), name
     # and cuBLAS is handed bf16: every product reads and writes bf16 buffers
     lowered = backend.lowered(micro)
-    products = [step for step in lowered.steps if step.kind == "matmul"]
+    products = [step for step in lowered.launches if step.kind == "matmul"]
     assert len(products) == sum(node.op == "matmul" for node in micro.nodes)
     assert all(lowered.buffers[key].dtype == "bf16" for step in products for key in step.reads + step.writes[:1])
 

@@ -1,9 +1,9 @@
-"""The attention ops as steps running the fused kernels of codegen/attention.py.
+"""The attention ops as launches running the fused kernels of codegen/attention.py.
 
 - attention_core: one forward kernel writes the output and each query's log-sum-exp (kept
   beside the node in `Lowerer.shared`, for the backward);
 - attention_grad_q and attention_grad_kv: D = rowsum(g * o) is computed once for the pair
-  (a step of its own, shared through `Lowerer.shared`), then one kernel each; or, when the
+  (a launch of its own, shared through `Lowerer.shared`), then one kernel each; or, when the
   graph has both ops of one set of operands and dS fits in memory (codegen/attention.py,
   ds_in_memory), the first of them met lowers the pair: the dK/dV kernel also stores dS
   in a scratch buffer, and dQ is one product of it. When `o` is not
@@ -29,7 +29,7 @@ from math import prod
 
 from sexpgpu.backends.cuda.codegen.expr import load
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
-from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, strided
 from sexpgpu.graph.core.rules import RuleTable
 
 ATTENTION = RuleTable("cuda attention", needs=lambda op: op.kind == "attention")
@@ -85,13 +85,14 @@ def _result(lowerer, node, also=()) -> tuple[str, View]:
     """(buffer, view of the node's axes) the kernel writes `node` through."""
     if not _merged_by_every_reader(lowerer, node, also):
         return lowerer.result_buffer(node), contiguous(node.shape)
+    lowerer.decide(node, "every reader merges its heads back: written merged, the merge a view")
     merge = _heads_merge(node)
     layout = tuple(node.shape[axis] for axis in merge)
     strides = contiguous_strides(layout)
     return lowerer.new_buffer(node.dtype, layout), View(node.shape, tuple(strides[axis] for axis in merge))
 
 
-def _forward_step(lowerer, node, out: tuple, lse: str) -> None:
+def _forward_launch(lowerer, node, out: tuple, lse: str) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_forward
 
     operands = _operands(lowerer, node.inputs[:3])
@@ -102,14 +103,14 @@ def _forward_step(lowerer, node, out: tuple, lse: str) -> None:
         (written,) = _written(env, [out])
         run_forward(q, k, v, written, env[lse], scale, causal)
 
-    lowerer.steps.append(TorchStep(run, _reads(operands), (out[0], lse), "attention"))
+    lowerer.launches.append(TorchLaunch(run, _reads(operands), (out[0], lse), "attention"))
 
 
 @ATTENTION.rule("attention_core")
 def attention_core(lowerer, node) -> None:
     out = _result(lowerer, node, also=COTANGENTS)
     lse = lowerer.new_buffer("f32", node.shape[:-1])
-    _forward_step(lowerer, node, out, lse)
+    _forward_launch(lowerer, node, out, lse)
     lowerer.shared[("attention lse", node)] = lse
     lowerer.values[node] = load(*out, node.dtype)
 
@@ -128,7 +129,7 @@ def _log_sum_exp(lowerer, node) -> str:
     key = lowerer.shared.get(("attention lse", o)) if _output_is_forward(node) else None
     if key is None:
         key = lowerer.new_buffer("f32", o.shape[:-1])
-        _forward_step(lowerer, node, (lowerer.new_buffer(o.dtype, o.shape), contiguous(o.shape)), key)
+        _forward_launch(lowerer, node, (lowerer.new_buffer(o.dtype, o.shape), contiguous(o.shape)), key)
     return key
 
 
@@ -145,7 +146,7 @@ def _row_delta(lowerer, o, g) -> str:
     def run(env):
         run_row_delta(*_tensors(env, operands), env[key])
 
-    lowerer.steps.append(TorchStep(run, _reads(operands), (key,), "attention"))
+    lowerer.launches.append(TorchLaunch(run, _reads(operands), (key,), "attention"))
     lowerer.shared[("attention delta", o, g)] = key
     return key
 
@@ -167,13 +168,13 @@ def _score_delta(lowerer, node, lse: str) -> str:
     def run(env):
         run_score_delta(*_tensors(env, operands), env[lse], env[key], scale, causal)
 
-    lowerer.steps.append(TorchStep(run, _reads(operands, lse), (key,), "attention"))
+    lowerer.launches.append(TorchLaunch(run, _reads(operands, lse), (key,), "attention"))
     lowerer.shared[("attention score delta", node.inputs[3], node.inputs[4])] = key
     return key
 
 
-def _cotangent_step(lowerer, node, launch, results: list, scratch: tuple = ()) -> None:
-    """A step running `launch(q, k, v, g, lse, delta, *results, scale, causal, *scratch)`,
+def _cotangent_launch(lowerer, node, kernel, results: list, scratch: tuple = ()) -> None:
+    """A launch running `kernel(q, k, v, g, lse, delta, *results, scale, causal, *scratch)`,
     each result a (buffer, view) the kernel writes through, each scratch a buffer it writes.
     Heads too wide for the fused kernels, with the forward's own output, get delta None:
     attention_wide.py forms D from the probabilities it holds."""
@@ -193,12 +194,12 @@ def _cotangent_step(lowerer, node, launch, results: list, scratch: tuple = ()) -
 
     def run(env):
         q, k, v, g = _tensors(env, operands)
-        launch(q, k, v, g, env[lse], None if delta is None else env[delta], *_written(env, results), scale, causal,
+        kernel(q, k, v, g, env[lse], None if delta is None else env[delta], *_written(env, results), scale, causal,
                *[env[key] for key in scratch])
 
     writes = tuple(dict.fromkeys([key for key, _ in results] + list(scratch)))
     statistics = (lse,) if delta is None else (lse, delta)
-    lowerer.steps.append(TorchStep(run, _reads(operands, *statistics), writes, "attention"))
+    lowerer.launches.append(TorchLaunch(run, _reads(operands, *statistics), writes, "attention"))
 
 
 @ATTENTION.rule("attention_grad_q")
@@ -208,7 +209,7 @@ def attention_grad_q(lowerer, node) -> None:
     if _paired(lowerer, node, "attention_grad_kv"):
         return
     result = _result(lowerer, node)
-    _cotangent_step(lowerer, node, run_backward_q, [result])
+    _cotangent_launch(lowerer, node, run_backward_q, [result])
     lowerer.values[node] = load(*result, node.dtype)
 
 
@@ -250,7 +251,7 @@ def attention_grad_kv(lowerer, node) -> None:
 
     if _paired(lowerer, node, "attention_grad_q"):
         return
-    _cotangent_step(lowerer, node, run_backward_kv, _kv_results(lowerer, node))
+    _cotangent_launch(lowerer, node, run_backward_kv, _kv_results(lowerer, node))
 
 
 def _sibling(lowerer, node, op: str):
@@ -276,7 +277,7 @@ def _paired(lowerer, node, other: str) -> bool:
         return False
     q_node, kv_node = (node, sibling) if node.op == "attention_grad_q" else (sibling, node)
     ds = lowerer.new_buffer(q.dtype, (lead, q.shape[-2], k.shape[-2]))
-    _cotangent_step(lowerer, kv_node, run_backward_kv, _kv_results(lowerer, kv_node), scratch=(ds,))
+    _cotangent_launch(lowerer, kv_node, run_backward_kv, _kv_results(lowerer, kv_node), scratch=(ds,))
     dq = _result(lowerer, q_node)
     key_operand = lowerer.addressable(k)
     scale, causal = node.attrs["scale"], node.attrs["causal"]
@@ -286,7 +287,7 @@ def _paired(lowerer, node, other: str) -> bool:
         (written,) = _written(env, [dq])
         run_backward_q_from_ds(env[ds], keys, written, scale, causal)
 
-    lowerer.steps.append(TorchStep(run, _reads([key_operand], ds), (dq[0],), "attention"))
+    lowerer.launches.append(TorchLaunch(run, _reads([key_operand], ds), (dq[0],), "attention"))
     lowerer.values[q_node] = load(*dq, q_node.dtype)
     lowerer.shared[("attention paired", sibling)] = True
     return True

@@ -45,7 +45,7 @@ from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import lower
 from sexpgpu.backends.cuda.probe import CudaProbe
 from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
-from sexpgpu.backends.cuda.steps import DEVICE, torch_dtype
+from sexpgpu.backends.cuda.launches import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact.implementations import device_paths
 from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, PatternsInEffect, decide_patterns
@@ -75,7 +75,7 @@ class CudaBackend(BackendDefaults):
         # an exact step's gradients rounded once, on the device where the update graph reads them
         self.rounding = CapturedSums(self.device)
         # CUDA graphs from a graph's second call where the policy fuses; False keeps every call
-        # eager, for timing the steps inside one (bench/exact_calls.py)
+        # eager, for timing the launches inside one (bench/exact_calls.py)
         self.capture = True
         self._pending: dict = {}  # id(graph) -> the PendingSums its last run returned (weakly)
         self._runners: dict = {}
@@ -94,7 +94,7 @@ class CudaBackend(BackendDefaults):
         self._lowerings.clear()
 
     def run(self, graph, inputs: dict, lent: bool = False) -> dict:
-        """The graph's outputs. A device allocation that fails, the arena's or any step's,
+        """The graph's outputs. A device allocation that fails, the arena's or any launch's,
         raises E-MEM-001 and leaves the backend usable: the graph's memory is let go, so the
         caller may go on with a smaller graph (the run loop's unstacked steps). `lent`: a
         captured graph may return its own output buffers (runtime.py's Captured)."""
@@ -128,7 +128,7 @@ class CudaBackend(BackendDefaults):
             return outputs
         except self.torch.cuda.OutOfMemoryError as error:
             self.release(graph)
-            raise allocation_failed("the graph (its arena and a step's own memory)", self.memory_peak(graph), error) from None
+            raise allocation_failed("the graph (its arena and a launch's own memory)", self.memory_peak(graph), error) from None
         except SexpgpuError as error:
             if error.code == "E-MEM-001":
                 self.release(graph)
@@ -149,7 +149,7 @@ class CudaBackend(BackendDefaults):
             self.torch.cuda.empty_cache()
 
     def lowered(self, graph):
-        """The lowering of `graph` (steps, buffers, arena size), made once; making it
+        """The lowering of `graph` (launches, buffers, arena size), made once; making it
         allocates nothing."""
         entry = self._lowerings.get(id(graph))
         if entry is None or entry[0] is not graph:
@@ -203,30 +203,30 @@ class CudaBackend(BackendDefaults):
         return CudaProbe(self) if self.device.type == "cuda" else None
 
     def profile(self, graph, inputs: dict) -> dict:
-        """Seconds per kind of step (matmul, elementwise, rows, ...) of one eager run of
-        `graph`: where a step's time goes."""
+        """Seconds per kind of launch (matmul, elementwise, rows, ...) of one eager run of
+        `graph`: where a launch's time goes."""
         seconds: dict = {}
-        for step, spent in self.step_seconds(graph, inputs):
-            seconds[step.kind] = seconds.get(step.kind, 0.0) + spent
+        for launch, spent in self.launch_seconds(graph, inputs):
+            seconds[launch.kind] = seconds.get(launch.kind, 0.0) + spent
         return seconds
 
-    def step_seconds(self, graph, inputs: dict) -> list:
-        """[(step, seconds)] of one eager run of `graph`, each step timed with CUDA events."""
+    def launch_seconds(self, graph, inputs: dict) -> list:
+        """[(launch, seconds)] of one eager run of `graph`, each launch timed with CUDA events."""
         torch = self.torch
-        env = self.steps_environment(graph, inputs)
+        env = self.launch_environment(graph, inputs)
         marks = []
-        for step in self.lowered(graph).steps:
+        for launch in self.lowered(graph).launches:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            step(env)
+            launch(env)
             end.record()
-            marks.append((step, start, end))
+            marks.append((launch, start, end))
         torch.cuda.synchronize(self.device)
-        return [(step, start.elapsed_time(end) / 1e3) for step, start, end in marks]
+        return [(launch, start.elapsed_time(end) / 1e3) for launch, start, end in marks]
 
-    def steps_environment(self, graph, inputs: dict) -> dict:
-        """The buffers the lowered steps of `graph` read and write, the inputs in them: for
-        running or timing its steps one by one, outside a call."""
+    def launch_environment(self, graph, inputs: dict) -> dict:
+        """The buffers the lowered launches of `graph` read and write, the inputs in them: for
+        running or timing its launches one by one, outside a call."""
         check_input_names(graph, inputs)
         executable = self._entry(graph)[1]
         env = dict(executable.fixed)
@@ -246,7 +246,7 @@ class CudaBackend(BackendDefaults):
         entry = self._runners.get(id(graph))
         if entry is None or entry[0] is not graph:
             executable = Executable(self.lowered(graph), self.device)
-            # runtime.host_split says whether the steps allow it; a read back refuses it at capture
+            # runtime.host_split says whether the launches allow it; a read back refuses it at capture
             capture = self.capture and self.policy.fuses and self.device.type == "cuda"
             entry = (graph, executable, Captured(executable) if capture else executable)
             self._runners[id(graph)] = entry

@@ -254,16 +254,16 @@ def operand_shapes(key: ConvolutionKey) -> tuple:
 
 
 def contiguous(shape) -> list:
-    strides, step = [], 1
+    strides, stride = [], 1
     for size in reversed(tuple(shape)):
-        strides.append(step)
-        step *= int(size)
+        strides.append(stride)
+        stride *= int(size)
     return strides[::-1]
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """One engine of one convolution, built: what a lowering step runs."""
+    """One engine of one convolution, built: what a lowering launch runs."""
 
     graph: Graph
     index: int

@@ -2,7 +2,7 @@
 supports each pattern, the frontend graph of each match (the table `BUILDERS`: pattern ->
 graph builder), and the first plan cuDNN offers for it.
 
-A match's graph is built for the layout its operands have in the lowering (pattern_steps.py
+A match's graph is built for the layout its operands have in the lowering (pattern_launches.py
 gives each operand's dims and strides), with float32 compute and intermediates:
 
 - attention, forward: sdpa(q, k, v) -> o, and each query's log-sum-exp (`Stats`, float32)

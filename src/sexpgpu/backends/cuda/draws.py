@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from sexpgpu import numerics as nx
-from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, strided
 from sexpgpu.graph.core.rules import RuleTable
 
 DRAWS = RuleTable("cuda draws", needs=lambda op: op.kind == "draw")
@@ -47,7 +47,7 @@ def spec(node) -> nx.DrawSpec:
 
 @DRAWS.rule(*nx.DRAW_PARAMETERS)
 def draw(lowerer, node) -> None:
-    """A step of one or two kernels: the salts folded into the args words (when the draw has
+    """A launch of one or two kernels: the salts folded into the args words (when the draw has
     salts), then the draw under them into the node's buffer."""
     distribution, places = spec(node), layout(node)
     words = nx.draw_args(nx.stream_key(node.attrs["seed"], node.attrs["stream"]), distribution)
@@ -62,4 +62,4 @@ def draw(lowerer, node) -> None:
         nx.draw_into(distribution, env[out], env[args], places.rows, places.copies)
 
     reads = (template,) + tuple(key for key, _ in salts)
-    lowerer.emit_result(node, TorchStep(run, reads, (out, args) if salts else (out,), "draw"))
+    lowerer.emit_result(node, TorchLaunch(run, reads, (out, args) if salts else (out,), "draw"))

@@ -5,11 +5,11 @@ its rule in ACC, one marked exact its rule in EXACT (RuleTables, graph/core/rule
 lowerer reaches them through one hook (lowering.py): `ExactLowering.of(graph)`, then
 `lowering(node)` before each node's float lowering and `finish` before the outputs.
 
-Every op that sums is a step calling the exact sums the interpreter calls (exact_ops.py) on
+Every op that sums is a launch calling the exact sums the interpreter calls (exact_ops.py) on
 the device's tensors, by their fast paths where there are any: each sum exact and rounded
 once, so its bits are the interpreter's. Between the sums, elementwise arithmetic lowers as
 in every graph (fused portable float32 math, each node rounded where the interpreter rounds
-it). Where an op is more than one sum, the steps are those of backends/cpu/exact_kernels.py,
+it). Where an op is more than one sum, the launches are those of backends/cpu/exact_kernels.py,
 each intermediate written out in float32 where the interpreter holds a float32 array:
 
 - softmax: M = max, E = exp(x - M), S = round(exact sum of E), then E / S; log_softmax:
@@ -21,13 +21,13 @@ each intermediate written out in float32 where the interpreter holds a float32 a
 - max, max_pool2d and the window's first maximum: exact in any order, with the interpreter's
   rule for signed zeros and NaN (exact_ops.maxima; over trailing axes in one pass, exact_maxima.py).
 
-Acc values live in the step's environment beside the arena (buffers of kind "accumulator"):
+Acc values live in the environment beside the arena (buffers of kind "accumulator"):
 a sum over the batch is a `PendingSum` of its operands (backends/exact_sums.py), reshaped and
 transposed as such, its digits formed only where something adds to it (an `add` of the
 region, or the step's `accumulate` graph); the backend forms the rest before the graph runs
 again (backend.py). A step of one call so rounds each gradient straight from its operands.
 Ids (an embedding's, a cross-entropy's labels) are checked as the interpreter checks them
-(E-INDEX-001), on the host, by a step that reads them back as the call runs.
+(E-INDEX-001), on the host, by a launch that reads them back as the call runs.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
 from sexpgpu.backends.cuda.elementwise import constant
 from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.gathers import gather
-from sexpgpu.backends.cuda.steps import DEVICE, TorchStep, same_memory, strided
+from sexpgpu.backends.cuda.launches import DEVICE, TorchLaunch, same_memory, strided
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.core.rules import RuleTable
 from sexpgpu.graph.core.ops import OPS
@@ -56,7 +56,7 @@ class ExactLowering:
     when it makes or reads acc values, its exact rule when it is marked exact."""
 
     def __init__(self):
-        self.held: list = []  # buffers a PendingSum reads after its step: kept to the run's end
+        self.held: list = []  # buffers a PendingSum reads after its launch: kept to the run's end
 
     @classmethod
     def of(cls, graph):
@@ -69,11 +69,11 @@ class ExactLowering:
         return EXACT[node.op] if node.attrs.get("exact", False) else None
 
     def finish(self, lowerer) -> None:
-        """A last step that reads the buffers pending sums hold, so that the memory plan keeps
+        """A last launch that reads the buffers pending sums hold, so that the memory plan keeps
         them to the end of the run; the backend forms the sums before the next run."""
         if self.held:
             held = tuple(dict.fromkeys(self.held))
-            lowerer.steps.append(TorchStep(lambda env: None, held, (), "hold"))
+            lowerer.launches.append(TorchLaunch(lambda env: None, held, (), "hold"))
 
 
 # --- reading and writing buffers --------------------------------------------------------------
@@ -81,7 +81,7 @@ class ExactLowering:
 
 @dataclass(frozen=True)
 class Operand:
-    """A node's value where a step reads it: a buffer seen through a view."""
+    """A node's value where a launch reads it: a buffer seen through a view."""
 
     key: str
     view: View
@@ -101,7 +101,7 @@ def _reads(sources) -> tuple:
 
 
 def _write(lowerer, key: str, sources, compute, kind: str = "exact", into: bool = False) -> None:
-    """A step writing compute(*the sources' tensors) into buffer `key`; the result already has
+    """A launch writing compute(*the sources' tensors) into buffer `key`; the result already has
     the buffer's dtype (rounded once), so the copy rounds nothing. into: compute also takes
     out=, the buffer, and may write the result there itself, which then needs no copy."""
     def run(env):
@@ -111,10 +111,10 @@ def _write(lowerer, key: str, sources, compute, kind: str = "exact", into: bool 
         if not same_memory(result, target):
             target.copy_(result)
 
-    lowerer.steps.append(TorchStep(run, _reads(sources), (key,), kind))
+    lowerer.launches.append(TorchLaunch(run, _reads(sources), (key,), kind))
 
 
-def _node_step(lowerer, node, compute, kind: str = "exact", into: bool = False) -> None:
+def _node_launch(lowerer, node, compute, kind: str = "exact", into: bool = False) -> None:
     """The node's value is compute(*its inputs' tensors), written into its own buffer."""
     sources = operands(lowerer, node.inputs)
     key = lowerer.result_buffer(node)
@@ -135,7 +135,7 @@ def _float_buffer(lowerer, shape, sources, compute, kind: str) -> str:
 
 
 def _written(lowerer, value: Expr, shape) -> Operand:
-    """A float32 expression written out by a fused elementwise kernel, for a step to read."""
+    """A float32 expression written out by a fused elementwise kernel, for a launch to read."""
     key = lowerer.new_buffer("f32", shape)
     lowerer.emit_elementwise(tuple(shape), key, "f32", value)
     return Operand(key, contiguous(shape))
@@ -151,13 +151,13 @@ def _per_row(key: str, lead) -> Expr:
     return load(key, contiguous(lead), "f32") if lead else scalar(key, "f32")
 
 
-def _check_step(lowerer, node, ids, bound: int, what: str) -> None:
-    """A step raising the interpreter's E-INDEX-001 for an id outside 0..bound-1, read back and
+def _check_launch(lowerer, node, ids, bound: int, what: str) -> None:
+    """A launch raising the interpreter's E-INDEX-001 for an id outside 0..bound-1, read back and
     checked on the host, as the call runs."""
     def check(env) -> None:
         check_ids(strided(env, ids.key, ids.view).cpu().numpy(), bound, what, node)
 
-    lowerer.steps.append(TorchStep(check, (ids.key,), (), "check"))
+    lowerer.launches.append(TorchLaunch(check, (ids.key,), (), "check"))
 
 
 # --- sums and maxima ------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def _check_step(lowerer, node, ids, bound: int, what: str) -> None:
 def _matmul(lowerer, node) -> None:
     # written straight into the node's buffer where the queued path takes it: a logits'
     # product is 1.6 GB of float32 in gpt-50m, whose copy took 0.76 ms on an H200
-    _node_step(lowerer, node, lambda a, b, out: ops.rounded_product(a, b, node.shape, node.dtype, out=out),
+    _node_launch(lowerer, node, lambda a, b, out: ops.rounded_product(a, b, node.shape, node.dtype, out=out),
                "exact-matmul", into=True)
 
 
@@ -177,7 +177,7 @@ def _reduction(exact):
         if node.inputs[0].dtype in ("i32", "bool"):
             integer_reduction(lowerer, node)
         else:
-            _node_step(lowerer, node, exact(node), f"exact-{node.op}")
+            _node_launch(lowerer, node, exact(node), f"exact-{node.op}")
 
     return lower
 
@@ -199,18 +199,18 @@ def _max(node):
 
 def _scatter_add(lowerer, node) -> None:
     rows = node.attrs["rows"]
-    _check_step(lowerer, node, operands(lowerer, node.inputs[:1])[0], rows, "embedding id")
+    _check_launch(lowerer, node, operands(lowerer, node.inputs[:1])[0], rows, "embedding id")
 
     def compute(ids, values):
         return ops.rounded_scatter(ids, values, rows, node.shape, node.dtype)
 
-    _node_step(lowerer, node, compute, "exact-scatter")
+    _node_launch(lowerer, node, compute, "exact-scatter")
 
 
 def _checked_gather(lowerer, node) -> None:
     """An embedding lookup copies rows (exact); its ids are checked first."""
     (ids,) = operands(lowerer, node.inputs[1:])
-    _check_step(lowerer, node, ids, node.inputs[0].shape[0], "embedding id")
+    _check_launch(lowerer, node, ids, node.inputs[0].shape[0], "embedding id")
     gather(lowerer, node)
 
 
@@ -259,7 +259,7 @@ def _cross_entropy(lowerer, node) -> None:
     softmax = softmax_beside(lowerer, logits)
     if softmax is not None:  # the interpreter's softmax of these logits is E / S to the bit
         lowerer.take_value(softmax, parts.exps / parts.total)
-    _check_step(lowerer, node, operands(lowerer, [labels])[0], classes, "cross-entropy label")
+    _check_launch(lowerer, node, operands(lowerer, [labels])[0], classes, "cross-entropy label")
 
     def pick(x, ids):
         return torch.gather(x, -1, ids.to(torch.int64)[..., None])
@@ -304,7 +304,7 @@ def _convolution(accumulate):
     """A convolution or its cotangent: accumulate(*its two inputs, stride, padding, shape), rounded once."""
     def lower(lowerer, node) -> None:
         compute = _rounded(node, lambda a, b: accumulate(a, b, *_geometry(node), node.shape))
-        _node_step(lowerer, node, compute, "exact-convolution")
+        _node_launch(lowerer, node, compute, "exact-convolution")
 
     return lower
 
@@ -334,17 +334,17 @@ def _avg_pool2d_grad(lowerer, node) -> None:
 
 def _max_pool2d(lowerer, node) -> None:
     kernel, stride = _window(node)
-    _node_step(lowerer, node, lambda x: ops.window_maxima(x, kernel, stride, node.shape[2:]), "exact-pooling")
+    _node_launch(lowerer, node, lambda x: ops.window_maxima(x, kernel, stride, node.shape[2:]), "exact-pooling")
 
 
 def _max_pool2d_grad(lowerer, node) -> None:
     compute = _rounded(node, lambda x, g: ops.max_pool2d_grad(x, g, *_window(node), node.shape))
-    _node_step(lowerer, node, compute, "exact-pooling")
+    _node_launch(lowerer, node, compute, "exact-pooling")
 
 
 def _max_pool2d_pick(lowerer, node) -> None:
     kernel, stride = _window(node)
-    _node_step(lowerer, node, lambda x, h: ops.max_pool2d_pick(x, h, kernel, stride, node.shape[2:]), "exact-pooling")
+    _node_launch(lowerer, node, lambda x, h: ops.max_pool2d_pick(x, h, kernel, stride, node.shape[2:]), "exact-pooling")
 
 
 def _refused(lowerer, node) -> None:
@@ -380,14 +380,14 @@ for _op, _rule in {
 # --- the gradient region: sums in the environment -----------------------------------------------
 
 
-def _region_step(lowerer, node, reads: tuple, compute) -> None:
-    """A step putting compute(env) (an Accumulator or a PendingSum) at the node's accumulator key."""
+def _region_launch(lowerer, node, reads: tuple, compute) -> None:
+    """A launch putting compute(env) (an Accumulator or a PendingSum) at the node's accumulator key."""
     key = lowerer.accumulator_buffer(node)
 
     def run(env):
         env[key] = compute(env)
 
-    lowerer.steps.append(TorchStep(run, reads, (key,), "exact-region"))
+    lowerer.launches.append(TorchLaunch(run, reads, (key,), "exact-region"))
 
 
 def _reducing(digits, rounded):
@@ -403,7 +403,7 @@ def _reducing(digits, rounded):
                               for tensor, source in zip(tensors, sources))  # no float32 copy made
             return PendingSum(lambda: digits(node, *tensors), lambda: rounded(node, *tensors), as_they_lie)
 
-        _region_step(lowerer, node, _reads(sources), pending)
+        _region_launch(lowerer, node, _reads(sources), pending)
 
     return lower
 
@@ -412,7 +412,7 @@ def _carrying(move):
     """A region node over sums: move(node, *its inputs' sums), exact."""
     def lower(lowerer, node) -> None:
         keys = tuple(lowerer.accumulators[source] for source in node.inputs)
-        _region_step(lowerer, node, keys, lambda env: move(node, *[env[key] for key in keys]))
+        _region_launch(lowerer, node, keys, lambda env: move(node, *[env[key] for key in keys]))
 
     return lower
 
@@ -437,12 +437,12 @@ def _rounded_region_scatter(node, ids, values):
 
 def _checked_region_scatter(lowerer, node) -> None:
     """An embedding's gradient: its ids checked as the call runs, its sums pending."""
-    _check_step(lowerer, node, operands(lowerer, node.inputs[:1])[0], node.attrs["rows"], "embedding id")
+    _check_launch(lowerer, node, operands(lowerer, node.inputs[:1])[0], node.attrs["rows"], "embedding id")
     _reducing(_region_scatter, _rounded_region_scatter)(lowerer, node)
 
 
 def _region_const(lowerer, node) -> None:
-    _region_step(lowerer, node, (), lambda env: ops.constant(node.attrs["value"], node.shape, env[DEVICE]))
+    _region_launch(lowerer, node, (), lambda env: ops.constant(node.attrs["value"], node.shape, env[DEVICE]))
 
 
 def _product_digits(node, a, b):

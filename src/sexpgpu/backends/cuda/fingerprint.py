@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cpu.fingerprint import MIX_1, MIX_2
-from sexpgpu.backends.cuda.codegen.compile import HEADER, Launch
+from sexpgpu.backends.cuda.codegen.compile import HEADER, GeneratedKernel
 
 BLOCK = 4096
 NUM_WARPS = 8
@@ -54,7 +54,7 @@ def fingerprints(values: list) -> list[int]:
     partials = torch.zeros(sum(blocks), dtype=torch.int64, device=values[0].device)
     first = 0
     for word, count in zip(words, blocks):
-        Launch(SOURCE, (count,), NUM_WARPS, "fingerprint")(word, partials, word.numel(), first)
+        GeneratedKernel(SOURCE, (count,), NUM_WARPS, "fingerprint")(word, partials, word.numel(), first)
         first += count
     host = partials.cpu().numpy().view(np.uint64)
     bounds = np.cumsum([0] + blocks)

@@ -1,14 +1,18 @@
-"""Stage (b), fusion: which values a kernel recomputes instead of reading, and which kernel
-nodes share a kernel; docs/cuda.md, "The fusion planner and its budget", says why each rule.
+"""Fusion: which values a kernel recomputes instead of reading (asked in stage a), and which
+launches share a kernel (stage b); docs/cuda.md, "The fusion planner and its budget", says why each rule.
 Every decision is a `Decision` naming its rule, kept in the Schedule.
 
-Values (STORE_RULES, asked by the lowering as it builds each value's expression): a value is
+Values (STORE_RULES, asked by the lowering as it builds each value's expression, as
+Inductor's lowering decides which pointwise values to realize: each answer needs the cost of
+the expression built so far, its flops, depth and loads, which exists only there): a value is
 inlined into the R kernels that read it (`KernelReaders`, counted from the graph alone) when
 R is 1, or when recomputing costs at most the budget's flops a byte and loads no more bytes
 than writing it once and reading it back (`recompute_rule`); it is written out when the graph
 returns it, a reader needs it in memory, or a broadcast would repeat its arithmetic.
-Kernels (JOINS, `fuse`, a pass over the lowering's unfused kernel nodes): a node joins the
+Kernels (JOINS, `fuse`, a pass over the lowering's unfused launches): a launch joins the
 open kernel before it by the first rule that takes it, else starts a kernel of its own.
+Layouts (LAYOUT_RULES): a lowering rule that lays a result out for its readers, or computes
+one node beside another, records that too.
 
 Fusion keeps every node's rounding (the inlined expression is the node's own; no multiply-add
 is contracted), so it decides where a value is computed, never what it is.
@@ -25,7 +29,7 @@ from sexpgpu.backends.cuda import rowmerge
 from sexpgpu.backends.cuda.views import VIEW_OPS
 from sexpgpu.backends.cuda.codegen.expr import flops, map_leaves, nodes_in_order
 from sexpgpu.backends.cuda.codegen.space import contiguous
-from sexpgpu.backends.cuda.steps import ITEM_BYTES, FlatStep
+from sexpgpu.backends.cuda.launches import ITEM_BYTES, FlatLaunch
 
 MAX_FLAT_OUTPUTS = 8
 # A fused expression deeper than this is written out: a chain of thousands of elementwise ops
@@ -46,7 +50,7 @@ class FusionPolicy:
     default), {ProductShape.key(): implementation} for float32 products (products.py;
     a shape not named is ordinary), {ConvolutionKey.key(): engine text} for
     convolutions (windows.py; one not named runs PyTorch's cuDNN call), and the names of
-    cuDNN's native pattern graphs on (backends/cuda/patterns.py; pattern_steps.py)."""
+    cuDNN's native pattern graphs on (backends/cuda/patterns.py; pattern_launches.py)."""
 
     level: str = "on"
     budget: float = BUDGET_FLOPS_PER_BYTE
@@ -150,6 +154,14 @@ STORE_RULES = {
 }
 
 
+# The rules by which a lowering rule lays a result out for, or computes it beside, another node;
+# True: a kernel or a copy is saved.
+LAYOUT_RULES = {
+    "every reader merges its heads back: written merged, the merge a view": True,
+    "the loss kernel gives it beside the loss": True,
+}
+
+
 def recompute_rule(policy: FusionPolicy, value, readers: int, itemsize: int, loads: float = 0.0) -> str:
     """The rule of STORE_RULES that decides whether each of `readers` kernels recomputes this
     value's expression, which loads `loads` bytes per element, rather than read it back."""
@@ -184,15 +196,15 @@ def store_rule(policy: FusionPolicy, readers: KernelReaders, node, value, buffer
     return recompute_rule(policy, value, count, ITEM_BYTES[node.dtype], loads)
 
 
-def add_output(step: FlatStep, shape, key: str, dtype: str, value) -> FlatStep | None:
-    """The open elementwise kernel `step` with `value` as one more output, or None when it
+def add_output(launch: FlatLaunch, shape, key: str, dtype: str, value) -> FlatLaunch | None:
+    """The open elementwise kernel `launch` with `value` as one more output, or None when it
     cannot take it. Legal when it is of the same space, has fewer than MAX_FLAT_OUTPUTS outputs, and
     `value` reads none of its outputs through another view or as a scalar: a read of an
     output through its own view becomes the output's expression (the kernel recomputes it
     rather than read what it writes), unless that makes it deeper than MAX_FUSED_DEPTH."""
-    if step.shape != shape or len(step.outputs) >= MAX_FLAT_OUTPUTS:
+    if launch.shape != shape or len(launch.outputs) >= MAX_FLAT_OUTPUTS:
         return None
-    written = {key: (view, expression) for key, view, _, expression in step.outputs}
+    written = {key: (view, expression) for key, view, _, expression in launch.outputs}
     for node in nodes_in_order([value]):
         if node.op == "load" and node.attr[0] in written and node.attr[1] != written[node.attr[0]][0]:
             return None
@@ -205,10 +217,10 @@ def add_output(step: FlatStep, shape, key: str, dtype: str, value) -> FlatStep |
     substituted = map_leaves(value, own)
     if substituted.depth > MAX_FUSED_DEPTH:
         return None
-    return replace(step, outputs=step.outputs + [(key, contiguous(shape), dtype, substituted)])
+    return replace(launch, outputs=launch.outputs + [(key, contiguous(shape), dtype, substituted)])
 
 
-# --- the fusion pass (stage b): which kernel nodes share a kernel -------------------------------
+# --- the fusion pass (stage b): which launches share a kernel -------------------------------
 
 
 @dataclass(frozen=True)
@@ -225,47 +237,47 @@ class Decision:
         return f"{'fuse' if self.fused else 'apart'} {self.subject}: {self.rule}"
 
 
-def _store(node):
-    """(shape, key, dtype, value) of a kernel node that writes one elementwise value, else None."""
-    if isinstance(node, FlatStep) and len(node.outputs) == 1:
-        (key, _, dtype, value), = node.outputs
-        return node.shape, key, dtype, value
+def _store(launch):
+    """(shape, key, dtype, value) of a launch that writes one elementwise value, else None."""
+    if isinstance(launch, FlatLaunch) and len(launch.outputs) == 1:
+        (key, _, dtype, value), = launch.outputs
+        return launch.shape, key, dtype, value
     return None
 
 
 class Join(NamedTuple):
-    """A rule by which a kernel node joins the open kernel before it."""
+    """A rule by which a launch joins the open kernel before it."""
 
-    applies: object  # applies(last, node): whether the rule is about kernels of these kinds
-    join: object  # join(last, node): the joined kernel, or None where joining would change a bit
+    applies: object  # applies(last, launch): whether the rule is about kernels of these kinds
+    join: object  # join(last, launch): the joined kernel, or None where joining would change a bit
 
 
 # The rules, tried in order (their conditions are rowmerge.add_store's, add_output's and
 # rowmerge.merged's).
 JOINS = {
     "a store joins the open row kernel":
-        Join(lambda last, node: _store(node) and rowmerge.joinable(last),
-             lambda last, node: rowmerge.add_store(last, *_store(node))),
+        Join(lambda last, launch: _store(launch) and rowmerge.joinable(last),
+             lambda last, launch: rowmerge.add_store(last, *_store(launch))),
     "a store joins the open elementwise kernel of its space":
-        Join(lambda last, node: _store(node) and isinstance(last, FlatStep),
-             lambda last, node: add_output(last, *_store(node))),
+        Join(lambda last, launch: _store(launch) and isinstance(last, FlatLaunch),
+             lambda last, launch: add_output(last, *_store(launch))),
     "a row kernel joins the row kernel over the same rows before it":
-        Join(lambda last, node: rowmerge.joinable(last) and rowmerge.joinable(node), rowmerge.merged),
+        Join(lambda last, launch: rowmerge.joinable(last) and rowmerge.joinable(launch), rowmerge.merged),
 }
 
 
-def fuse(nodes: list, buffers: dict, policy: FusionPolicy) -> tuple[list, list]:
-    """Stage (b)'s joins: (the kernels, the Decisions). Each kernel node in order joins the
+def fuse(launches: list, buffers: dict, policy: FusionPolicy) -> tuple[list, list]:
+    """Stage (b)'s joins: (the kernels, the Decisions). Each launch in order joins the
     kernel before it by the first rule of JOINS that takes it, else starts a kernel of its
     own (the decision names the rules that applied and refused); then the stores no kernel
     reads are dropped (`without_dead_stores`)."""
     kernels, decisions = [], []
-    for index, node in enumerate(nodes):
+    for index, launch in enumerate(launches):
         last = kernels[-1] if policy.fuses and kernels else None
-        subject = f"node {index} {node.kind} -> {','.join(node.writes)}"
+        subject = f"launch {index} {launch.kind} -> {','.join(launch.writes)}"
         refused = []
         for rule, (applies, join) in JOINS.items():
-            joined = join(last, node) if last is not None and applies(last, node) else False
+            joined = join(last, launch) if last is not None and applies(last, launch) else False
             if joined:
                 kernels[-1] = joined
                 decisions.append(Decision(subject, rule, True))
@@ -273,7 +285,7 @@ def fuse(nodes: list, buffers: dict, policy: FusionPolicy) -> tuple[list, list]:
             if joined is None:
                 refused.append(rule)
         else:
-            kernels.append(node)
+            kernels.append(launch)
             why = f"refused by: {'; '.join(refused)}" if refused else "no rule joins kernels of these kinds"
             why = why if policy.fuses else "fusion is off"
             decisions.append(Decision(subject, why, False))
@@ -288,7 +300,7 @@ def without_dead_stores(kernels: list, buffers: dict, decisions: list) -> list:
     read = {key for kernel in kernels for key in kernel.reads}
     kept = []
     for kernel in kernels:
-        if isinstance(kernel, FlatStep):
+        if isinstance(kernel, FlatLaunch):
             live = [output for output in kernel.outputs if output[0] in read or buffers[output[0]].kind != "arena"]
             decisions += [Decision(f"store {output[0]}", "a store no kernel reads is dropped", True)
                           for output in kernel.outputs if output not in live]

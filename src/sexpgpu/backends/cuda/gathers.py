@@ -3,7 +3,7 @@ the sums of rows into their places (codegen/scatter.py's kernel, in a fixed orde
 
 from __future__ import annotations
 
-from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, strided
 from sexpgpu.graph.core.rules import RuleTable
 
 GATHERS = RuleTable("cuda gathers", needs=lambda op: op.name in ("gather", "scatter_add"))
@@ -23,7 +23,7 @@ def gather(lowerer, node) -> None:
         picked = strided(env, index, index_view).reshape(-1)
         torch.index_select(strided(env, rows, rows_view), 0, picked, out=env[key].view((-1,) + row_shape))
 
-    lowerer.emit_result(node, TorchStep(run, (rows, index), (key,), "gather"))
+    lowerer.emit_result(node, TorchLaunch(run, (rows, index), (key,), "gather"))
 
 
 @GATHERS.rule("scatter_add")
@@ -38,4 +38,4 @@ def scatter_add(lowerer, node) -> None:
     def run(env):
         scatter(strided(env, index, index_view), strided(env, source, source_view).contiguous(), env[key])
 
-    lowerer.emit_result(node, TorchStep(run, (index, source), (key,), "scatter"))
+    lowerer.emit_result(node, TorchLaunch(run, (index, source), (key,), "scatter"))

@@ -1,18 +1,18 @@
-"""A graph to the steps that run it on the GPU, in stages over plain data.
+"""A graph to the launches that run it on the GPU, in stages over plain data.
 
-(a) `Lowerer.schedule()` walks the graph's nodes in order and makes one kernel node per op
+(a) `Lowerer.schedule()` walks the graph's nodes in order and makes one launch per op
 (`Schedule.unfused`), giving each node a value: a kernel expression over its shape
 (codegen/expr.py). An input is a load of its buffer; a movement op changes its source's
 loads' views (views.py); an elementwise op combines its inputs' expressions (elementwise.py),
-and is written out (an elementwise kernel node) only where a rule of fusion.STORE_RULES says
-so. Reductions, normalisations and the loss are row or column kernel nodes inlining their
+and is written out (an elementwise launch) only where a rule of fusion.STORE_RULES says
+so. Reductions, normalisations and the loss are row or column launches inlining their
 input's expression (reductions.py); products, gathers, pads, windows, attention and draws
-are steps of their own, each kind a RuleTable (`STEP_RULES`); a group of nodes one of
-cuDNN's native pattern graphs computes is one step (pattern_steps.py).
-(b) fusion.fuse joins neighbouring kernel nodes into kernels by the named rules of
+are launches of their own, each kind a RuleTable (`LAUNCH_RULES`); a group of nodes one of
+cuDNN's native pattern graphs computes is one launch (pattern_launches.py).
+(b) fusion.fuse joins neighbouring launches into kernels by the named rules of
 fusion.JOINS; the `Schedule` holds the kernels and every decision as data, and no Triton.
 (c) `arena_plan`: every arena buffer's offset, from plan/memory.py's liveness and arena.
-(d) `generate`: each kernel's Triton source (codegen/), the `Lowered` steps the runtime runs.
+(d) `generate`: each kernel's Triton source (codegen/), the `Lowered` launches the runtime runs.
 `lower` runs them in order.
 
 What this decides depends only on the graph, the shapes, SEXPGPU_OPTIMIZE and the plan's
@@ -35,16 +35,16 @@ from sexpgpu.backends.cuda.draws import DRAWS
 from sexpgpu.backends.cuda.elementwise import EXPRESSIONS
 from sexpgpu.backends.cuda.exact import ExactLowering
 from sexpgpu.backends.cuda.gathers import GATHERS
-from sexpgpu.backends.cuda.fusion import STORE_RULES, Decision, FusionPolicy, KernelReaders, broadcastable, fuse
+from sexpgpu.backends.cuda.fusion import LAYOUT_RULES, STORE_RULES, Decision, FusionPolicy, KernelReaders, broadcastable, fuse
 from sexpgpu.backends.cuda.fusion import store_rule
 from sexpgpu.backends.cuda.codegen.expr import Expr, cast, load, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.pads import PADS
-from sexpgpu.backends.cuda.pattern_steps import Patterns
+from sexpgpu.backends.cuda.pattern_launches import Patterns
 from sexpgpu.backends.cuda.products import PRODUCTS
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.windows import WINDOWS
-from sexpgpu.backends.cuda.steps import ITEM_BYTES, Buffer, ColumnStep, FlatStep, TorchStep, same_memory, step_text, strided
+from sexpgpu.backends.cuda.launches import Buffer, ColumnLaunch, FlatLaunch, TorchLaunch, launch_text, same_memory, strided
 from sexpgpu.exact.layout import WIDTH
 from sexpgpu.plan.memory import ArenaPlan, liveness, plan_arena
 
@@ -55,37 +55,37 @@ _EXACT_IN_BF16 = ("neg", "relu", "where", "maximum", "minimum", "cast", "const")
 @dataclass
 class Schedule:
     """What lowering and fusion make (stages a and b): the kernels in order as plain data
-    (FlatStep, RowStep and ColumnStep: expressions reading buffers by key; TorchStep: a
-    PyTorch call), their buffers, the kernel nodes before fusion and its decisions; no Triton."""
+    (FlatLaunch, RowLaunch and ColumnLaunch: expressions reading buffers by key; TorchLaunch: a
+    PyTorch call), their buffers, the launches before fusion and its decisions; no Triton."""
 
     graph: object
-    steps: list
+    launches: list
     buffers: dict  # key -> Buffer
     inputs: dict  # graph input name -> buffer key
     outputs: dict  # graph output name -> buffer key
     patterns: tuple = ()  # backends/cuda/patterns.py's PatternUse of each match met
     covered: frozenset = frozenset()  # the nodes cuDNN's pattern graphs compute
-    unfused: tuple = ()  # the kernel nodes lowering made, before the fusion pass joined them
+    unfused: tuple = ()  # the launches lowering made, before the fusion pass joined them
     decisions: tuple = ()  # fusion.Decision of each: what was fused, by which rule
 
     def dump(self) -> str:
         buffers = [f"{key} {b.kind} {b.dtype}{list(b.shape)}" for key, b in self.buffers.items()]
-        steps = [f"step {index}: {step_text(step)}" for index, step in enumerate(self.steps)]
-        return "\n".join(buffers + steps + [str(decision) for decision in self.decisions])
+        launches = [f"launch {index}: {launch_text(launch)}" for index, launch in enumerate(self.launches)]
+        return "\n".join(buffers + launches + [str(decision) for decision in self.decisions])
 
 
 @dataclass
 class Lowered(Schedule):
-    """The schedule after the memory plan and code generation: the steps the runtime runs."""
+    """The schedule after the memory plan and code generation: the launches the runtime runs."""
 
     offsets: dict = field(default_factory=dict)  # arena buffer key -> byte offset
     arena_bytes: int = 0
 
 
-# The tables whose rules `rule(lowerer, node)` emit steps of their own, one module per kind
-STEP_RULES = {op: rule for table in (REDUCTIONS, PRODUCTS, GATHERS, PADS, WINDOWS, ATTENTION, DRAWS)
+# The tables whose rules `rule(lowerer, node)` emit launches of their own, one module per kind
+LAUNCH_RULES = {op: rule for table in (REDUCTIONS, PRODUCTS, GATHERS, PADS, WINDOWS, ATTENTION, DRAWS)
               for op, rule in table.items()}
-KERNEL_NODES = (FlatStep, rowmerge.RowStep, ColumnStep)  # steps whose code generation makes a Triton kernel
+GENERATED_LAUNCHES = (FlatLaunch, rowmerge.RowLaunch, ColumnLaunch)  # launches whose code generation makes a Triton kernel
 ARENA_ALIGNMENT = 256
 
 
@@ -96,13 +96,13 @@ class Lowerer:
         self.readers = KernelReaders(graph, lambda node: node.op in EXPRESSIONS)
         self.values: dict = {}  # node -> Expr over node.shape
         self.accumulators: dict = {}  # node -> buffer key of its digits (exact graphs' gradient region)
-        self.steps: list = []  # the kernel nodes, unfused, in order
+        self.launches: list = []  # the launches, unfused, in order
         self.decisions: list = []  # fusion.Decision of each value: written out or inlined, by which rule
         self.index = {node: number for number, node in enumerate(graph.nodes)}
         self.buffers: dict = {}
         self.exact = ExactLowering.of(graph)  # None for a graph with no exact node
         self._output_of: dict = {}  # node -> buffer key for its first output name
-        self.shared: dict = {}  # buffers steps hand one another beside the nodes' values (attention's statistics)
+        self.shared: dict = {}  # buffers launches hand one another beside the nodes' values (attention's statistics)
         # pattern graphs round as cuDNN does: an exact run sums every product itself
         self.patterns = Patterns(graph, () if self.exact is not None else policy.patterns)
 
@@ -127,7 +127,7 @@ class Lowerer:
         return key
 
     def accumulator_buffer(self, node) -> str:
-        """Where a gradient-region node's digits live (exact.py): an entry of the step's
+        """Where a gradient-region node's digits live (exact.py): an entry of the call's
         environment beside the arena, and the graph's output itself when it returns the node."""
         key = self.new_buffer("i64", (WIDTH,) + tuple(node.shape), "accumulator")
         self.accumulators[node] = key
@@ -191,7 +191,7 @@ class Lowerer:
             self._view(view)
 
     def realize(self, node, rule: str) -> None:
-        """Write `node`'s value out with an elementwise kernel node, as fusion.STORE_RULES'
+        """Write `node`'s value out with an elementwise launch, as fusion.STORE_RULES'
         `rule` decides; it is read back after."""
         value = self.values[node]
         own = self._output_of.get(node)
@@ -206,12 +206,14 @@ class Lowerer:
         self.values[node] = self.loaded(node, key)
 
     def decide(self, node, rule: str) -> None:
-        self.decisions.append(Decision(f"%{self.index[node]} {node.op}", rule, STORE_RULES[rule]))
+        """Record the decision about `node` by `rule`, one of fusion's STORE_RULES or LAYOUT_RULES."""
+        fused = STORE_RULES[rule] if rule in STORE_RULES else LAYOUT_RULES[rule]
+        self.decisions.append(Decision(f"%{self.index[node]} {node.op}", rule, fused))
 
     def emit_elementwise(self, shape, key: str, dtype: str, value: Expr) -> None:
-        """Write `value` to `key`: a kernel node of its own, which the fusion pass may join
+        """Write `value` to `key`: a launch of its own, which the fusion pass may join
         to the kernel before it (fusion.fuse)."""
-        self.steps.append(FlatStep(tuple(shape), [(key, contiguous(shape), dtype, value)]))
+        self.launches.append(FlatLaunch(tuple(shape), [(key, contiguous(shape), dtype, value)]))
 
     # --- the walk -----------------------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class Lowerer:
             inputs[name] = key
             self.values[node] = self.loaded(node, key)
         for node in self.graph.nodes:
-            if self.patterns.skip(self, node):  # computed by a pattern's step, which runs at its last such node
+            if self.patterns.skip(self, node):  # computed by a pattern's launch, which runs at its last such node
                 continue
             if node.op == "input" or node in self.values:  # inputs, and values an earlier kernel wrote beside its own
                 continue
@@ -238,22 +240,22 @@ class Lowerer:
                 self._view(node)
             elif node.op in EXPRESSIONS:
                 self._elementwise(node)
-            elif node.op in STEP_RULES:
-                STEP_RULES[node.op](self, node)
+            elif node.op in LAUNCH_RULES:
+                LAUNCH_RULES[node.op](self, node)
             else:
                 raise SexpgpuError("E-DEVICE-002", f"the CUDA backend has no lowering for the op '{node.op}'.",
                                    node.loc, hint="Run this file with --device cpu.")
         if self.exact is not None:
             self.exact.finish(self)
         outputs = self._outputs()
-        kernels, joins = fuse(self.steps, self.buffers, self.policy)
+        kernels, joins = fuse(self.launches, self.buffers, self.policy)
         return Schedule(self.graph, kernels, self.buffers, inputs, outputs, tuple(self.patterns.uses),
-                        frozenset(self.patterns.covered), tuple(self.steps), tuple(self.decisions + joins))
+                        frozenset(self.patterns.covered), tuple(self.launches), tuple(self.decisions + joins))
 
-    def emit_result(self, node, step) -> None:
-        """A step that writes `node`'s result to its first buffer; the node's value reads it."""
-        self.steps.append(step)
-        self.values[node] = self.loaded(node, step.writes[0])
+    def emit_result(self, node, launch) -> None:
+        """A launch that writes `node`'s result to its first buffer; the node's value reads it."""
+        self.launches.append(launch)
+        self.values[node] = self.loaded(node, launch.writes[0])
 
     def value_through(self, node, change) -> Expr:
         """`node`'s value with `change` applied to its views, writing it out first when a
@@ -315,7 +317,7 @@ class Lowerer:
         if value.op == "load" and value.attr[1].over(node.shape):
             source, view = value.attr
             aliases = ((key, source, view),) if self.buffers[source].kind == "arena" else ()
-            self.steps.append(TorchStep(_copier(key, source, view), (source,), (key,), "copy", aliases=aliases))
+            self.launches.append(TorchLaunch(_copier(key, source, view), (source,), (key,), "copy", aliases=aliases))
             return
         self.emit_elementwise(node.shape, key, node.dtype, value)
 
@@ -331,8 +333,8 @@ def _copier(key: str, source: str, view: View):
 
 def lowered_ops() -> frozenset:
     """Every op the lowering handles: inputs, views, expressions, and the ops of the tables
-    whose rules emit steps."""
-    return frozenset(("input",)).union(views.VIEWS, EXPRESSIONS, STEP_RULES)
+    whose rules emit launches."""
+    return frozenset(("input",)).union(views.VIEWS, EXPRESSIONS, LAUNCH_RULES)
 
 
 # --- the stages after the schedule --------------------------------------------------------------
@@ -342,16 +344,17 @@ def arena_plan(schedule: Schedule) -> ArenaPlan:
     """Stage (c): the arena buffers' offsets, from the one liveness analysis (plan/memory.py)."""
     buffers = schedule.buffers
     held = {key for key, buffer in buffers.items() if buffer.live_from_start}
-    lives = liveness([(step.reads, step.writes) for step in schedule.steps], lambda key: buffers[key].nbytes, held)
+    lives = liveness([(launch.reads, launch.writes) for launch in schedule.launches], lambda key: buffers[key].nbytes, held)
     return plan_arena([life for life in lives if buffers[life.key].kind == "arena"], ARENA_ALIGNMENT)
 
 
 def generate(schedule: Schedule, arena: ArenaPlan) -> Lowered:
-    """Stage (d): every kernel's Triton source (codegen/), the steps the runtime runs."""
-    steps = [step.finish(schedule.buffers) if isinstance(step, KERNEL_NODES) else step for step in schedule.steps]
-    used = {key for step in steps for key in step.reads + step.writes}
+    """Stage (d): every kernel's Triton source (codegen/), the launches the runtime runs."""
+    launches = [launch.finish(schedule.buffers) if isinstance(launch, GENERATED_LAUNCHES) else launch
+                for launch in schedule.launches]
+    used = {key for launch in launches for key in launch.reads + launch.writes}
     buffers = {key: buffer for key, buffer in schedule.buffers.items() if key in used or buffer.kind != "arena"}
-    return Lowered(**{**vars(schedule), "steps": steps, "buffers": buffers}, offsets=arena.offsets,
+    return Lowered(**{**vars(schedule), "launches": launches, "buffers": buffers}, offsets=arena.offsets,
                    arena_bytes=arena.arena_bytes)
 
 

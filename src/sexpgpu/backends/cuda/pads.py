@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
-from sexpgpu.backends.cuda.steps import TorchStep, same_memory, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, same_memory, strided
 from sexpgpu.graph.core.rules import RuleTable
 
 PADS = RuleTable("cuda pads and concatenations", needs=lambda op: op.name in ("pad", "concat"))
@@ -24,7 +24,7 @@ def pad(lowerer, node) -> None:
         out.zero_()
         out.narrow(axis, before, x.shape[axis]).copy_(strided(env, source, view))
 
-    lowerer.emit_result(node, TorchStep(run, (source,), (key,), "pad"))
+    lowerer.emit_result(node, TorchLaunch(run, (source,), (key,), "pad"))
 
 
 @PADS.rule("concat")
@@ -38,7 +38,7 @@ def concat(lowerer, node) -> None:
                     in zip(parts, starts) if _placeable(lowerer.buffers[source], view, node.shape, axis))
     lowerer.buffers[key].live_from_start = bool(aliases)
     reads = tuple(dict.fromkeys(source for source, _ in parts))
-    lowerer.emit_result(node, TorchStep(run, reads, (key,), "concat", aliases=aliases))
+    lowerer.emit_result(node, TorchLaunch(run, reads, (key,), "concat", aliases=aliases))
 
 
 def _placeable(buffer, view, shape, axis: int) -> bool:

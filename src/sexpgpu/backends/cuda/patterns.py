@@ -12,9 +12,9 @@ runs other patterns lowers otherwise).
     match_patterns(graph, ("attention",))     {first node: Match}, the groups a lowering may take
     decide_patterns(setting, support)         PatternsInEffect: the patterns on, and why the rest are off
 
-What a match needs to hold, so that one step can replace its nodes: every node of the group
+What a match needs to hold, so that one launch can replace its nodes: every node of the group
 but its results is read by nothing outside the group and is no output of the graph; every
-operand precedes the node where the step is emitted (`emit`), and every reader outside the
+operand precedes the node where the launch is emitted (`emit`), and every reader outside the
 group of a result follows it. The matchers check it from the graph alone, so a match is a
 function of the graph. Whether cuDNN then builds a plan for it is the device's answer (the
 backend lowers the group's nodes as usual where it does not, and says so: `PatternUse`).
@@ -121,7 +121,7 @@ class Match:
     nodes: tuple  # every node the graph computes, in the graph's order; the first is where it is decided
     operands: tuple  # the nodes it reads, in the order its builder takes them
     results: tuple  # the nodes whose values it writes; the others are read by no node outside the group
-    emit: object  # the node at which its step runs: every operand precedes it, every outside reader follows
+    emit: object  # the node at which its launch runs: every operand precedes it, every outside reader follows
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ copy of the graph an identity.
 A captured graph copies every input into a buffer of its own before the replay and every
 output out of one after it. The optimizer's update concatenates hundreds of parameter
 inputs into one flat vector, and its outputs are slices of flat results: copied in, then
-concatenated; sliced, then copied out. A step that is such a copy names, in `aliases`, the
+concatenated; sliced, then copied out. A launch that is such a copy names, in `aliases`, the
 arena place where an operand could live instead: a concatenation's input at its slice of
 the flat vector, an output at the slice it is copied from. When the memory plan allows it
 (nothing else uses that memory while it must hold the value), the runner puts the operand
-there and the step, finding its source and target to be the same memory, copies nothing.
+there and the launch, finding its source and target to be the same memory, copies nothing.
 The result is the same bits with a pass over the memory less on each side.
 """
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 def placements(lowered) -> dict:
     """{buffer key: (arena key, view over the buffer's shape)} for the graph's inputs and
     outputs that may live in the arena."""
-    first_write, last_read = _step_ranges(lowered.steps)
+    first_write, last_read = _launch_ranges(lowered.launches)
     placed = {}
-    for index, step in enumerate(lowered.steps):
-        for operand, target, view in getattr(step, "aliases", ()):
+    for index, launch in enumerate(lowered.launches):
+        for operand, target, view in getattr(launch, "aliases", ()):
             if lowered.buffers[operand].dtype != lowered.buffers[target].dtype:
                 continue  # a copy that converts (a bf16 value read out as float32) must stay a copy
             kind = lowered.buffers[operand].kind
@@ -33,12 +33,12 @@ def placements(lowered) -> dict:
     return placed
 
 
-def _step_ranges(steps) -> tuple[dict, dict]:
+def _launch_ranges(launches) -> tuple[dict, dict]:
     first_write, last_read = {}, {}
-    for index, step in enumerate(steps):
-        for key in step.writes:
+    for index, launch in enumerate(launches):
+        for key in launch.writes:
             first_write.setdefault(key, index)
-        for key in step.reads:
+        for key in launch.reads:
             last_read[key] = index
     return first_write, last_read
 
@@ -52,15 +52,15 @@ def _overlapping(lowered, key: str) -> list[str]:
 
 
 def _free_before(lowered, key: str, index: int, first_write: dict) -> bool:
-    """Whether no step before `index` writes memory of `key`: an input copied there before
-    the replay survives until the step that reads it."""
+    """Whether no launch before `index` writes memory of `key`: an input copied there before
+    the replay survives until the launch that reads it."""
     if key not in lowered.offsets:
         return False
     return all(first_write.get(other, index) >= index for other in _overlapping(lowered, key))
 
 
 def _free_after(lowered, key: str, index: int, first_write: dict) -> bool:
-    """Whether no step after `index` writes memory of `key`: the output read from there
+    """Whether no launch after `index` writes memory of `key`: the output read from there
     after the replay is still what the graph left."""
     if key not in lowered.offsets:
         return False

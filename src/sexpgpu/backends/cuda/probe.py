@@ -38,7 +38,7 @@ from sexpgpu.plan.fit import held_on_device, running_gradients
 from sexpgpu.backends.cuda.patterns import PATTERN_NAMES, patterns_line
 
 TIMED_CALLS = 5  # each timing is the median of this many warm calls
-PRODUCT_REPEATS = 10  # a product's steps captured this many times in the graph each timed replay runs
+PRODUCT_REPEATS = 10  # a product's launches captured this many times in the graph each timed replay runs
 # how a convolution runs where cuDNN's frontend offers no engine (cudnn_engines.py)
 ENGINES_OTHERWISE = "PyTorch's cuDNN convolutions with its first deterministic algorithm"
 FMA_ROUNDS = 512  # multiply-adds per element of the flops kernel: arithmetic, not memory, bounds it
@@ -115,24 +115,24 @@ class CudaProbe:
         return self._median_seconds(step)
 
     def product_shapes(self, graph) -> tuple:
-        """The float32 products of `graph` as lowered here, each shape once, in step order:
+        """The float32 products of `graph` as lowered here, each shape once, in launch order:
         the keys a products map may name for it."""
-        shapes = [step.product for step in self.backend.lowered(graph).steps if getattr(step, "product", None)]
+        shapes = [launch.product for launch in self.backend.lowered(graph).launches if getattr(launch, "product", None)]
         return tuple(dict.fromkeys(shapes))
 
     def product_implementations(self, shape: ProductShape) -> tuple:
         return implementations(shape)
 
     def time_product(self, shape: ProductShape, implementation: str) -> float:
-        """Seconds of the implementation's steps alone, replayed: a call would add copies in
+        """Seconds of the implementation's launches alone, replayed: a call would add copies in
         and out that cost every implementation the same and hide the differences between
         them (the shortest of TIMED_CALLS replays of PRODUCT_REPEATS products each)."""
         graph = product_graph(shape)
         # a backend of the same kind with the candidate's policy: the run's own is left as it is
         backend = type(self.backend)(str(self.device), replace(self.backend.policy, products={shape.key(): implementation}))
-        env = backend.steps_environment(graph, self._operands(shape, graph))
-        steps = backend.lowered(graph).steps
-        return self._shortest_replay(lambda: [step(env) for step in steps]) / PRODUCT_REPEATS
+        env = backend.launch_environment(graph, self._operands(shape, graph))
+        launches = backend.lowered(graph).launches
+        return self._shortest_replay(lambda: [launch(env) for launch in launches]) / PRODUCT_REPEATS
 
     def _operands(self, shape: ProductShape, graph) -> dict:
         """Normal operands for a shape's product, drawn on the device once and shared by its

@@ -1,6 +1,6 @@
 """Products: their lowering, and the implementations of a long float32 product.
 
-A product is a step of PyTorch's (cuBLAS's kernel for each shape is what the device decides):
+A product is a launch of PyTorch's (cuBLAS's kernel for each shape is what the device decides):
 float32 operands give an ordinary GEMM with TF32 and reduced-precision reductions off
 (device.py), bf16 operands a GEMM accumulating in float32 rounded once to bf16, leading axes a
 batched product. The plan picks one implementation per float32 ProductShape (`ordinary`,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, strided
 from sexpgpu.backends.cuda.views import reshape_strides
 from sexpgpu.graph.core.rules import RuleTable
 from sexpgpu.plan.device import ProductShape
@@ -121,7 +121,7 @@ def matmul(lowerer, node) -> None:
             run_product(implementation, *form.batched(*operands), env[writes[1]])
 
     choosable = form.shape if node.dtype == "f32" else None
-    lowerer.emit_result(node, TorchStep(run, (left, right), writes, "matmul", product=choosable))
+    lowerer.emit_result(node, TorchLaunch(run, (left, right), writes, "matmul", product=choosable))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from sexpgpu.backends.cuda.codegen import recipes
 from sexpgpu.backends.cuda.codegen.columns import ColumnSpec
 from sexpgpu.backends.cuda.codegen.expr import Expr, iota, load, row
 from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction
-from sexpgpu.backends.cuda.rowmerge import RowStep
+from sexpgpu.backends.cuda.rowmerge import RowLaunch
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides, unit_view
-from sexpgpu.backends.cuda.steps import ColumnStep, TorchStep, strided, torch_dtype
+from sexpgpu.backends.cuda.launches import ColumnLaunch, TorchLaunch, strided, torch_dtype
 from sexpgpu.graph.core.rules import RuleTable
 
 REDUCTIONS = RuleTable("cuda row and column kernels", needs=lambda op: op.kind in ("reduce", "normalize", "loss"))
@@ -32,12 +32,12 @@ def in_space(lowerer, node, perm) -> Expr:
 
 def _rows(lowerer, node, space, reduced_rank, phases, outputs, row_stores=(), kind="rows") -> None:
     """Emit a row kernel writing `outputs` [(key, view over space, dtype)]."""
-    lowerer.steps.append(RowStep(tuple(space), reduced_rank, list(outputs), list(phases), list(row_stores), kind))
+    lowerer.launches.append(RowLaunch(tuple(space), reduced_rank, list(outputs), list(phases), list(row_stores), kind))
 
 
 def _columns(lowerer, reduced, kept, reduction: Reduction, key: str, dtype: str) -> None:
     spec = ColumnSpec(tuple(reduced), tuple(kept), (), (reduction,), ((contiguous(kept), dtype),), ((0, row(0)),))
-    lowerer.steps.append(ColumnStep(spec, (key,)))
+    lowerer.launches.append(ColumnLaunch(spec, (key,)))
 
 
 def per_row_view(space, lead_rank: int) -> View:
@@ -89,7 +89,7 @@ def integer_reduction(lowerer, node) -> None:
             total = torch.amax(data, dim=axes, keepdim=keep)
         env[key].copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
 
-    lowerer.emit_result(node, TorchStep(run, (source,), (key,), "integer-reduction"))
+    lowerer.emit_result(node, TorchLaunch(run, (source,), (key,), "integer-reduction"))
 
 
 def _over_axis(node, axis: int):
@@ -150,6 +150,7 @@ def cross_entropy(lowerer, node) -> None:
     phases, loss = recipes.cross_entropy(lowerer.values[logits], label, column, exps_output=exps)
     row_stores = [(0, loss)]
     if softmax is not None:
+        lowerer.decide(softmax, "the loss kernel gives it beside the loss")
         exps_key, total_key = lowerer.new_buffer("f32", space), lowerer.new_buffer("f32", unit)
         outputs += [(exps_key, contiguous(space), "f32"), (total_key, per_row_view(space, len(lead)), "f32")]
         row_stores.append((2, row(1)))

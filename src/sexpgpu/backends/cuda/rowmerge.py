@@ -21,13 +21,13 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, cast, map_leaves, nodes_in_
 from sexpgpu.backends.cuda.codegen.rows import MAX_BLOCK, Phase, Reduction, RowKernel, RowSpec, split_count
 from sexpgpu.backends.cuda.codegen.rows import with_roots
 from sexpgpu.backends.cuda.codegen.space import View, contiguous_strides, numel
-from sexpgpu.backends.cuda.steps import KernelStep, kernel_step, loads_of
+from sexpgpu.backends.cuda.launches import KernelLaunch, kernel_launch, loads_of
 
 MAX_ELEMENT_OUTPUTS = 8  # stores over the whole space a merged kernel takes
 
 
 @dataclass
-class RowStep:
+class RowLaunch:
     """A row kernel still open to more reductions and stores; expressions read buffers by key."""
 
     shape: tuple[int, ...]
@@ -58,15 +58,15 @@ class RowStep:
     def writes(self) -> tuple[str, ...]:
         return tuple(key for key, _, _ in self.outputs)
 
-    def finish(self, buffers: dict) -> KernelStep:
+    def finish(self, buffers: dict) -> KernelLaunch:
         spec = self.spec()
-        return kernel_step(RowKernel, spec, spec.roots(), with_roots, list(self.writes), buffers, self.kind)
+        return kernel_launch(RowKernel, spec, spec.roots(), with_roots, list(self.writes), buffers, self.kind)
 
 
-def joinable(step) -> bool:
-    """Whether `step` is a row kernel that may take more: one that is split would change its
+def joinable(launch) -> bool:
+    """Whether `launch` is a row kernel that may take more: one that is split would change its
     tree if it did."""
-    return isinstance(step, RowStep) and split_count(step.spec()) == 1
+    return isinstance(launch, RowLaunch) and split_count(launch.spec()) == 1
 
 
 # --- what the open kernel gives its readers ---------------------------------------------------
@@ -81,25 +81,25 @@ def _stored(value: Expr, dtype: str) -> Expr | None:
     return None
 
 
-def _produced(step: RowStep) -> dict:
+def _produced(launch: RowLaunch) -> dict:
     """(key, view) -> the expression a read of that output through its own view gives
     (element outputs only where a row is one chunk: elsewhere they are of another pass)."""
     produced = {}
-    for number, value in step.row_stores:
-        key, view, dtype = step.outputs[number]
+    for number, value in launch.row_stores:
+        key, view, dtype = launch.outputs[number]
         produced[(key, view)] = _stored(value, dtype)
-    if step.single:
-        for phase in step.phases:
+    if launch.single:
+        for phase in launch.phases:
             for number, value in phase.stores:
-                key, view, dtype = step.outputs[number]
+                key, view, dtype = launch.outputs[number]
                 produced[(key, view)] = _stored(value, dtype)
     return produced
 
 
-def _reading_outputs(step: RowStep, values) -> tuple[list, bool] | None:
-    """(the values with reads of the step's outputs replaced by their expressions, whether
+def _reading_outputs(launch: RowLaunch, values) -> tuple[list, bool] | None:
+    """(the values with reads of the launch's outputs replaced by their expressions, whether
     any was), or None when one is read in a way the kernel cannot give it."""
-    produced, written = _produced(step), set(step.writes)
+    produced, written = _produced(launch), set(launch.writes)
     for node in nodes_in_order(values):
         if node.op == "scalar" and node.attr in written:
             return None
@@ -124,7 +124,7 @@ def _renumbered(value: Expr, numbers: dict) -> Expr:
 # --- a reduction joins ------------------------------------------------------------------------
 
 
-def merged(first: RowStep, second: RowStep) -> RowStep | None:
+def merged(first: RowLaunch, second: RowLaunch) -> RowLaunch | None:
     """`first` with `second` (lowered just after it) inside, or None when they cannot share
     a kernel without changing a bit or adding a pass over long rows."""
     if (first.shape, first.reduced_rank) != (second.shape, second.reduced_rank):
@@ -141,45 +141,45 @@ def merged(first: RowStep, second: RowStep) -> RowStep | None:
     return result if split_count(result.spec()) == 1 else None
 
 
-def _flattened(step: RowStep) -> list:
-    """[(place, value)] of every expression of the step, in a fixed order: ("r", phase,
+def _flattened(launch: RowLaunch) -> list:
+    """[(place, value)] of every expression of the launch, in a fixed order: ("r", phase,
     kind), ("s", phase, output) and ("row", output)."""
     items = []
-    for number, phase in enumerate(step.phases):
+    for number, phase in enumerate(launch.phases):
         items += [(("r", number, r.kind), r.value) for r in phase.reductions]
         items += [(("s", number, output), value) for output, value in phase.stores]
-    return items + [(("row", output), value) for output, value in step.row_stores]
+    return items + [(("row", output), value) for output, value in launch.row_stores]
 
 
-def _row_numbers(first: RowStep, second: RowStep, start: int) -> tuple[dict, dict, int]:
-    """Old row number -> new, for each step, when phase k of `second` becomes phase
+def _row_numbers(first: RowLaunch, second: RowLaunch, start: int) -> tuple[dict, dict, int]:
+    """Old row number -> new, for each launch, when phase k of `second` becomes phase
     start + k: the kernel numbers rows phase by phase, `first`'s before `second`'s."""
     count = max(len(first.phases), start + len(second.phases))
     numbers: tuple[dict, dict] = ({}, {})
     new = 0
     for index in range(count):
-        for which, step, at in ((0, first, index), (1, second, index - start)):
-            if 0 <= at < len(step.phases):
-                for _ in step.phases[at].reductions:
+        for which, launch, at in ((0, first, index), (1, second, index - start)):
+            if 0 <= at < len(launch.phases):
+                for _ in launch.phases[at].reductions:
                     numbers[which][len(numbers[which])] = new
                     new += 1
     return numbers[0], numbers[1], count
 
 
-def _renumbered_step(step: RowStep, numbers: dict, shift: int = 0) -> RowStep:
-    """The step with its rows renumbered and its output numbers shifted by `shift`."""
+def _renumbered_launch(launch: RowLaunch, numbers: dict, shift: int = 0) -> RowLaunch:
+    """The launch with its rows renumbered and its output numbers shifted by `shift`."""
     phases = [Phase(tuple(Reduction(r.kind, _renumbered(r.value, numbers)) for r in phase.reductions),
-                    tuple((n + shift, _renumbered(v, numbers)) for n, v in phase.stores)) for phase in step.phases]
-    row_stores = [(n + shift, _renumbered(v, numbers)) for n, v in step.row_stores]
-    return RowStep(step.shape, step.reduced_rank, step.outputs, phases, row_stores, step.kind)
+                    tuple((n + shift, _renumbered(v, numbers)) for n, v in phase.stores)) for phase in launch.phases]
+    row_stores = [(n + shift, _renumbered(v, numbers)) for n, v in launch.row_stores]
+    return RowLaunch(launch.shape, launch.reduced_rank, launch.outputs, phases, row_stores, launch.kind)
 
 
-def _combined(first: RowStep, second: RowStep, start: int) -> RowStep:
+def _combined(first: RowLaunch, second: RowLaunch, start: int) -> RowLaunch:
     """Phase k of `second` as phase start + k of the result, its reads of `first`'s outputs
     replaced by their expressions."""
     first_rows, second_rows, count = _row_numbers(first, second, start)
-    first = _renumbered_step(first, first_rows)
-    second = _renumbered_step(second, second_rows, len(first.outputs))
+    first = _renumbered_launch(first, first_rows)
+    second = _renumbered_launch(second, second_rows, len(first.outputs))
     places = _flattened(second)
     values = _reading_outputs(first, [value for _, value in places])[0]
     phases = [(list(phase.reductions), list(phase.stores)) for phase in first.phases]
@@ -192,7 +192,7 @@ def _combined(first: RowStep, second: RowStep, start: int) -> RowStep:
             phases[start + place[1]][1].append((place[2], value))
         else:
             row_stores.append((place[1], value))
-    return RowStep(first.shape, first.reduced_rank, first.outputs + second.outputs,
+    return RowLaunch(first.shape, first.reduced_rank, first.outputs + second.outputs,
                    [Phase(tuple(reductions), tuple(stores)) for reductions, stores in phases],
                    row_stores, first.kind)
 
@@ -200,61 +200,61 @@ def _combined(first: RowStep, second: RowStep, start: int) -> RowStep:
 # --- an elementwise value joins ---------------------------------------------------------------
 
 
-def add_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> RowStep | None:
+def add_store(launch: RowLaunch, shape, key: str, dtype: str, value: Expr) -> RowLaunch | None:
     """The open kernel with `value` (of `shape`, written to `key`) as one more store, if it
     reads the kernel's outputs only as the kernel can give them; None when it cannot."""
     shape = tuple(shape)
-    step = RowStep(step.shape, step.reduced_rank, list(step.outputs), list(step.phases), list(step.row_stores),
-                   step.kind)
-    if shape == tuple(step.shape):
-        return step if _element_store(step, key, dtype, value) else None
-    spec = step.spec()
+    launch = RowLaunch(launch.shape, launch.reduced_rank, list(launch.outputs), list(launch.phases), list(launch.row_stores),
+                   launch.kind)
+    if shape == tuple(launch.shape):
+        return launch if _element_store(launch, key, dtype, value) else None
+    spec = launch.spec()
     if numel(shape) != spec.rows or not shape or shape[:len(spec.lead)] != spec.lead:
         return None
-    return step if _row_store(step, shape, key, dtype, value) else None
+    return launch if _row_store(launch, shape, key, dtype, value) else None
 
 
-def _element_store(step: RowStep, key: str, dtype: str, value: Expr) -> bool:
-    if not step.single:
+def _element_store(launch: RowLaunch, key: str, dtype: str, value: Expr) -> bool:
+    if not launch.single:
         return False
-    element_outputs = sum(len(phase.stores) for phase in step.phases)
-    if element_outputs >= MAX_ELEMENT_OUTPUTS or not _related(step, value):
+    element_outputs = sum(len(phase.stores) for phase in launch.phases)
+    if element_outputs >= MAX_ELEMENT_OUTPUTS or not _related(launch, value):
         return False
-    reading = _reading_outputs(step, [value])
+    reading = _reading_outputs(launch, [value])
     if reading is None:
         return False
     (value,), _ = reading
-    number = len(step.outputs)
-    step.outputs.append((key, View(tuple(step.shape), contiguous_strides(step.shape)), dtype))
-    last = step.phases[-1]
+    number = len(launch.outputs)
+    launch.outputs.append((key, View(tuple(launch.shape), contiguous_strides(launch.shape)), dtype))
+    last = launch.phases[-1]
     if last.reductions:
-        step.phases.append(Phase((), ((number, value),)))
+        launch.phases.append(Phase((), ((number, value),)))
     else:
-        step.phases[-1] = Phase((), last.stores + ((number, value),))
+        launch.phases[-1] = Phase((), last.stores + ((number, value),))
     return True
 
 
-def _related(step: RowStep, value: Expr) -> bool:
+def _related(launch: RowLaunch, value: Expr) -> bool:
     """Whether the value reads a buffer the kernel reads or writes (else it gains nothing)."""
-    touched = set(step.reads) | set(step.writes)
+    touched = set(launch.reads) | set(launch.writes)
     return any(key in touched for key in loads_of([value]))
 
 
-def _row_store(step: RowStep, shape, key: str, dtype: str, value: Expr) -> bool:
-    spec = step.spec()
+def _row_store(launch: RowLaunch, shape, key: str, dtype: str, value: Expr) -> bool:
+    spec = launch.spec()
     lead = spec.lead
     unit = lead + (1,) * spec.reduced_rank
-    space = tuple(step.shape)
+    space = tuple(launch.shape)
     spread = views.through(value, lambda view: views.broadcast(views.reshape(view, shape, unit), unit, space))
     if spread is None or not _per_row(spread, space, len(lead)):
         return False
-    reading = _reading_outputs(step, [spread])
+    reading = _reading_outputs(launch, [spread])
     if reading is None:
         return False
     (spread,), _ = reading
     view = View(space, contiguous_strides(lead) + (0,) * spec.reduced_rank)
-    step.outputs.append((key, view, dtype))
-    step.row_stores.append((len(step.outputs) - 1, spread))
+    launch.outputs.append((key, view, dtype))
+    launch.row_stores.append((len(launch.outputs) - 1, spread))
     return True
 
 

@@ -1,7 +1,7 @@
 """Running a lowered graph: the arena, the environment of buffers, and CUDA graph capture.
 
-`Executable` allocates the memory plan's arena once and runs the steps eagerly. `Captured`
-records the same steps as one CUDA graph: its inputs and outputs are static buffers (some
+`Executable` allocates the memory plan's arena once and runs the launches eagerly. `Captured`
+records the same launches as one CUDA graph: its inputs and outputs are static buffers (some
 of them inside the arena, placement.py), each call copies the inputs in, replays, and
 returns copies of the outputs, or, to a caller that takes them lent, the output buffers
 themselves (`lendable`). Inputs that come back as the outputs of the last replay, lent, at
@@ -14,8 +14,8 @@ same configurations on the same addresses, so it gives the eager run's bits.
 
 An exact graph is captured too: its sums on the device read nothing back (exact/queued.py).
 What must run on the host each call is split out (`host_split`): the id checks, which read
-the call's inputs, run before the replay; the gradient region, whose steps make pending sums
-over the buffers the replay fills, after it. Steps that still wait for the device (a bf16
+the call's inputs, run before the replay; the gradient region, whose launches make pending sums
+over the buffers the replay fills, after it. Launches that still wait for the device (a bf16
 result's sums, an exact accumulator's special-value count) are found in the warm-up before
 the capture, and such a graph runs eagerly.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from math import prod
 
 from sexpgpu.backends.cuda.placement import placements
-from sexpgpu.backends.cuda.steps import DEVICE, strided, torch_dtype
+from sexpgpu.backends.cuda.launches import DEVICE, strided, torch_dtype
 from sexpgpu.backends.spans import byte_span, spans_meet
 from sexpgpu.errors import SexpgpuError
 
@@ -73,7 +73,7 @@ class Executable:
     def output_buffers(self, skip=()) -> dict:
         outputs = {}
         for name, key in self.lowered.outputs.items():
-            if key in skip or self.lowered.buffers[key].kind == "accumulator":  # a step makes those
+            if key in skip or self.lowered.buffers[key].kind == "accumulator":  # a launch makes those
                 continue
             buffer = self.lowered.buffers[key]
             outputs[key] = allocate(buffer.shape, buffer.dtype, self.device, f"output {name}")
@@ -92,7 +92,7 @@ class Executable:
         return env
 
     def execute(self, env: dict) -> None:
-        _run_steps(self.lowered.steps, env)
+        _run_launches(self.lowered.launches, env)
 
     def __call__(self, inputs: dict, lent: bool = False) -> dict:
         """The outputs, in buffers of their own: each call allocates them (`lent` changes nothing)."""
@@ -104,13 +104,13 @@ class Executable:
         return {name: env[key] for name, key in self.lowered.outputs.items()}
 
 
-BEFORE_REPLAY = frozenset({"check"})  # host steps over the call's inputs (an id check reads them back)
-AFTER_REPLAY = frozenset({"exact-region", "hold"})  # host steps over what the replay wrote (pending sums)
+BEFORE_REPLAY = frozenset({"check"})  # host launches over the call's inputs (an id check reads them back)
+AFTER_REPLAY = frozenset({"exact-region", "hold"})  # host launches over what the replay wrote (pending sums)
 
 
 @dataclass(frozen=True)
 class HostSplit:
-    """An executable's steps for capture: `before` run on the host ahead of each replay,
+    """An executable's launches for capture: `before` run on the host ahead of each replay,
     `device` captured, `after` run on the host once the replay is queued."""
 
     before: tuple
@@ -119,34 +119,34 @@ class HostSplit:
 
     @property
     def host_values(self) -> frozenset:
-        """The keys the host steps after the replay write: each call's own values. Kept in the
+        """The keys the host launches after the replay write: each call's own values. Kept in the
         static environment, a call's pending sums would stay alive, and the backend would form
         their digits before every later call."""
-        return frozenset(key for step in self.after for key in step.writes)
+        return frozenset(key for launch in self.after for key in launch.writes)
 
 
 def host_split(lowered) -> HostSplit | None:
-    """The split of `lowered`'s steps, or None when it cannot be captured: a check that reads
-    anything but the call's inputs (it would see the last replay's values), or a captured step
-    that reads what a host step after the replay writes. An exact graph's gradient region is
-    such a host step: each call makes its pending sums anew over the buffers the replay filled,
-    which its "hold" step keeps to the end."""
-    before = tuple(step for step in lowered.steps if step.kind in BEFORE_REPLAY)
-    after = tuple(step for step in lowered.steps if step.kind in AFTER_REPLAY)
-    device = tuple(step for step in lowered.steps if step.kind not in BEFORE_REPLAY | AFTER_REPLAY)
+    """The split of `lowered`'s launches, or None when it cannot be captured: a check that reads
+    anything but the call's inputs (it would see the last replay's values), or a captured launch
+    that reads what a host launch after the replay writes. An exact graph's gradient region is
+    such a host launch: each call makes its pending sums anew over the buffers the replay filled,
+    which its "hold" launch keeps to the end."""
+    before = tuple(launch for launch in lowered.launches if launch.kind in BEFORE_REPLAY)
+    after = tuple(launch for launch in lowered.launches if launch.kind in AFTER_REPLAY)
+    device = tuple(launch for launch in lowered.launches if launch.kind not in BEFORE_REPLAY | AFTER_REPLAY)
     inputs = set(lowered.inputs.values())
     split = HostSplit(before, device, after)
-    if any(key not in inputs for step in before for key in step.reads):
+    if any(key not in inputs for launch in before for key in launch.reads):
         return None
-    if any(key in split.host_values for step in device for key in step.reads):
+    if any(key in split.host_values for launch in device for key in launch.reads):
         return None
     return split
 
 
 class Captured:
     """The executable as one CUDA graph, captured at the second call (the first compiles
-    every kernel and warms cuBLAS up). Host steps (HostSplit) run around each replay. A
-    graph whose steps wait for the device (a count read back), found in the warm-up before
+    every kernel and warms cuBLAS up). Host launches (HostSplit) run around each replay. A
+    graph whose launches wait for the device (a count read back), found in the warm-up before
     the capture, or whose capture fails, runs eagerly from then on."""
 
     def __init__(self, executable: Executable):
@@ -174,9 +174,9 @@ class Captured:
         whole = self._copy_returned(inputs)
         _copy_all([self.env[key] for name, key in lowered.inputs.items() if name not in whole],
                   [inputs[name] for name in lowered.inputs if name not in whole])
-        _run_steps(self.split.before, self.env)
+        _run_launches(self.split.before, self.env)
         self.replay()
-        _run_steps(self.split.after, self.env)
+        _run_launches(self.split.after, self.env)
         lend = self.lendable if lent else frozenset()
         outputs = {name: self.env[key] if name in lend or not _is_buffer(lowered, key) else self.env[key].clone()
                    for name, key in lowered.outputs.items()}
@@ -188,7 +188,7 @@ class Captured:
         self.graph.replay()
 
     def _capture(self, inputs: dict) -> bool:
-        """Capture the device steps; False (nothing kept) where they wait for the device."""
+        """Capture the device launches; False (nothing kept) where they wait for the device."""
         env = self.executable.static_environment(inputs)
         graph = self._recorded(env)
         if graph is None:
@@ -199,20 +199,20 @@ class Captured:
         return True
 
     def _recorded(self, env: dict):
-        """The device steps over `env` as a CUDA graph, or None if one waits for the device."""
+        """The device launches over `env` as a CUDA graph, or None if one waits for the device."""
         import torch
 
         stream = torch.cuda.Stream(self.executable.device)
         stream.wait_stream(torch.cuda.current_stream(self.executable.device))
         try:
             with torch.cuda.stream(stream):  # warm-up on the capture stream, as PyTorch asks
-                _run_steps(self.split.before, env)
+                _run_launches(self.split.before, env)
                 with waits_refused(torch):
-                    _run_steps(self.split.device, env)
+                    _run_launches(self.split.device, env)
             torch.cuda.current_stream(self.executable.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
-                _run_steps(self.split.device, env)
+                _run_launches(self.split.device, env)
         except RuntimeError:  # a read back: PyTorch refuses it in the warm-up or in the capture
             torch.cuda.synchronize(self.executable.device)
             return None
@@ -230,9 +230,9 @@ class Captured:
         return frozenset(whole)
 
 
-def _run_steps(steps, env: dict) -> None:
-    for step in steps:
-        step(env)
+def _run_launches(launches, env: dict) -> None:
+    for launch in launches:
+        launch(env)
 
 
 def _is_buffer(lowered, key: str) -> bool:
@@ -242,7 +242,7 @@ def _is_buffer(lowered, key: str) -> bool:
 
 @contextlib.contextmanager
 def waits_refused(torch):
-    """PyTorch's synchronisation debug mode set to raise while device steps warm up."""
+    """PyTorch's synchronisation debug mode set to raise while device launches warm up."""
     was = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -16,15 +16,15 @@ adds them with `scatter_add_`, which PyTorch's deterministic mode runs without a
 
 from __future__ import annotations
 
-from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, strided
 from sexpgpu.backends.cuda.convolutions import convolution_key
 from sexpgpu.graph.core.rules import RuleTable
 
 WINDOWS = RuleTable("cuda windows", needs=lambda op: op.kind == "window")
 
 
-def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) -> None:
-    """A step writing `compute(*tensors)` (the node's inputs as tensors) into its buffer.
+def _window_launch(lowerer, node, compute, kind: str, in_float32: bool = False) -> None:
+    """A launch writing `compute(*tensors)` (the node's inputs as tensors) into its buffer.
     With `in_float32`, bf16 inputs are widened first, so the result is rounded once, by the
     copy into the buffer, where the interpreter rounds it (PyTorch's bf16 pooling rounds each
     window's share apart)."""
@@ -36,13 +36,13 @@ def _window_step(lowerer, node, compute, kind: str, in_float32: bool = False) ->
         env[key].copy_(compute(*[widen(strided(env, source, view)) for source, view in sources]))
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.emit_result(node, TorchStep(run, reads, (key,), kind))
+    lowerer.emit_result(node, TorchLaunch(run, reads, (key,), kind))
 
 
-def _engine_step(lowerer, node, engine: str) -> None:
+def _engine_launch(lowerer, node, engine: str) -> None:
     """The convolution run by the chosen engine: its inputs as contiguous tensors (the
     layout the engine's plan was built for; a view that is not one is copied), its result
-    written in place, its workspace an arena buffer the step alone writes."""
+    written in place, its workspace an arena buffer the launch alone writes."""
     from sexpgpu.backends.cuda import cudnn_engines
 
     plan = cudnn_engines.prepared(convolution_key(node), engine, cudnn_engines.current_device())
@@ -57,16 +57,16 @@ def _engine_step(lowerer, node, engine: str) -> None:
         plan.run(first, second, env[key], env[writes[1]] if len(writes) > 1 else None)
 
     reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.emit_result(node, TorchStep(run, reads, writes, "convolution", engine=engine))
+    lowerer.emit_result(node, TorchLaunch(run, reads, writes, "convolution", engine=engine))
 
 
 def _convolution(lowerer, node, compute) -> None:
     """The plan's engine for this convolution when it chose one, else PyTorch's call."""
     engine = lowerer.policy.convolutions.get(convolution_key(node).key())
     if engine is not None:
-        _engine_step(lowerer, node, engine)
+        _engine_launch(lowerer, node, engine)
     else:
-        _window_step(lowerer, node, compute, "convolution")
+        _window_launch(lowerer, node, compute, "convolution")
 
 
 @WINDOWS.rule("conv2d")
@@ -100,7 +100,7 @@ def max_pool2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
-    _window_step(lowerer, node, lambda x: functional.max_pool2d(x, kernel, stride), "pooling")
+    _window_launch(lowerer, node, lambda x: functional.max_pool2d(x, kernel, stride), "pooling")
 
 
 def _first_maxima(x, kernel, stride):
@@ -124,7 +124,7 @@ def max_pool2d_grad(lowerer, node) -> None:
         out.scatter_add_(1, indices.reshape(planes, -1), g.reshape(planes, -1).float())
         return out.reshape(x.shape)
 
-    _window_step(lowerer, node, compute, "pooling")
+    _window_launch(lowerer, node, compute, "pooling")
 
 
 @WINDOWS.rule("max_pool2d_pick")
@@ -136,7 +136,7 @@ def max_pool2d_pick(lowerer, node) -> None:
         planes = x.shape[0] * x.shape[1]
         return h.reshape(planes, -1).gather(1, indices.reshape(planes, -1)).reshape(indices.shape)
 
-    _window_step(lowerer, node, compute, "pooling")
+    _window_launch(lowerer, node, compute, "pooling")
 
 
 @WINDOWS.rule("avg_pool2d")
@@ -144,7 +144,7 @@ def avg_pool2d(lowerer, node) -> None:
     import torch.nn.functional as functional
 
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
-    _window_step(lowerer, node, lambda x: functional.avg_pool2d(x, kernel, stride), "pooling", in_float32=True)
+    _window_launch(lowerer, node, lambda x: functional.avg_pool2d(x, kernel, stride), "pooling", in_float32=True)
 
 
 @WINDOWS.rule("avg_pool2d_grad")
@@ -157,4 +157,4 @@ def avg_pool2d_grad(lowerer, node) -> None:
         like = g.new_empty(()).expand(shape)  # only its shape is read
         return torch.ops.aten.avg_pool2d_backward(g, like, list(kernel), list(stride), [0, 0], False, True, None)
 
-    _window_step(lowerer, node, compute, "pooling", in_float32=True)
+    _window_launch(lowerer, node, compute, "pooling", in_float32=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.compile import GeneratedKernel, module_source, signature
 from sexpgpu.backends.cuda.codegen.expr import Expr, load, operand_views, shift_operands
 from sexpgpu.backends.cuda.codegen.flat import indexed_load, iota_source, lane_offset, load_source, store_source
 from sexpgpu.backends.cuda.codegen.render import Renderer
@@ -189,7 +189,7 @@ class ColumnKernel:
         block_k = tile_for(numel(spec.kept))[1]
         grid = (-(-numel(spec.kept) // block_k), self.parts)
         source = _ColumnSource(spec, self.parts)
-        self.first = Launch(source.source(), grid, NUM_WARPS, "columns")
+        self.first = GeneratedKernel(source.source(), grid, NUM_WARPS, "columns")
         self.rest = None
         if self.parts > 1:
             partial = contiguous((self.parts,) + tuple(spec.kept))

@@ -102,7 +102,7 @@ def load_kernel(source: str):
 
 
 @dataclass
-class Launch:
+class GeneratedKernel:
     """One generated kernel with its fixed launch configuration. The grid and the warp count
     are functions of the shapes alone: they fix every reduction tree inside the kernel."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.compile import GeneratedKernel, module_source, signature
 from sexpgpu.backends.cuda.codegen.expr import Expr, operand_views
 from sexpgpu.backends.cuda.codegen.render import Renderer
 from sexpgpu.backends.cuda.codegen.space import STORAGE_TYPES, View, needs_wide_index, numel, view_offset
@@ -92,6 +92,6 @@ def flat_source(spec: FlatSpec) -> str:
     return module_source(renderer.imports, lines + renderer.lines + stores)
 
 
-def flat_kernel(spec: FlatSpec) -> Launch:
+def flat_kernel(spec: FlatSpec) -> GeneratedKernel:
     grid = (max(1, -(-numel(spec.shape) // BLOCK)),)
-    return Launch(flat_source(spec), grid, NUM_WARPS, "flat")
+    return GeneratedKernel(flat_source(spec), grid, NUM_WARPS, "flat")

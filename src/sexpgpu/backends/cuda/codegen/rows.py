@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.codegen.compile import Launch, module_source, signature
+from sexpgpu.backends.cuda.codegen.compile import GeneratedKernel, module_source, signature
 from sexpgpu.backends.cuda.codegen.expr import Expr, load, nodes_in_order, operand_views, shift_operands
 from sexpgpu.backends.cuda.codegen.flat import iota_source, lane_offset, load_source, store_source
 from sexpgpu.backends.cuda.codegen.render import Renderer
@@ -289,34 +289,34 @@ def _second_stage(spec: RowSpec, parts: int) -> RowSpec:
 
 class RowKernel:
     """A row spec ready to launch: `kernel(*inputs, *outputs)`. Its sources are generated
-    at the first launch (or when `launches` is first read), so a spec the lowering merges
+    at the first launch (or when `kernels` is first read), so a spec the lowering merges
     into a larger kernel (rowmerge.py) costs nothing."""
 
     def __init__(self, spec: RowSpec):
         self.spec = spec
         self.parts = split_count(spec)
-        self._launches = None
+        self._kernels = None
 
     @property
-    def launches(self) -> list:
-        if self._launches is None:
-            self._launches = self._build()
-        return self._launches
+    def kernels(self) -> list:
+        if self._kernels is None:
+            self._kernels = self._build()
+        return self._kernels
 
     def _build(self) -> list:
         spec = self.spec
         if self.parts == 1:
             source = _RowSource(spec)
-            return [Launch(source.source(), (max(spec.rows, 1),), source.warps, "rows")]
+            return [GeneratedKernel(source.source(), (max(spec.rows, 1),), source.warps, "rows")]
         count = len(spec.phases[0].reductions)
         first = _RowSource(spec, self.parts, count)
         second = _RowSource(_second_stage(spec, self.parts))
-        return [Launch(first.source(), (spec.rows, self.parts), first.warps, "rows-partial"),
-                Launch(second.source(), (spec.rows,), second.warps, "rows-final")]
+        return [GeneratedKernel(first.source(), (spec.rows, self.parts), first.warps, "rows-partial"),
+                GeneratedKernel(second.source(), (spec.rows,), second.warps, "rows-final")]
 
     def __call__(self, *operands) -> None:
         if self.parts == 1:
-            self.launches[0](*operands)
+            self.kernels[0](*operands)
             return
         import torch
 
@@ -325,5 +325,5 @@ class RowKernel:
         count = len(self.spec.phases[0].reductions)
         partials = [torch.empty((self.spec.rows, self.parts), dtype=torch.float32, device=outputs[0].device)
                     for _ in range(count)]
-        self.launches[0](*inputs, *partials)
-        self.launches[1](*partials, *inputs, *outputs)
+        self.kernels[0](*inputs, *partials)
+        self.kernels[1](*partials, *inputs, *outputs)

@@ -27,10 +27,10 @@ class View:
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
+    strides, stride = [], 1
     for size in reversed(tuple(shape)):
-        strides.append(step)
-        step *= max(int(size), 1)
+        strides.append(stride)
+        stride *= max(int(size), 1)
     return tuple(reversed(strides))
 
 

@@ -1,9 +1,9 @@
 """The lowering's side of cuDNN's native pattern graphs: a group of nodes that a pattern on
-matches (backends/cuda/patterns.py) becomes one step running the first plan cuDNN offers for it
-(cudnn_patterns.py), or, where cuDNN declines it, the ordinary steps of its nodes.
+matches (backends/cuda/patterns.py) becomes one launch running the first plan cuDNN offers for it
+(cudnn_patterns.py), or, where cuDNN declines it, the ordinary launches of its nodes.
 
     patterns = Patterns(graph, policy.patterns)
-    patterns.skip(lowerer, node)   # a node of a taken group: its step runs at the group's `emit` node
+    patterns.skip(lowerer, node)   # a node of a taken group: its launch runs at the group's `emit` node
     patterns.take(lowerer, node)   # the first node of a group: True when cuDNN's plan computes the group
 
 The decision is made at the group's first node, where the operands the plan's layout
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from sexpgpu.backends.cuda import cudnn_engines
 from sexpgpu.backends.cuda.codegen.space import View, contiguous_strides
 from sexpgpu.backends.cuda.cudnn_patterns import Layout, PatternGraph, first_plan
-from sexpgpu.backends.cuda.steps import TorchStep, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, strided
 from sexpgpu.backends.cuda.views import reshape_strides
 from sexpgpu.backends.cuda.patterns import PatternUse, match_patterns
 
@@ -86,7 +86,7 @@ def target(key: str, dims, dtype: str, offset: int = 0, strides=None) -> Declare
     return Declared(key, View(layout.dims, layout.strides, offset), layout)
 
 
-def _emit_step(lowerer, match, plan, engine: str, sources: list, targets: list) -> None:
+def _emit_launch(lowerer, match, plan, engine: str, sources: list, targets: list) -> None:
     writes = tuple(dict.fromkeys(result.key for result in targets))
     workspace = lowerer.new_buffer("f32", (-(-plan.workspace_bytes // 4),)) if plan.workspace_bytes else None
 
@@ -94,7 +94,7 @@ def _emit_step(lowerer, match, plan, engine: str, sources: list, targets: list) 
         plan.execute([declared.tensor(env) for declared in sources + targets], env[workspace] if workspace else None)
 
     reads = tuple(dict.fromkeys(source.key for source in sources))
-    lowerer.steps.append(TorchStep(run, reads, writes + ((workspace,) if workspace else ()), "pattern",
+    lowerer.launches.append(TorchLaunch(run, reads, writes + ((workspace,) if workspace else ()), "pattern",
                                    engine=engine, pattern=match.key.key()))
 
 
@@ -119,7 +119,7 @@ def _attention_forward(lowerer, match):
         if key.stats:
             lowerer.shared[(STATS, node)] = lowerer.new_buffer("f32", node.shape[:-1])
             targets.append(target(lowerer.shared[(STATS, node)], results[1].dims, "f32"))
-        _emit_step(lowerer, match, plan, engine, sources, targets)
+        _emit_launch(lowerer, match, plan, engine, sources, targets)
         lowerer.values[node] = lowerer.loaded(node, out)
 
     return emit, engine
@@ -143,7 +143,7 @@ def _statistics(lowerer, match, sources: list):
     def emit():
         scratch = [target(lowerer.new_buffer(layout.dtype, layout.dims), layout.dims, layout.dtype)
                    for layout in layouts[3:]]
-        _emit_step(lowerer, replace(match, key=key), plan, engine, sources[:3], scratch)
+        _emit_launch(lowerer, replace(match, key=key), plan, engine, sources[:3], scratch)
         return scratch[1]
 
     return emit, engine
@@ -182,7 +182,7 @@ def _attention_backward(lowerer, match):
         buffers = {node: lowerer.result_buffer(node) for node in match.nodes}
         targets = [target(buffers[node] if node is not None else lowerer.new_buffer(key.dtype, shape), shape, key.dtype,
                           offset, strides) for node, shape, strides, offset in gradients]
-        _emit_step(lowerer, match, plan, engine, sources + [stats], targets)
+        _emit_launch(lowerer, match, plan, engine, sources + [stats], targets)
         for node, key_ in buffers.items():
             lowerer.values[node] = lowerer.loaded(node, key_)
 
@@ -215,7 +215,7 @@ def _epilogue(lowerer, match):
     def emit():  # at the group's last node: its bias is lowered by now
         sources = [first, second, presented(lowerer, match.operands[2], bias)]
         buffers = [lowerer.result_buffer(node) for node in match.results]
-        _emit_step(lowerer, match, plan, engine, sources, [target(key_, result_dims, "f32") for key_ in buffers])
+        _emit_launch(lowerer, match, plan, engine, sources, [target(key_, result_dims, "f32") for key_ in buffers])
         for node, key_ in zip(match.results, buffers):
             lowerer.values[node] = lowerer.loaded(node, key_)
 

@@ -1,14 +1,14 @@
-"""The steps a lowered graph runs, in order, over an environment of buffers.
+"""The launches a lowered graph runs, in order, over an environment of buffers.
 
-Every step names the buffers it reads and writes (by key), so the memory plan can place
+Every launch names the buffers it reads and writes (by key), so the memory plan can place
 them; at run time `env[key]` is the buffer's tensor (the arena slice, an input, or an
-output). A load inside a generated kernel carries its own view of a buffer; a step that
+output). A load inside a generated kernel carries its own view of a buffer; a launch that
 calls PyTorch gets a strided tensor through `strided(env, key, view)`.
 
 The lowering and the fusion pass make kernels as plain data, their expressions reading
-buffers by key (`FlatStep`, rowmerge's `RowStep`, `ColumnStep`); code generation (`finish`)
-turns each into a `KernelStep` that launches generated Triton source. `TorchStep`s are made
-as they run. `step_text` is a step's text form (the lowering's dumps).
+buffers by key (`FlatLaunch`, rowmerge's `RowLaunch`, `ColumnLaunch`); code generation (`finish`)
+turns each into a `KernelLaunch` that launches generated Triton source. `TorchLaunch`s are made
+as they run. `launch_text` is a launch's text form (the lowering's dumps).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, expression_text, nodes_in_o
 from sexpgpu.backends.cuda.codegen.flat import FlatSpec, flat_kernel
 from sexpgpu.backends.cuda.codegen.space import View
 
-DEVICE = "device"  # env entry: the torch.device the graph runs on (for a step that makes a tensor)
+DEVICE = "device"  # env entry: the torch.device the graph runs on (for a launch that makes a tensor)
 # i64: an exact graph's accumulators (exact.py), int64 digits kept beside the arena; a draw's
 # args words (draws.py)
 TORCH_DTYPES = {"f32": "float32", "bf16": "bfloat16", "i32": "int32", "bool": "bool", "i64": "int64"}
@@ -74,7 +74,7 @@ def loads_of(roots) -> tuple[str, ...]:
 
 
 @dataclass
-class FlatStep:
+class FlatLaunch:
     """A fused elementwise kernel still open to more outputs of the same space."""
 
     shape: tuple[int, ...]
@@ -92,16 +92,16 @@ class FlatStep:
     def roots(self) -> list[Expr]:
         return [value for _, _, _, value in self.outputs]
 
-    def finish(self, buffers: dict) -> "KernelStep":
+    def finish(self, buffers: dict) -> "KernelLaunch":
         values, keys = number_operands([value for _, _, _, value in self.outputs])
         inputs = tuple(buffers[key].dtype for key in keys)
         outputs = tuple((view, dtype, value) for (_, view, dtype, _), value in zip(self.outputs, values))
-        launch = flat_kernel(FlatSpec(self.shape, inputs, outputs))
-        return KernelStep(launch, tuple(keys) + self.writes, self.reads, self.writes, self.kind)
+        kernel = flat_kernel(FlatSpec(self.shape, inputs, outputs))
+        return KernelLaunch(kernel, tuple(keys) + self.writes, self.reads, self.writes, self.kind)
 
 
 @dataclass
-class ColumnStep:
+class ColumnLaunch:
     """A column kernel before code generation; its expressions read buffers by key."""
 
     spec: ColumnSpec
@@ -115,53 +115,53 @@ class ColumnStep:
     def reads(self) -> tuple[str, ...]:
         return loads_of(self.roots())
 
-    def finish(self, buffers: dict) -> "KernelStep":
-        return kernel_step(ColumnKernel, self.spec, self.roots(), column_roots, self.writes, buffers, self.kind)
+    def finish(self, buffers: dict) -> "KernelLaunch":
+        return kernel_launch(ColumnKernel, self.spec, self.roots(), column_roots, self.writes, buffers, self.kind)
 
 
-def step_text(step) -> str:
-    """A step as text: its kind, its buffers, and a kernel's expressions, each node once."""
-    head = f"{step.kind} {type(step).__name__} reads={','.join(step.reads)} writes={','.join(step.writes)}"
-    roots = step.roots() if hasattr(step, "roots") else ()
+def launch_text(launch) -> str:
+    """A launch as text: its kind, its buffers, and a kernel's expressions, each node once."""
+    head = f"{launch.kind} {type(launch).__name__} reads={','.join(launch.reads)} writes={','.join(launch.writes)}"
+    roots = launch.roots() if hasattr(launch, "roots") else ()
     return "\n".join([head] + [f"  {line}" for line in expression_text(roots)])
 
 
 @dataclass
-class KernelStep:
-    launch: object  # a Launch, RowKernel or ColumnKernel
+class KernelLaunch:
+    kernel: object  # a GeneratedKernel, RowKernel or ColumnKernel
     operands: tuple[str, ...]  # buffer keys, in the kernel's argument order
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     kind: str
 
     def __call__(self, env: dict) -> None:
-        self.launch(*[env[key] for key in self.operands])
+        self.kernel(*[env[key] for key in self.operands])
 
 
 @dataclass
-class TorchStep:
-    """A step done by a PyTorch call: products (cuBLAS), gathers, sorts, copies."""
+class TorchLaunch:
+    """A launch done by a PyTorch call: products (cuBLAS), gathers, sorts, copies."""
 
     run: object  # run(env) -> None
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     kind: str
     # (operand, arena key, view): where an input or output operand may live so that this
-    # step's copy of it is an identity (placement.py)
+    # launch's copy of it is an identity (placement.py)
     aliases: tuple = ()
     product: object = None  # a float32 product's ProductShape: the key of the plan's choice for it
-    engine: str | None = None  # the cuDNN engine a convolution's step runs (None: PyTorch's convolution)
-    pattern: str | None = None  # the key of the cuDNN pattern graph the step runs (pattern_steps.py)
+    engine: str | None = None  # the cuDNN engine a convolution's launch runs (None: PyTorch's convolution)
+    pattern: str | None = None  # the key of the cuDNN pattern graph the launch runs (pattern_launches.py)
 
     def __call__(self, env: dict) -> None:
         self.run(env)
 
 
-def kernel_step(kernel_class, spec, roots: list[Expr], with_roots, output_keys, buffers: dict, kind: str) -> KernelStep:
+def kernel_launch(kernel_class, spec, roots: list[Expr], with_roots, output_keys, buffers: dict, kind: str) -> KernelLaunch:
     """A generated row or column kernel: number the operands its expressions read, put the
     numbered expressions and the operands' dtypes back in the spec, and launch it with the
     input buffers then the output buffers."""
     numbered, keys = number_operands(roots)
     dtypes = tuple(buffers[key].dtype for key in keys)
     kernel = kernel_class(with_roots(spec, numbered, dtypes))
-    return KernelStep(kernel, tuple(keys) + tuple(output_keys), tuple(keys), tuple(output_keys), kind)
+    return KernelLaunch(kernel, tuple(keys) + tuple(output_keys), tuple(keys), tuple(output_keys), kind)
