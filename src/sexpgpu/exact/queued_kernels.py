@@ -522,15 +522,10 @@ def _put(planes_ptr, plane: tl.constexpr, P, at, inside, value):
     tl.store(planes_ptr + plane * P + at, value, mask=inside)
 
 
-@triton.jit(do_not_specialize=["P"])
-def _normalise_planes(planes_ptr, P, BLOCK: tl.constexpr):
-    """accumulator.normalise_ in place on (WIDTH, P) int64 planes: digits carried, counts 0 or 1."""
-    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inside = at < P
-    (d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17) = \
-        _digits_of(planes_ptr, P, at, inside)
-    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _normalised(
-        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+@triton.jit
+def _put_digits(planes_ptr, P, at, inside, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14,
+                d15, d16, d17):
+    """The 18 digit planes of outputs `at` of (WIDTH, P) planes, stored: `_digits_of`'s inverse."""
     _put(planes_ptr, 0, P, at, inside, d0)
     _put(planes_ptr, 1, P, at, inside, d1)
     _put(planes_ptr, 2, P, at, inside, d2)
@@ -549,6 +544,19 @@ def _normalise_planes(planes_ptr, P, BLOCK: tl.constexpr):
     _put(planes_ptr, 15, P, at, inside, d15)
     _put(planes_ptr, 16, P, at, inside, d16)
     _put(planes_ptr, 17, P, at, inside, d17)
+
+
+@triton.jit(do_not_specialize=["P"])
+def _normalise_planes(planes_ptr, P, BLOCK: tl.constexpr):
+    """accumulator.normalise_ in place on (WIDTH, P) int64 planes: digits carried, counts 0 or 1."""
+    at = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = at < P
+    (d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17) = \
+        _digits_of(planes_ptr, P, at, inside)
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17 = _normalised(
+        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9, d10, d11, d12, d13, d14, d15, d16, d17)
+    _put_digits(planes_ptr, P, at, inside, d0, d1, d2, d3, d4, d5, d6, d7, d8,
+                d9, d10, d11, d12, d13, d14, d15, d16, d17)
     _put(planes_ptr, 18, P, at, inside, tl.minimum(_plane(planes_ptr, 18, P, at, inside), 1))
     _put(planes_ptr, 19, P, at, inside, tl.minimum(_plane(planes_ptr, 19, P, at, inside), 1))
     _put(planes_ptr, 20, P, at, inside, tl.minimum(_plane(planes_ptr, 20, P, at, inside), 1))
@@ -613,24 +621,8 @@ def _scatter_sums(values_ptr, order_ptr, bounds_ptr, out_ptr, planes_ptr, D, PLA
     if DIGITS:
         i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17 = _normalised(
             i0, i1, i2, i3, i4, i5, i6, i7, i8, i9, i10, i11, i12, i13, i14, i15, i16, i17)
-        _put(planes_ptr, 0, PLANE, at, inside, i0)
-        _put(planes_ptr, 1, PLANE, at, inside, i1)
-        _put(planes_ptr, 2, PLANE, at, inside, i2)
-        _put(planes_ptr, 3, PLANE, at, inside, i3)
-        _put(planes_ptr, 4, PLANE, at, inside, i4)
-        _put(planes_ptr, 5, PLANE, at, inside, i5)
-        _put(planes_ptr, 6, PLANE, at, inside, i6)
-        _put(planes_ptr, 7, PLANE, at, inside, i7)
-        _put(planes_ptr, 8, PLANE, at, inside, i8)
-        _put(planes_ptr, 9, PLANE, at, inside, i9)
-        _put(planes_ptr, 10, PLANE, at, inside, i10)
-        _put(planes_ptr, 11, PLANE, at, inside, i11)
-        _put(planes_ptr, 12, PLANE, at, inside, i12)
-        _put(planes_ptr, 13, PLANE, at, inside, i13)
-        _put(planes_ptr, 14, PLANE, at, inside, i14)
-        _put(planes_ptr, 15, PLANE, at, inside, i15)
-        _put(planes_ptr, 16, PLANE, at, inside, i16)
-        _put(planes_ptr, 17, PLANE, at, inside, i17)
+        _put_digits(planes_ptr, PLANE, at, inside, i0, i1, i2, i3, i4, i5, i6, i7, i8,
+                    i9, i10, i11, i12, i13, i14, i15, i16, i17)
         _put(planes_ptr, 18, PLANE, at, inside, tl.minimum(nan, 1))
         _put(planes_ptr, 19, PLANE, at, inside, tl.minimum(up, 1))
         _put(planes_ptr, 20, PLANE, at, inside, tl.minimum(down, 1))

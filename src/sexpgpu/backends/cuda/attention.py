@@ -29,7 +29,7 @@ from math import prod
 
 from sexpgpu.backends.cuda.codegen.expr import load
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
-from sexpgpu.backends.cuda.launches import TorchLaunch, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, reads_of, strided
 from sexpgpu.graph.core.rules import RuleTable
 
 ATTENTION = RuleTable("cuda attention", needs=lambda op: op.kind == "attention")
@@ -44,12 +44,8 @@ def _four_axes(tensor):
     return tensor.reshape((-1, heads) + tuple(tensor.shape[-2:]))
 
 
-def _operands(lowerer, nodes) -> list:
-    return [lowerer.addressable(node) for node in nodes]
-
-
 def _tensors(env, operands) -> list:
-    return [_four_axes(strided(env, key, view)) for key, view in operands]
+    return [_four_axes(operand.strided(env)) for operand in operands]
 
 
 def _written(env, results) -> list:
@@ -60,10 +56,6 @@ def _written(env, results) -> list:
         heads = tensor.shape[-3] if tensor.dim() > 2 else 1
         views.append(tensor.view((-1, heads) + tuple(tensor.shape[-2:])))
     return views
-
-
-def _reads(operands, *more) -> tuple:
-    return tuple(dict.fromkeys([key for key, _ in operands] + list(more)))
 
 
 def _heads_merge(node) -> tuple:
@@ -95,7 +87,7 @@ def _result(lowerer, node, also=()) -> tuple[str, View]:
 def _forward_launch(lowerer, node, out: tuple, lse: str) -> None:
     from sexpgpu.backends.cuda.codegen.attention import run_forward
 
-    operands = _operands(lowerer, node.inputs[:3])
+    operands = lowerer.operands(node.inputs[:3])
     scale, causal = node.attrs["scale"], node.attrs["causal"]
 
     def run(env):
@@ -103,7 +95,7 @@ def _forward_launch(lowerer, node, out: tuple, lse: str) -> None:
         (written,) = _written(env, [out])
         run_forward(q, k, v, written, env[lse], scale, causal)
 
-    lowerer.launches.append(TorchLaunch(run, _reads(operands), (out[0], lse), "attention"))
+    lowerer.launches.append(TorchLaunch(run, reads_of(operands), (out[0], lse), "attention"))
 
 
 @ATTENTION.rule("attention_core")
@@ -141,12 +133,12 @@ def _row_delta(lowerer, o, g) -> str:
     if key is not None:
         return key
     key = lowerer.new_buffer("f32", o.shape[:-1])
-    operands = _operands(lowerer, (o, g))
+    operands = lowerer.operands((o, g))
 
     def run(env):
         run_row_delta(*_tensors(env, operands), env[key])
 
-    lowerer.launches.append(TorchLaunch(run, _reads(operands), (key,), "attention"))
+    lowerer.launches.append(TorchLaunch(run, reads_of(operands), (key,), "attention"))
     lowerer.shared[("attention delta", o, g)] = key
     return key
 
@@ -162,13 +154,13 @@ def _score_delta(lowerer, node, lse: str) -> str:
     if key is not None:
         return key
     key = lowerer.new_buffer("f32", node.inputs[3].shape[:-1])
-    operands = _operands(lowerer, node.inputs[:3] + node.inputs[4:])
+    operands = lowerer.operands(node.inputs[:3] + node.inputs[4:])
     scale, causal = node.attrs["scale"], node.attrs["causal"]
 
     def run(env):
         run_score_delta(*_tensors(env, operands), env[lse], env[key], scale, causal)
 
-    lowerer.launches.append(TorchLaunch(run, _reads(operands, lse), (key,), "attention"))
+    lowerer.launches.append(TorchLaunch(run, reads_of(operands, lse), (key,), "attention"))
     lowerer.shared[("attention score delta", node.inputs[3], node.inputs[4])] = key
     return key
 
@@ -189,7 +181,7 @@ def _cotangent_launch(lowerer, node, kernel, results: list, scratch: tuple = ())
         delta = _score_delta(lowerer, node, lse)
     else:
         delta = _row_delta(lowerer, node.inputs[3], node.inputs[4])
-    operands = _operands(lowerer, node.inputs[:3] + node.inputs[4:])
+    operands = lowerer.operands(node.inputs[:3] + node.inputs[4:])
     scale, causal = node.attrs["scale"], node.attrs["causal"]
 
     def run(env):
@@ -199,7 +191,7 @@ def _cotangent_launch(lowerer, node, kernel, results: list, scratch: tuple = ())
 
     writes = tuple(dict.fromkeys([key for key, _ in results] + list(scratch)))
     statistics = (lse,) if delta is None else (lse, delta)
-    lowerer.launches.append(TorchLaunch(run, _reads(operands, *statistics), writes, "attention"))
+    lowerer.launches.append(TorchLaunch(run, reads_of(operands, *statistics), writes, "attention"))
 
 
 @ATTENTION.rule("attention_grad_q")
@@ -287,7 +279,7 @@ def _paired(lowerer, node, other: str) -> bool:
         (written,) = _written(env, [dq])
         run_backward_q_from_ds(env[ds], keys, written, scale, causal)
 
-    lowerer.launches.append(TorchLaunch(run, _reads([key_operand], ds), (dq[0],), "attention"))
+    lowerer.launches.append(TorchLaunch(run, reads_of([key_operand], ds), (dq[0],), "attention"))
     lowerer.values[q_node] = load(*dq, q_node.dtype)
     lowerer.shared[("attention paired", sibling)] = True
     return True

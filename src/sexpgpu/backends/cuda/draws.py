@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from sexpgpu import numerics as nx
-from sexpgpu.backends.cuda.launches import TorchLaunch, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch
 from sexpgpu.graph.core.rules import RuleTable
 
 DRAWS = RuleTable("cuda draws", needs=lambda op: op.kind == "draw")
@@ -52,14 +52,13 @@ def draw(lowerer, node) -> None:
     distribution, places = spec(node), layout(node)
     words = nx.draw_args(nx.stream_key(node.attrs["seed"], node.attrs["stream"]), distribution)
     template = lowerer.constant_buffer("i64", (1, len(words)), words)
-    salts = [lowerer.addressable(source) for source in node.inputs]
+    salts = lowerer.operands(node.inputs)
     args = lowerer.new_buffer("i64", (places.rows, len(words))) if salts else template
     out = lowerer.result_buffer(node)
 
     def run(env):
         if salts:
-            nx.fold_keys(env[template], [strided(env, key, view) for key, view in salts], env[args])
+            nx.fold_keys(env[template], [salt.strided(env) for salt in salts], env[args])
         nx.draw_into(distribution, env[out], env[args], places.rows, places.copies)
 
-    reads = (template,) + tuple(key for key, _ in salts)
-    lowerer.emit_result(node, TorchLaunch(run, reads, (out, args) if salts else (out,), "draw"))
+    lowerer.emit_result(node, TorchLaunch(run, (template,) + tuple(salt.key for salt in salts), (out, args) if salts else (out,), "draw"))

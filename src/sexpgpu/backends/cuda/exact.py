@@ -44,7 +44,7 @@ from sexpgpu.backends.cuda.codegen.space import View, broadcast_view, contiguous
 from sexpgpu.backends.cuda.elementwise import constant
 from sexpgpu.backends.cuda.reductions import integer_reduction, softmax_beside
 from sexpgpu.backends.cuda.gathers import gather
-from sexpgpu.backends.cuda.launches import DEVICE, TorchLaunch, same_memory, strided
+from sexpgpu.backends.cuda.launches import DEVICE, Operand, TorchLaunch, reads_of, same_memory, strided
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.graph.core.rules import RuleTable
 from sexpgpu.graph.core.ops import OPS
@@ -79,25 +79,10 @@ class ExactLowering:
 # --- reading and writing buffers --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Operand:
-    """A node's value where a launch reads it: a buffer seen through a view."""
-
-    key: str
-    view: View
-
-    def tensor(self, env) -> torch.Tensor:
-        """The value as the interpreter holds it: floats (bf16 ones too) as float32, integers as they are."""
-        value = strided(env, self.key, self.view)
-        return value.float() if value.is_floating_point() else value
-
-
-def operands(lowerer, nodes) -> list:
-    return [Operand(*lowerer.addressable(node)) for node in nodes]
-
-
-def _reads(sources) -> tuple:
-    return tuple(dict.fromkeys(source.key for source in sources))
+def as_interpreted(operand, env) -> torch.Tensor:
+    """The operand as the interpreter holds it: floats (bf16 ones too) as float32, integers as they are."""
+    value = operand.strided(env)
+    return value.float() if value.is_floating_point() else value
 
 
 def _write(lowerer, key: str, sources, compute, kind: str = "exact", into: bool = False) -> None:
@@ -106,17 +91,17 @@ def _write(lowerer, key: str, sources, compute, kind: str = "exact", into: bool 
     out=, the buffer, and may write the result there itself, which then needs no copy."""
     def run(env):
         target = env[key]
-        tensors = [source.tensor(env) for source in sources]
+        tensors = [as_interpreted(source, env) for source in sources]
         result = (compute(*tensors, out=target) if into else compute(*tensors)).reshape(target.shape)
         if not same_memory(result, target):
             target.copy_(result)
 
-    lowerer.launches.append(TorchLaunch(run, _reads(sources), (key,), kind))
+    lowerer.launches.append(TorchLaunch(run, reads_of(sources), (key,), kind))
 
 
 def _node_launch(lowerer, node, compute, kind: str = "exact", into: bool = False) -> None:
     """The node's value is compute(*its inputs' tensors), written into its own buffer."""
-    sources = operands(lowerer, node.inputs)
+    sources = lowerer.operands(node.inputs)
     key = lowerer.result_buffer(node)
     _write(lowerer, key, sources, compute, kind, into)
     lowerer.values[node] = lowerer.loaded(node, key)
@@ -155,7 +140,7 @@ def _check_launch(lowerer, node, ids, bound: int, what: str) -> None:
     """A launch raising the interpreter's E-INDEX-001 for an id outside 0..bound-1, read back and
     checked on the host, as the call runs."""
     def check(env) -> None:
-        check_ids(strided(env, ids.key, ids.view).cpu().numpy(), bound, what, node)
+        check_ids(ids.strided(env).cpu().numpy(), bound, what, node)
 
     lowerer.launches.append(TorchLaunch(check, (ids.key,), (), "check"))
 
@@ -199,7 +184,7 @@ def _max(node):
 
 def _scatter_add(lowerer, node) -> None:
     rows = node.attrs["rows"]
-    _check_launch(lowerer, node, operands(lowerer, node.inputs[:1])[0], rows, "embedding id")
+    _check_launch(lowerer, node, lowerer.operands(node.inputs[:1])[0], rows, "embedding id")
 
     def compute(ids, values):
         return ops.rounded_scatter(ids, values, rows, node.shape, node.dtype)
@@ -209,7 +194,7 @@ def _scatter_add(lowerer, node) -> None:
 
 def _checked_gather(lowerer, node) -> None:
     """An embedding lookup copies rows (exact); its ids are checked first."""
-    (ids,) = operands(lowerer, node.inputs[1:])
+    (ids,) = lowerer.operands(node.inputs[1:])
     _check_launch(lowerer, node, ids, node.inputs[0].shape[0], "embedding id")
     gather(lowerer, node)
 
@@ -232,7 +217,7 @@ class RowParts:
 
 def _row_parts(lowerer, x, axis: int) -> RowParts:
     kept = tuple(1 if index == axis else size for index, size in enumerate(x.shape))
-    source = operands(lowerer, [x])
+    source = lowerer.operands([x])
     top = _float_buffer(lowerer, kept, source, lambda t: _maxima(t, (axis,), True), "exact-max")
     shifted = lowerer.value_in(x, x.shape) - _over(top, kept, x.shape)
     exps = _written(lowerer, unary("exp", shifted), x.shape)
@@ -259,12 +244,12 @@ def _cross_entropy(lowerer, node) -> None:
     softmax = softmax_beside(lowerer, logits)
     if softmax is not None:  # the interpreter's softmax of these logits is E / S to the bit
         lowerer.take_value(softmax, parts.exps / parts.total)
-    _check_launch(lowerer, node, operands(lowerer, [labels])[0], classes, "cross-entropy label")
+    _check_launch(lowerer, node, lowerer.operands([labels])[0], classes, "cross-entropy label")
 
     def pick(x, ids):
         return torch.gather(x, -1, ids.to(torch.int64)[..., None])
 
-    picked = _float_buffer(lowerer, lead + (1,), operands(lowerer, [logits, labels]), pick, "exact-pick")
+    picked = _float_buffer(lowerer, lead + (1,), lowerer.operands([logits, labels]), pick, "exact-pick")
     log_softmax = (_per_row(picked, lead) - _per_row(parts.top, lead)) - unary("log", _per_row(parts.sums, lead))
     lowerer.take_value(node, -log_softmax)
 
@@ -277,7 +262,7 @@ def _layernorm(lowerer, node) -> None:
     def row_sums(t):
         return ops.rounded_sum(t, (last,), kept, "f32")
 
-    mean = _over(_float_buffer(lowerer, kept, operands(lowerer, [x]), row_sums, "exact-sum"), kept, x.shape) / count
+    mean = _over(_float_buffer(lowerer, kept, lowerer.operands([x]), row_sums, "exact-sum"), kept, x.shape) / count
     centered = lowerer.value_in(x, x.shape) - mean
     squares = _written(lowerer, centered * centered, x.shape)
     var = _over(_float_buffer(lowerer, kept, [squares], row_sums, "exact-sum"), kept, x.shape) / count
@@ -315,7 +300,7 @@ def _avg_pool2d(lowerer, node) -> None:
     def window_sums(x):
         return ops.rounded(ops.window_sums(x, kernel, stride, node.shape[2:]), node.shape, "f32")
 
-    total = _float_buffer(lowerer, node.shape, operands(lowerer, node.inputs), window_sums, "exact-pooling")
+    total = _float_buffer(lowerer, node.shape, lowerer.operands(node.inputs), window_sums, "exact-pooling")
     lowerer.take_value(node, load(total, contiguous(node.shape), "f32") / _window_size(node))
 
 
@@ -394,16 +379,16 @@ def _reducing(digits, rounded):
     """A region node that sums rounded values, as a PendingSum of its inputs' tensors:
     digits(node, *tensors) forms it, rounded(node, *tensors) rounds it once by a fast path."""
     def lower(lowerer, node) -> None:
-        sources = operands(lowerer, node.inputs)
+        sources = lowerer.operands(node.inputs)
         lowerer.exact.held.extend(source.key for source in sources)
 
         def pending(env):
-            tensors = [source.tensor(env) for source in sources]
-            as_they_lie = all(tensor.data_ptr() == strided(env, source.key, source.view).data_ptr()
+            tensors = [as_interpreted(source, env) for source in sources]
+            as_they_lie = all(tensor.data_ptr() == source.strided(env).data_ptr()
                               for tensor, source in zip(tensors, sources))  # no float32 copy made
             return PendingSum(lambda: digits(node, *tensors), lambda: rounded(node, *tensors), as_they_lie)
 
-        _region_launch(lowerer, node, _reads(sources), pending)
+        _region_launch(lowerer, node, reads_of(sources), pending)
 
     return lower
 
@@ -437,7 +422,7 @@ def _rounded_region_scatter(node, ids, values):
 
 def _checked_region_scatter(lowerer, node) -> None:
     """An embedding's gradient: its ids checked as the call runs, its sums pending."""
-    _check_launch(lowerer, node, operands(lowerer, node.inputs[:1])[0], node.attrs["rows"], "embedding id")
+    _check_launch(lowerer, node, lowerer.operands(node.inputs[:1])[0], node.attrs["rows"], "embedding id")
     _reducing(_region_scatter, _rounded_region_scatter)(lowerer, node)
 
 

@@ -14,6 +14,7 @@ as they run. `launch_text` is a launch's text form (the lowering's dumps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sexpgpu.backends.cuda.codegen.columns import ColumnKernel, ColumnSpec, roots_of
 from sexpgpu.backends.cuda.codegen.columns import with_roots as column_roots
@@ -59,6 +60,21 @@ def strided(env: dict, key: str, view: View):
     """The buffer `key` seen through `view` (which must be over its own axes)."""
     base = env[key]
     return base.as_strided(tuple(view.dims), tuple(view.strides), base.storage_offset() + view.offset)
+
+
+class Operand(NamedTuple):
+    """A node's value where a launch reads it: a buffer seen through a view over the node's axes."""
+
+    key: str
+    view: View
+
+    def strided(self, env: dict):
+        return strided(env, self.key, self.view)
+
+
+def reads_of(operands, *more: str) -> tuple[str, ...]:
+    """The buffers the operands, then the keys `more`, name: each once, in order."""
+    return tuple(dict.fromkeys([operand.key for operand in operands] + list(more)))
 
 
 def same_memory(a, b) -> bool:

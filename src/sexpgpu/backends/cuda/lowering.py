@@ -44,7 +44,8 @@ from sexpgpu.backends.cuda.pattern_launches import Patterns
 from sexpgpu.backends.cuda.products import PRODUCTS
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.windows import WINDOWS
-from sexpgpu.backends.cuda.launches import Buffer, ColumnLaunch, FlatLaunch, TorchLaunch, launch_text, same_memory, strided
+from sexpgpu.backends.cuda.launches import Buffer, ColumnLaunch, FlatLaunch, Operand, TorchLaunch, launch_text, same_memory
+from sexpgpu.backends.cuda.launches import strided
 from sexpgpu.exact.layout import WIDTH
 from sexpgpu.plan.memory import ArenaPlan, liveness, plan_arena
 
@@ -155,18 +156,21 @@ class Lowerer:
         if not broadcastable(self.policy, self.values[node], node.size, size):
             self.realize(node, "a broadcast would repeat its arithmetic")
 
-    def addressable(self, node) -> tuple[str, View]:
-        """(buffer, view over the node's own axes) holding `node`, writing it out if its
+    def addressable(self, node) -> Operand:
+        """The buffer and view over the node's own axes holding `node`, writing it out if its
         value is an expression or a view no strided tensor can express."""
         value = self.values[node]
         if value.op == "load" and value.attr[1].over(node.shape):
-            return value.attr
+            return Operand(*value.attr)
         if value.op == "scalar":
-            return value.attr, View((), (), 0)
+            return Operand(value.attr, View((), (), 0))
         if self._realize_under_view(node):
             return self.addressable(node)
         self.realize(node, "a reader needs it in memory")
         return self.addressable(node)
+
+    def operands(self, nodes) -> list[Operand]:
+        return [self.addressable(node) for node in nodes]
 
     def _realize_under_view(self, node) -> bool:
         """A reshape or transpose of a computed value is written out as that value, in the

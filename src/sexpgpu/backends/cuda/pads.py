@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides
-from sexpgpu.backends.cuda.launches import TorchLaunch, same_memory, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, reads_of, same_memory
 from sexpgpu.graph.core.rules import RuleTable
 
 PADS = RuleTable("cuda pads and concatenations", needs=lambda op: op.name in ("pad", "concat"))
@@ -15,21 +15,21 @@ PADS = RuleTable("cuda pads and concatenations", needs=lambda op: op.name in ("p
 @PADS.rule("pad")
 def pad(lowerer, node) -> None:
     (x,) = node.inputs
-    source, view = lowerer.addressable(x)
+    source = lowerer.addressable(x)
     key = lowerer.result_buffer(node)
     axis, before = node.attrs["axis"], node.attrs["before"]
 
     def run(env):
         out = env[key]
         out.zero_()
-        out.narrow(axis, before, x.shape[axis]).copy_(strided(env, source, view))
+        out.narrow(axis, before, x.shape[axis]).copy_(source.strided(env))
 
-    lowerer.emit_result(node, TorchLaunch(run, (source,), (key,), "pad"))
+    lowerer.emit_result(node, TorchLaunch(run, (source.key,), (key,), "pad"))
 
 
 @PADS.rule("concat")
 def concat(lowerer, node) -> None:
-    parts = [lowerer.addressable(source) for source in node.inputs]
+    parts = lowerer.operands(node.inputs)
     key = lowerer.result_buffer(node)
     axis = node.attrs["axis"]
     starts = np.cumsum([0] + [source.shape[axis] for source in node.inputs]).tolist()
@@ -37,8 +37,7 @@ def concat(lowerer, node) -> None:
     aliases = tuple(_place_in(lowerer.buffers[source], key, node.shape, axis, start) for (source, view), start
                     in zip(parts, starts) if _placeable(lowerer.buffers[source], view, node.shape, axis))
     lowerer.buffers[key].live_from_start = bool(aliases)
-    reads = tuple(dict.fromkeys(source for source, _ in parts))
-    lowerer.emit_result(node, TorchLaunch(run, reads, (key,), "concat", aliases=aliases))
+    lowerer.emit_result(node, TorchLaunch(run, reads_of(parts), (key,), "concat", aliases=aliases))
 
 
 def _placeable(buffer, view, shape, axis: int) -> bool:
@@ -61,7 +60,7 @@ def _concatenation(parts, shapes, key: str, axis: int, starts: list):
 
     def run(env):
         out = env[key]
-        sources = [strided(env, source, view).reshape(shape) for (source, view), shape in zip(parts, shapes)]
+        sources = [part.strided(env).reshape(shape) for part, shape in zip(parts, shapes)]
         targets = [out.narrow(axis, start, piece.shape[axis]) for start, piece in zip(starts, sources)]
         moved = [(target, piece) for target, piece in zip(targets, sources) if not same_memory(target, piece)]
         if len(moved) == len(sources):

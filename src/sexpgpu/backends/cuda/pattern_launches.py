@@ -63,8 +63,7 @@ def declare(key: str, view: View, dims, dtype: str) -> Declared:
 
 
 def operand(lowerer, node, dims) -> Declared:
-    key, view = lowerer.addressable(node)
-    return declare(key, view, dims, node.dtype)
+    return declare(*lowerer.addressable(node), dims, node.dtype)
 
 
 def presented(lowerer, node, layout: Layout) -> Declared:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.backends.cuda.launches import TorchLaunch, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch
 from sexpgpu.backends.cuda.views import reshape_strides
 from sexpgpu.graph.core.rules import RuleTable
 from sexpgpu.plan.device import ProductShape
@@ -100,11 +100,9 @@ PRODUCTS = RuleTable("cuda products", needs=lambda op: op.kind == "contract")
 
 @PRODUCTS.rule("matmul")
 def matmul(lowerer, node) -> None:
-    a, b = node.inputs
-    left, left_view = lowerer.addressable(a)
-    right, right_view = lowerer.addressable(b)
+    left, right = lowerer.operands(node.inputs)
     key = lowerer.result_buffer(node)
-    form = _product_form(left_view, right_view, node.shape)
+    form = _product_form(left.view, right.view, node.shape)
     implementation = ORDINARY
     if form.shape is not None and node.dtype == "f32":  # the plan's choice for a float32 product
         implementation = lowerer.policy.products.get(form.shape.key(), ORDINARY)
@@ -114,14 +112,14 @@ def matmul(lowerer, node) -> None:
         writes += (lowerer.new_buffer("f32", scratch_shape(implementation, form.shape)),)
 
     def run(env):
-        operands = strided(env, left, left_view), strided(env, right, right_view), env[key]
+        tensors = left.strided(env), right.strided(env), env[key]
         if implementation == ORDINARY:
-            form.call(*operands)
+            form.call(*tensors)
         else:
-            run_product(implementation, *form.batched(*operands), env[writes[1]])
+            run_product(implementation, *form.batched(*tensors), env[writes[1]])
 
     choosable = form.shape if node.dtype == "f32" else None
-    lowerer.emit_result(node, TorchLaunch(run, (left, right), writes, "matmul", product=choosable))
+    lowerer.emit_result(node, TorchLaunch(run, (left.key, right.key), writes, "matmul", product=choosable))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ adds them with `scatter_add_`, which PyTorch's deterministic mode runs without a
 
 from __future__ import annotations
 
-from sexpgpu.backends.cuda.launches import TorchLaunch, strided
+from sexpgpu.backends.cuda.launches import TorchLaunch, reads_of
 from sexpgpu.backends.cuda.convolutions import convolution_key
 from sexpgpu.graph.core.rules import RuleTable
 
@@ -28,15 +28,14 @@ def _window_launch(lowerer, node, compute, kind: str, in_float32: bool = False) 
     With `in_float32`, bf16 inputs are widened first, so the result is rounded once, by the
     copy into the buffer, where the interpreter rounds it (PyTorch's bf16 pooling rounds each
     window's share apart)."""
-    sources = [lowerer.addressable(source) for source in node.inputs]
+    sources = lowerer.operands(node.inputs)
     key = lowerer.result_buffer(node)
     widen = (lambda tensor: tensor.float()) if in_float32 else (lambda tensor: tensor)
 
     def run(env):
-        env[key].copy_(compute(*[widen(strided(env, source, view)) for source, view in sources]))
+        env[key].copy_(compute(*[widen(source.strided(env)) for source in sources]))
 
-    reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.emit_result(node, TorchLaunch(run, reads, (key,), kind))
+    lowerer.emit_result(node, TorchLaunch(run, reads_of(sources), (key,), kind))
 
 
 def _engine_launch(lowerer, node, engine: str) -> None:
@@ -46,18 +45,17 @@ def _engine_launch(lowerer, node, engine: str) -> None:
     from sexpgpu.backends.cuda import cudnn_engines
 
     plan = cudnn_engines.prepared(convolution_key(node), engine, cudnn_engines.current_device())
-    sources = [lowerer.addressable(source) for source in node.inputs]
+    sources = lowerer.operands(node.inputs)
     key = lowerer.result_buffer(node)
     writes = (key,)
     if plan.workspace_bytes:
         writes += (lowerer.new_buffer("f32", (-(-plan.workspace_bytes // 4),)),)
 
     def run(env):
-        first, second = (strided(env, source, view).contiguous() for source, view in sources)
+        first, second = (source.strided(env).contiguous() for source in sources)
         plan.run(first, second, env[key], env[writes[1]] if len(writes) > 1 else None)
 
-    reads = tuple(dict.fromkeys(source for source, _ in sources))
-    lowerer.emit_result(node, TorchLaunch(run, reads, writes, "convolution", engine=engine))
+    lowerer.emit_result(node, TorchLaunch(run, reads_of(sources), writes, "convolution", engine=engine))
 
 
 def _convolution(lowerer, node, compute) -> None:
