@@ -18,6 +18,19 @@ TRITON_TYPES = {"f32": "tl.float32", "i32": "tl.int32", "bool": "tl.int1", "bf16
 INFIX = {"add": "+", "sub": "-", "mul": "*", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
          "eq": "==", "ne": "!=", "and": "&", "or": "|"}
 LEAVES = ("load", "scalar", "row", "iota")
+# The other ops, each a template over its arguments' names
+TEMPLATES = {
+    "div": "tl.div_rn({0}, {1})",
+    "max": "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    "min": "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    "neg": "(-{0})",
+    "not": "({0} == 0)",
+    "abs": "tl.abs({0})",
+    "sqrt": "tl.sqrt_rn({0})",
+    "relu": "tl.where({0} > 0.0, {0}, tl.where({0} != {0}, {0}, 0.0))",
+    "round_bf16": "round_bf16({0})",
+    "where": "tl.where({0}, {1}, {2})",
+}
 BITS_IMPORT = "from sexpgpu.backends.cuda.codegen.bits import add, load_bf16, max_nan, min_nan, round_bf16, store_bf16"
 
 
@@ -81,24 +94,8 @@ class Renderer:
             return f"tl.full([], {int(node.attr)}, tl.int32)"
         if op in INFIX:
             return f"({args[0]} {INFIX[op]} {args[1]})"
-        if op == "div":
-            return f"tl.div_rn({args[0]}, {args[1]})"
-        if op in ("max", "min"):
-            return f"tl.{op}imum({args[0]}, {args[1]}, propagate_nan=tl.PropagateNan.ALL)"
-        if op == "neg":
-            return f"(-{args[0]})"
-        if op == "not":
-            return f"({args[0]} == 0)"
-        if op == "abs":
-            return f"tl.abs({args[0]})"
-        if op == "sqrt":
-            return f"tl.sqrt_rn({args[0]})"
-        if op == "relu":
-            return f"tl.where({args[0]} > 0.0, {args[0]}, tl.where({args[0]} != {args[0]}, {args[0]}, 0.0))"
-        if op == "round_bf16":
-            return f"round_bf16({args[0]})"
-        if op == "where":
-            return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+        if op in TEMPLATES:
+            return TEMPLATES[op].format(*args)
         if op == "cast":
             return f"{args[0]}.to({TRITON_TYPES[node.dtype]})"
         if op in mathlib.FUNCTIONS:
