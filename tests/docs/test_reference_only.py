@@ -1,6 +1,8 @@
 """docs/ says what is true now: no page keeps a dated log (history is CHANGELOG.md's, and
 measurements are the benchmarks' own output), the largest reference pages stay readable as
-reference, and every link of a page leads to a file that is there. A generated report is
+reference, every link of a page leads to a file that is there, and every citation of a page's
+section (`docs/cuda.md, "Attention"` in a comment, a docstring or a page) names a heading or
+a paragraph's bold title of that page. A generated report is
 linked, not pasted: the ladder's committed reports lie in docs/ladder/<machine>/ with their
 plots."""
 
@@ -28,6 +30,8 @@ DIARY = {
 }
 LARGEST_BYTES = {"cuda.md": 40_000, "exact.md": 40_000}
 LINK = re.compile(r"\]\(([^)\s#]+)(#[^)]*)?\)")
+CITATION = re.compile(r'\b([\w-]+\.md),? \\?"([^"\\]+)\\?"')  # page.md, "Section" (also \"Section\" in a string)
+CITING = ["src/**/*.py", "tests/**/*.py", "bench/*.py", "docs/*.md", "README.md"]
 
 
 def prose(document: Path) -> str:
@@ -60,6 +64,38 @@ def test_every_link_leads_to_a_file_that_is_there(page):
     targets = [match.group(1) for match in LINK.finditer(prose(page)) if "://" not in match.group(1)]
     missing = [target for target in targets if not (page.parent / target).exists()]
     assert not missing, f"{shown(page)} links to files that are not there: {missing}"
+
+
+def titles(page: Path) -> set[str]:
+    """A page's section names: its headings, and the bold words that open a paragraph or a bullet."""
+    text = page.read_text()
+    found = re.findall(r"^#+ (.+)$", text, re.MULTILINE) + re.findall(r"^(?:- )?\*\*([^*]+)\*\*", text, re.MULTILINE)
+    return {normalised(title).rstrip(".") for title in found}
+
+
+def normalised(title: str) -> str:
+    return re.sub(r"\s*\n\s*#?\s*", " ", title).strip().lower()  # a citation may wrap, in a comment too
+
+
+def broken_citations(sources: list[Path], pages: list[Path]) -> list[str]:
+    sections = {page.name: titles(page) for page in pages}
+    return [f"{shown(source)} cites {match.group(1)}, {match.group(2)!r}"
+            for source in sources for match in CITATION.finditer(source.read_text())
+            if match.group(1) in sections
+            and not any(found.startswith(normalised(match.group(2))) for found in sections[match.group(1)])]
+
+
+def test_every_cited_section_is_there():
+    sources = sorted({path for pattern in CITING for path in ROOT.glob(pattern)})
+    broken = broken_citations(sources, PAGES)
+    assert not broken, "rename the citation or the section:\n" + "\n".join(broken)
+
+
+def test_the_checker_finds_a_citation_of_a_section_that_is_gone(tmp_path):
+    (tmp_path / "page.md").write_text("# Page\n\n## Kernels\n\n- **Row kernels merge** when ...\n")
+    source = tmp_path / "code.py"
+    source.write_text('# docs/page.md, "Kernels"; (page.md, "Row kernels\n# merge"); docs/page.md, "Speed"\n')
+    assert broken_citations([source], [tmp_path / "page.md"]) == [f"{source} cites page.md, 'Speed'"]
 
 
 def test_the_ladder_page_links_its_generated_reports_with_their_plots():
