@@ -277,11 +277,11 @@ def test_the_ladder_has_help_and_every_code_is_documented_raised_and_tested(caps
     assert all(f'"{found}"' in tests for found in documented)
 
 
-def test_docs_ladder_md_lists_the_tiers_of_tiers_json_and_its_plots_are_there():
+def test_docs_ladder_md_lists_the_tiers_of_tiers_json_and_links_its_reports():
     section = (ROOT / "docs/ladder.md").read_text().split("## Tiers\n", 1)[1].split("\n## ", 1)[0]
     rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in section.splitlines() if line.startswith("| `")]
     documented = [(row[0].strip("`"), row[3], row[4]) for row in rows]
     assert documented == [(tier.name, ", ".join(tier.devices), "yes" if tier.quick else "no")
                           for tier in read_tiers(str(LADDER))]
-    images = re.findall(r"!\[[^\]]*\]\((ladder/[^)]+)\)", (ROOT / "docs/ladder.md").read_text())
-    assert len(images) >= 4 and all((ROOT / "docs" / image).is_file() for image in images)
+    reports = re.findall(r"\]\((ladder/[^)]+/report\.md)\)", (ROOT / "docs/ladder.md").read_text())
+    assert len(reports) >= 2  # tests/docs checks that each is there, with its plots

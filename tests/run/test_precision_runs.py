@@ -12,7 +12,7 @@ from test_cli import EXAMPLES, sexpgpu
 
 # bf16 products round each product to 8 bits of mantissa: the curves part, but each step's
 # bf16 loss stays within ENVELOPE_STEP of the float32 loss (relative), and the mean of the
-# last ten steps within ENVELOPE_TAIL (docs/language.md, "Mixed precision").
+# last ten steps within ENVELOPE_TAIL (docs/language.md, "PRECISION").
 ENVELOPE_STEP = 0.10
 ENVELOPE_TAIL = 0.05
 
