@@ -57,7 +57,7 @@ SKIPPED = {
     Snippet("language.md", "(defrun NAME :KEY VALUE ...)"):
         "the template of a defrun, with placeholders",
     Snippet("ladder.md", "sexpgpu ladder --quick --device cpu"):
-        "a minute of CPU on the repository's ladder/: tests/run/test_ladder.py's "
+        "half a minute of CPU on the reference ladder: tests/run/test_ladder.py's "
         "test_the_quick_ladder_passes_on_the_cpu_within_two_minutes runs this command",
     Snippet("ladder.md", "sexpgpu ladder --envelopes --device cpu"):
         "four minutes of CPU: tests/run/test_ladder.py regenerates one tier's envelope with it and compares it with "

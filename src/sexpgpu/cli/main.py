@@ -175,12 +175,14 @@ def _add_ladder(commands) -> None:
     parser = commands.add_parser(
         "ladder", help="run the reference tiers and check every determinism promise",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run the ladder's tiers (ladder/tiers.json) on this machine and check each promise of\n"
+        description="Run the ladder's tiers (tiers.json of the reference ladder that comes with sexpgpu, or of\n"
+                    "--ladder DIR) on this machine and check each promise of\n"
                     "docs/determinism.md on each: level 1, level 2, level 3 (inside the tier's envelope),\n"
                     "--deterministic, resume, evaluate, and :arithmetic exact. Writes report.md, report.json\n"
                     "and a plot a tier into the run directory. Exit status 0: every row passes (or is not run\n"
                     "here); 1: a row fails (an answer, not an error); 2: bad input. With --envelopes, measure\n"
-                    "the tiers' envelopes again on this device instead (ladder/envelopes/). See docs/ladder.md.",
+                    "the tiers' envelopes again on this device instead (envelopes/ of the ladder folder). See\n"
+                    "docs/ladder.md.",
         epilog="examples:\n"
                "  sexpgpu ladder --quick --device cpu      the quick tiers on the CPU (CI)\n"
                "  sexpgpu ladder --device cuda             every tier on the GPU\n"
@@ -195,8 +197,9 @@ def _add_ladder(commands) -> None:
     parser.add_argument("--run-dir", metavar="DIR",
                         help="where the report, plots and runs go: a new or empty directory (default: a new folder "
                              "under runs/)")
-    parser.add_argument("--ladder", metavar="DIR", default="ladder",
-                        help="the ladder folder: tiers.json, the tiers' files and envelopes/ (default: ladder)")
+    parser.add_argument("--ladder", metavar="DIR",
+                        help="the ladder folder: tiers.json, the tiers' files and envelopes/ (default: the reference "
+                             "ladder that comes with sexpgpu)")
 
 
 def main(argv: list[str] | None = None) -> int:
