@@ -2,6 +2,9 @@
 
     PYTHONPATH=src python examples/det_train_demo.py [--steps 160] [--device cpu|cuda]
 
+It needs PyTorch, the optional extra torch (pip install 'sexpgpu[torch]'); without it, it says
+so and exits with status 2.
+
 A two-layer tanh network learns a fixed random teacher. Each run is computed twice, once
 with every product over its whole K and once with K cut into 4 uneven shards whose partial
 products are summed. In float32 the shards round in another order, so the loss moves in its
@@ -13,10 +16,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as missing:  # an install without the extra: a sentence, not a traceback
+    print(f"error: examples/det_train_demo.py needs PyTorch, which cannot be imported here ({missing}). "
+          "Install the optional extra: pip install 'sexpgpu[torch]'.", file=sys.stderr)
+    sys.exit(2)
 
 from sexpgpu.exact import DetLinear
 

@@ -90,8 +90,8 @@ def test_a_joined_world_of_one_gpu_gives_back_what_it_exchanges(tmp_path, monkey
 
 
 def short_tiny(folder: Path) -> Path:
-    text = (ROOT / "ladder" / "tiny-adam.sexp").read_text()
-    text = text.replace('"../examples/data/spirals.npz"', f'"{ROOT}/examples/data/spirals.npz"')
+    text = (ROOT / "src/sexpgpu/ladder/reference/tiny-adam.sexp").read_text()
+    text = text.replace('"data/spirals.npz"', f'"{ROOT}/examples/data/spirals.npz"')
     text = text.replace(":steps 200", ":steps 6").replace(":checkpoint 100", ":checkpoint 3").replace(":every 50", ":every 3")
     path = folder / "tiny-adam.sexp"
     path.write_text(text)

@@ -48,6 +48,9 @@ class Snippet:
 SKIPPED = {
     Snippet("README.md", "python3 -m venv .venv && .venv/bin/pip install -e '.[test]'"):
         "installs the package and runs the whole test suite: that is CI itself",
+    Snippet("README.md", "pip install '.[plot]'"):
+        "installs from the package index: tests/packaging/test_wheel.py pip-installs a wheel built from the tree "
+        "into a fresh venv and runs it, and checks that these lines' extras exist and gpu holds the CUDA backend's imports",
     Snippet("architecture.md", "experiment = lang.forms.load_experiment"):
         "a sketch of the stages' interfaces with elided arguments (`...`), not a program",
     Snippet("cuda.md", "backend = CudaBackend()"):
@@ -57,8 +60,9 @@ SKIPPED = {
     Snippet("language.md", "(defrun NAME :KEY VALUE ...)"):
         "the template of a defrun, with placeholders",
     Snippet("ladder.md", "sexpgpu ladder --quick --device cpu"):
-        "a minute of CPU on the repository's ladder/: tests/run/test_ladder.py's "
-        "test_the_quick_ladder_passes_on_the_cpu_within_two_minutes runs this command",
+        "half a minute of CPU on the reference ladder: tests/run/test_ladder.py's "
+        "test_the_quick_ladder_passes_on_the_cpu_within_two_minutes runs this command, and tests/packaging/test_wheel.py "
+        "runs it from a pip-installed wheel outside the checkout",
     Snippet("ladder.md", "sexpgpu ladder --envelopes --device cpu"):
         "four minutes of CPU: tests/run/test_ladder.py regenerates one tier's envelope with it and compares it with "
         "the committed one (test_the_cpu_regenerates_the_committed_chaotic_envelope_bit_for_bit)",

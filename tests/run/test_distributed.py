@@ -39,10 +39,11 @@ from sexpgpu.distributed.world import BACKENDS, GroupFacts, World, process_devic
 from sexpgpu.store import read_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-LADDER_TINY = ROOT / "ladder" / "tiny-adam.sexp"
+TINY_PATH = "src/sexpgpu/ladder/reference/tiny-adam.sexp"  # the reference ladder's tiny-adam, from the root
+LADDER_TINY = ROOT / TINY_PATH
 DOCS = ROOT / "docs" / "distributed.md"
 # the command docs/distributed.md shows, run as it is written (torchrun is torch.distributed.run's script)
-DOCUMENTED = "torchrun --standalone --nproc-per-node 2 -m sexpgpu run ladder/tiny-adam.sexp --device cpu --run-dir runs/two"
+DOCUMENTED = "torchrun --standalone --nproc-per-node 2 -m sexpgpu run " + TINY_PATH + " --device cpu --run-dir runs/two"
 STEPS, EVERY = 6, 3
 BF16_STEPS = 10
 # The bf16 envelope (docs/distributed.md): how far a step's loss of 2 nodes sending bf16
@@ -52,14 +53,14 @@ BF16_ENVELOPE = 1e-4
 
 
 def tiny(folder: Path, steps: int = STEPS, every: int = EVERY, edits: tuple = ()) -> Path:
-    """The ladder's tiny-adam at folder/ladder/tiny-adam.sexp, cut to `steps` steps with a
+    """The ladder's tiny-adam at folder/TINY_PATH, cut to `steps` steps with a
     checkpoint and a pass every `every`, and the (old, new) `edits` made."""
-    text = LADDER_TINY.read_text().replace('"../examples/data/spirals.npz"', f'"{ROOT}/examples/data/spirals.npz"')
+    text = LADDER_TINY.read_text().replace('"data/spirals.npz"', f'"{ROOT}/examples/data/spirals.npz"')
     for old, new in ((":steps 200", f":steps {steps}"), (":checkpoint 100", f":checkpoint {every}"),
                      (":every 50", f":every {every}"), *edits):
         assert old in text, old
         text = text.replace(old, new)
-    path = folder / "ladder" / "tiny-adam.sexp"
+    path = folder / TINY_PATH
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

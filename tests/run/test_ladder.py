@@ -20,7 +20,7 @@ import pytest
 from sexpgpu.cli.main import main
 from sexpgpu.ladder.envelopes import MARGIN, Envelope, Margin, Source, outside_peers, read_envelope, tier_digest
 from sexpgpu.ladder.promises import FAIL, NOT_RUN, PASS, PROMISES, Workspace, same_bits
-from sexpgpu.ladder.tiers import read_tiers, select_tiers
+from sexpgpu.ladder.tiers import REFERENCE, read_tiers, select_tiers
 from sexpgpu.ladder.variations import RECOMPUTE_BUDGETS, compute, envelope_variations
 from sexpgpu.run.session import RunOptions, execute
 from sexpgpu.run.setup import build_run
@@ -31,8 +31,8 @@ from test_choosing import SPLIT, home, sexpgpu  # noqa: F401  (fixtures)
 from test_diff import plant_one_ulp
 
 ROOT = Path(__file__).resolve().parents[2]
-LADDER = ROOT / "ladder"
-SPIRALS = ROOT / "examples" / "data" / "spirals.npz"
+LADDER = Path(REFERENCE)  # the reference ladder, package data
+SPIRALS = LADDER / "data" / "spirals.npz"
 CI_LIMIT_SECONDS = 120  # what `sexpgpu ladder --quick` may take on CI's two cores (about 30 s)
 
 TINY_TIER = {"name": "tiny", "purpose": "a 6-step tier for tests", "chaotic": False, "devices": ["cpu"],
@@ -40,8 +40,14 @@ TINY_TIER = {"name": "tiny", "purpose": "a 6-step tier for tests", "chaotic": Fa
 BIG_TIER = dict(TINY_TIER, name="big", devices=["cuda"], quick=False)
 
 
+def with_spirals(text: str) -> str:
+    """A tier's text that reads the reference ladder's spirals from wherever the text is written."""
+    assert '"data/spirals.npz"' in text
+    return text.replace('"data/spirals.npz"', f'"{SPIRALS}"')
+
+
 def tier_text(lr: str = "0.01", microbatches: int = 4) -> str:
-    text = (LADDER / "tiny-adam.sexp").read_text().replace('"../examples/data/spirals.npz"', f'"{SPIRALS}"')
+    text = with_spirals((LADDER / "tiny-adam.sexp").read_text())
     edits = {":steps 200": ":steps 6", ":checkpoint 100": ":checkpoint 3", ":every 50": ":every 3",
              ":batch 16": ":batch 4", ":microbatches 4": f":microbatches {microbatches}", "(adam :lr 0.01)": f"(adam :lr {lr})",
              "(defrun tiny-adam": "(defrun tiny"}
@@ -70,7 +76,7 @@ def climb(sexpgpu, *args) -> tuple:
 @pytest.mark.slow
 def test_the_quick_ladder_passes_on_the_cpu_within_two_minutes(sexpgpu, tmp_path):
     started, cpu = time.perf_counter(), time.process_time()
-    code, out, err = climb(sexpgpu, "--quick", "--device", "cpu", "--run-dir", tmp_path / "quick", "--ladder", LADDER)
+    code, out, err = climb(sexpgpu, "--quick", "--device", "cpu", "--run-dir", tmp_path / "quick")
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     print(f"\nsexpgpu ladder --quick --device cpu: {seconds:.0f} s, {cpu:.0f} s of CPU time")
     assert code == 0, out + err
@@ -94,7 +100,7 @@ def test_the_quick_ladder_passes_on_the_cpu_within_two_minutes(sexpgpu, tmp_path
 def test_a_learning_rate_changed_by_a_tenth_fails_level_3(tmp_path):
     (tier,) = select_tiers(read_tiers(str(LADDER)), ["tiny-adam"], "cpu", False)
     changed = tmp_path / "tiny-adam.sexp"
-    text = (LADDER / "tiny-adam.sexp").read_text().replace("../examples", str(ROOT / "examples"))
+    text = with_spirals((LADDER / "tiny-adam.sexp").read_text())
     changed.write_text(text.replace("(adam :lr 0.01)", "(adam :lr 0.011)"))
     execute(load_experiment(changed), RunOptions(run_dir=str(tmp_path / "run"), device="cpu", out=io.StringIO(),
                                                  err=io.StringIO()))
@@ -197,7 +203,6 @@ def test_the_committed_envelopes_are_current_and_each_source_is_inside_the_other
 def test_the_cpu_regenerates_the_committed_chaotic_envelope_bit_for_bit(sexpgpu, tmp_path):
     copy = tmp_path / "ladder"
     shutil.copytree(LADDER, copy)
-    shutil.copytree(ROOT / "examples" / "data", tmp_path / "examples" / "data")  # where the tiers read their data
     committed = (LADDER / "envelopes" / "spirals-chaotic.json").read_text()
     code, out, err = climb(sexpgpu, "--envelopes", "spirals-chaotic", "--device", "cpu", "--ladder", copy)
     assert code == 0, err

@@ -88,9 +88,10 @@ def plot(args) -> int:
 
 def ladder(args) -> int:
     from sexpgpu.ladder.climb import LadderOptions, regenerate_envelopes, run_ladder
+    from sexpgpu.ladder.tiers import REFERENCE
 
     options = LadderOptions(tiers=tuple(args.tiers), device=args.device, quick=args.quick, run_dir=args.run_dir,
-                            folder=args.ladder)
+                            folder=args.ladder or REFERENCE)
     if args.envelopes:
         regenerate_envelopes(options)
         return 0

@@ -175,12 +175,13 @@ def _add_ladder(commands) -> None:
     parser = commands.add_parser(
         "ladder", help="run the reference tiers and check every determinism promise",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run the ladder's tiers (ladder/tiers.json) on this machine and check each promise of\n"
-                    "docs/determinism.md on each: level 1, level 2, level 3 (inside the tier's envelope),\n"
-                    "--deterministic, resume, evaluate, and :arithmetic exact. Writes report.md, report.json\n"
-                    "and a plot a tier into the run directory. Exit status 0: every row passes (or is not run\n"
-                    "here); 1: a row fails (an answer, not an error); 2: bad input. With --envelopes, measure\n"
-                    "the tiers' envelopes again on this device instead (ladder/envelopes/). See docs/ladder.md.",
+        description="Run the ladder's tiers (the reference ladder that comes with sexpgpu, or --ladder DIR) on\n"
+                    "this machine and check each promise of docs/determinism.md on each: level 1, level 2,\n"
+                    "level 3 (inside the tier's envelope), --deterministic, resume, evaluate, and :arithmetic\n"
+                    "exact. Writes report.md, report.json and a plot a tier into the run directory. Exit status\n"
+                    "0: every row passes (or is not run here); 1: a row fails (an answer, not an error); 2: bad\n"
+                    "input. With --envelopes, measure the tiers' envelopes again on this device instead (into\n"
+                    "the ladder folder's envelopes/). See docs/ladder.md.",
         epilog="examples:\n"
                "  sexpgpu ladder --quick --device cpu      the quick tiers on the CPU (CI)\n"
                "  sexpgpu ladder --device cuda             every tier on the GPU\n"
@@ -195,8 +196,9 @@ def _add_ladder(commands) -> None:
     parser.add_argument("--run-dir", metavar="DIR",
                         help="where the report, plots and runs go: a new or empty directory (default: a new folder "
                              "under runs/)")
-    parser.add_argument("--ladder", metavar="DIR", default="ladder",
-                        help="the ladder folder: tiers.json, the tiers' files and envelopes/ (default: ladder)")
+    parser.add_argument("--ladder", metavar="DIR",
+                        help="the ladder folder: tiers.json, the tiers' files and envelopes/ (default: the reference "
+                             "ladder that comes with sexpgpu)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.ladder.envelopes import Envelope, outside_peers, read_envelope, regenerate, tier_digest
 from sexpgpu.ladder.promises import FAIL, PROMISES, Outcome, Workspace
 from sexpgpu.ladder.report import write_report
-from sexpgpu.ladder.tiers import read_tiers, select_tiers
+from sexpgpu.ladder.tiers import REFERENCE, read_tiers, select_tiers
 from sexpgpu.run.rundir import default_run_dir, run_dir_errors
 from sexpgpu.run.setup import build_run
 
@@ -29,7 +29,7 @@ class LadderOptions:
     device: str = "auto"
     quick: bool = False
     run_dir: str | None = None  # where the report, plots and runs go (default: a new folder under runs/)
-    folder: str = "ladder"  # the ladder: tiers.json, the tiers' files, envelopes/
+    folder: str = REFERENCE  # the ladder: tiers.json, the tiers' files, envelopes/
     out: object = None
 
     def command(self) -> str:

@@ -1,7 +1,9 @@
-"""The ladder's tiers (docs/ladder.md): the reference experiments in `ladder/`, from tiny to
-as large as one GPU trains in a few minutes. `ladder/tiers.json` lists them, in order, each
-with what it is for; a tier named N is the experiment `ladder/N.sexp`, and its envelope is
-`ladder/envelopes/N.json` (ladder/envelopes.py)."""
+"""The ladder's tiers (docs/ladder.md): the reference experiments, from tiny to as large as one
+GPU trains in a few minutes. A ladder folder's `tiers.json` lists them, in order, each with
+what it is for; a tier named N is the experiment `N.sexp` there, and its envelope is
+`envelopes/N.json` (ladder/envelopes.py). The reference ladder is package data, REFERENCE
+(`reference/` beside this file, with the data its tiers read), so `sexpgpu ladder` finds it
+from any directory after `pip install`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from sexpgpu.errors import SexpgpuError, did_you_mean
 from sexpgpu.lang.forms import load_experiment
 
+REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 MANIFEST = "tiers.json"
 FORMAT = 1
 DEVICE_KINDS = ("cpu", "cuda")
@@ -64,7 +67,8 @@ def read_tiers(folder: str) -> list:
             manifest = json.load(handle)
     except FileNotFoundError:
         raise SexpgpuError("E-LADDER-001", f"{folder} holds no ladder: there is no {path}.",
-                           hint="Run from the repository's root, where ladder/ is, or name the folder with --ladder DIR.") from None
+                           hint="Name a folder that holds a ladder's tiers.json with --ladder DIR, or leave out --ladder for "
+                                "the reference ladder that comes with sexpgpu.") from None
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise _not_a_manifest(path, f"it cannot be read as JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("tiers"), list):

@@ -9,7 +9,7 @@
 
 (defrun spirals-chaotic
   :seed 20261129
-  :data (records "../examples/data/spirals.npz" :shuffle true)
+  :data (records "data/spirals.npz" :shuffle true)
   :model (mlp x)
   :loss (cross-entropy y)
   :optimizer (adam :lr 0.1)
