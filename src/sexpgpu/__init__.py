@@ -6,4 +6,4 @@ file -> lang (reader, forms) -> graph (IR, autodiff, training graph) -> plan (me
 `numerics` and `exact` are leaf libraries used by every stage that computes.
 """
 
-__version__ = "0.1.0"
+from sexpgpu.version import __version__
