@@ -36,6 +36,7 @@ ALLOWED = {
     "tools": {"errors", "files", "settings", "lang", "graph", "plan", "backends", "run", "store", "version"},
     "ladder": {"errors", "files", "settings", "lang", "plan", "backends", "run", "tools", "store"},
     "cli": {"errors", "files", "settings", "lang", "distributed", "run", "tools", "ladder", "store"},
+    "api": {"errors", "settings", "lang", "run", "tools", "store"},  # the command line's level, as calls
 }
 
 
