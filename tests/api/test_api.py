@@ -78,8 +78,10 @@ def test_train_returns_what_the_run_directory_holds(trained, tmp_path):
 def test_train_writes_the_bytes_sexpgpu_run_writes(trained, tiny, tmp_path, capsys):
     status, _, _ = cli(capsys, "run", tiny, "--device", "cpu", "--run-dir", tmp_path / "b")
     assert status == 0
-    for name in ("metrics.jsonl", "report.txt"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    files = {folder: {path.relative_to(folder): path.read_bytes() for path in sorted(folder.rglob("*"))
+                      if path.is_file() and path.name != "run.lock"} for folder in (tmp_path / "a", tmp_path / "b")}
+    assert files[tmp_path / "a"] == files[tmp_path / "b"]
+    assert Path("step-6/model.safetensors") in files[tmp_path / "a"]
 
 
 def test_train_resumes_and_sends_checkpoints_elsewhere(trained, tiny, tmp_path):
