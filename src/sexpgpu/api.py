@@ -46,8 +46,8 @@ def train(file, selection: str | None = None, *, device: str = "auto", run_dir=N
 
     with _as_a_command("while sexpgpu.train ran"):
         experiment = load_experiment(file, selection)
-        options = RunOptions.from_flags(device, choices, deterministic, run_dir=_text(run_dir), resume=_text(resume),
-                                        checkpoint_to=_text(checkpoint_to))
+        options = RunOptions.from_flags(device, choices, deterministic, run_dir=_optional_path(run_dir),
+                                        resume=_optional_path(resume), checkpoint_to=_optional_path(checkpoint_to))
         outcome = execute(experiment, options)
         return _result(outcome)
 
@@ -134,6 +134,6 @@ def _run_path(run) -> str:
     return os.fspath(run.run_dir if isinstance(run, RunResult) else run)
 
 
-def _text(path) -> str | None:
+def _optional_path(path) -> str | None:
     """A path as the run stage takes it: a str (an s3:// URI too), from a str or a PathLike."""
     return None if path is None else os.fspath(path)

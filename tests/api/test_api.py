@@ -162,7 +162,8 @@ def test_open_checkpoint_gives_what_the_safetensors_library_reads(trained):
     for name, array in arrays.items():
         assert isinstance(array, np.ndarray) and array.dtype == expected_arrays[name].dtype
         assert array.tobytes() == expected_arrays[name].tobytes()
-        assert tensors[name].dtype == expected_tensors[name].dtype and torch.equal(tensors[name], expected_tensors[name])
+        assert tensors[name].dtype == expected_tensors[name].dtype
+        assert torch.equal(tensors[name], expected_tensors[name])
 
 
 def test_open_checkpoint_gives_a_bf16_tensor_as_torch_bfloat16(tmp_path):

@@ -72,7 +72,7 @@ class RunOptions:
     @classmethod
     def from_flags(cls, device: str = "auto", choices: str | None = None, deterministic: bool = False,
                    **places) -> RunOptions:
-        """What `sexpgpu run`'s flags ask for, and the Python API's `run` with them: the choice
+        """What `sexpgpu run`'s flags ask for, and the Python API's `train` with them: the choice
         settings (the flags over the environment's), the flags a run records, and this process
         among torchrun's. `places` are the other fields: run_dir, resume, checkpoint_to, ..."""
         taken = choice_settings(choices, deterministic)
