@@ -96,6 +96,13 @@ def test_train_resumes_and_sends_checkpoints_elsewhere(trained, tiny, tmp_path):
     assert sexpgpu.compare(trained, elsewhere).checkpoint_step == 6  # found where the record says they went
 
 
+def test_train_finds_the_checkpoints_the_file_s_to_sends_elsewhere(tiny, tmp_path):
+    sent = tmp_path / "sent.sexp"
+    sent.write_text(tiny.read_text().replace(":checkpoint 3", ':checkpoint (every 3 :to "kept")'))
+    result = sexpgpu.train(sent, device="cpu", run_dir=tmp_path / "r")
+    assert result.checkpoints == {step: str(tmp_path / "kept" / f"step-{step}") for step in (3, 6)}
+
+
 @pytest.mark.parametrize("call, code", [
     (lambda tiny, folder: sexpgpu.train(folder / "missing.sexp", device="cpu"), "E-FILE-001"),
     (lambda tiny, folder: sexpgpu.train(tiny, "tiyn", device="cpu", run_dir=folder / "r"), "E-SELECT-001"),
@@ -130,6 +137,15 @@ def test_a_run_stopped_by_ctrl_c_returns_what_it_finished(tiny, tmp_path, monkey
     stopped = sexpgpu.train(tiny, device="cpu", run_dir=tmp_path / "r")
     assert stopped.stopped_by == "Ctrl-C" and stopped.step == 3 and len(stopped.metrics) == 3
     assert stopped.checkpoints == {3: str(tmp_path / "r" / "step-3")}
+
+
+def test_a_run_stopped_while_it_is_set_up_raises_keyboard_interrupt(tiny, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("sexpgpu.run.session.build_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sexpgpu.train(tiny, device="cpu", run_dir=tmp_path / "r")
 
 
 def test_train_checks_the_environment_first(tiny, tmp_path, monkeypatch):
