@@ -15,12 +15,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sexpgpu"
 IMPORT = re.compile(r"^\s*(?:from|import)\s+sexpgpu(?:\.(\w+)|\s+import\s+\(?\s*(\w+))", re.MULTILINE)
 
 # What each stage may import besides itself. `errors` is the shared error type, `settings`
-# the table of SEXPGPU_* environment settings, `files` the atomic write and the lock.
+# the table of SEXPGPU_* environment settings, `files` the atomic write and the lock, `version`
+# the package's version.
 ALLOWED = {
     "numerics": set(),
     "exact": set(),
     "errors": set(),
     "files": set(),
+    "version": set(),
     "settings": {"errors"},
     "lang": {"errors"},
     "graph": {"errors", "lang", "numerics"},
@@ -30,10 +32,11 @@ ALLOWED = {
     "store": {"errors", "files", "settings"},
     "distributed": {"errors", "settings", "backends"},
     "run": {"errors", "files", "settings", "lang", "graph", "plan", "backends", "distributed", "data", "store",
-            "numerics"},
-    "tools": {"errors", "files", "settings", "lang", "graph", "plan", "backends", "run", "store"},
+            "numerics", "version"},
+    "tools": {"errors", "files", "settings", "lang", "graph", "plan", "backends", "run", "store", "version"},
     "ladder": {"errors", "files", "settings", "lang", "plan", "backends", "run", "tools", "store"},
     "cli": {"errors", "files", "settings", "lang", "distributed", "run", "tools", "ladder", "store"},
+    "api": {"errors", "settings", "lang", "run", "tools", "store"},  # the command line's level, as calls
 }
 
 

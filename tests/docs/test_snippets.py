@@ -128,6 +128,9 @@ x, w = torch.randn(3, 64), torch.randn(2, 64)""",
 import numpy as np
 step = 3
 x = np.linspace(-4, 4, 101, dtype=np.float32)""",
+    Snippet("api.md", "import sexpgpu"): """
+import os
+os.chdir(folder)  # the examples cut to 2 steps, and a place for the runs it writes""",
     Snippet("numerics.md", "spec = nx.draw_spec"): """
 import os
 import torch
@@ -143,6 +146,10 @@ EDITS = {
     Snippet("exact.md", "import torch"): [
         ('DetLinear(4096, 4096, device="cuda")', 'DetLinear(4096, 8, device="cpu")',
          "the same exact layer on the CPU, 8 outputs wide"),
+    ],
+    Snippet("api.md", "import sexpgpu"): [
+        ("a.checkpoints[200]", "a.checkpoints[2]", "the examples are cut to 2 steps"),
+        ('"runs/a/step-200"', '"runs/a/step-2"', "the examples are cut to 2 steps"),
     ],
     Snippet("numerics.md", "from sexpgpu import numerics as nx"): [
         ('device="cuda")', 'device="cpu")', "the draw on a torch device this machine has"),

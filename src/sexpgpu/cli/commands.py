@@ -9,18 +9,14 @@ import sys
 
 def run(args) -> int:
     from sexpgpu.lang.forms import load_experiment
-    from sexpgpu.run.choosing import choice_settings
-    from sexpgpu.run.session import RunOptions, execute, run_flags
-    from sexpgpu.distributed.world import World
+    from sexpgpu.run.session import RunOptions, execute
 
-    world = World.from_environment()  # torchrun's processes, or one (docs/distributed.md)
     experiment = load_experiment(args.file, args.selection)
-    settings = choice_settings(args.choices, args.deterministic)
-    options = RunOptions(run_dir=args.run_dir, device=args.device, resume=args.resume,
-                         checkpoint_to=args.checkpoint_to, allow_layout_change=args.allow_layout_change,
-                         flags=run_flags(args.device, settings), choices=settings, world=world)
-    result = execute(experiment, options)
-    return result.stop.exit_status if result.stop else 0
+    options = RunOptions.from_flags(args.device, args.choices, args.deterministic, run_dir=args.run_dir,
+                                    resume=args.resume, checkpoint_to=args.checkpoint_to,
+                                    allow_layout_change=args.allow_layout_change)
+    outcome = execute(experiment, options)
+    return outcome.stop.exit_status if outcome.stop else 0
 
 
 def check(args) -> int:

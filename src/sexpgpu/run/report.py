@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import sexpgpu
+from sexpgpu.version import __version__
 
 
 def _bytes(count: int) -> str:
@@ -31,7 +31,7 @@ def lowering_report(experiment, program, backend_facts: dict, memory: dict, sour
     training = program.training
     param_values = sum(int(np.prod(spec.shape)) for spec in program.params.values())
     lines = [
-        f"sexpgpu {sexpgpu.__version__}: run {run.name} from {experiment.path} (sha256 {experiment.source_sha256[:16]})",
+        f"sexpgpu {__version__}: run {run.name} from {experiment.path} (sha256 {experiment.source_sha256[:16]})",
         row("backend", backend_facts["name"]),
         row("graph", f"{len(training.micro.nodes)} nodes a microbatch, {len(training.update.nodes)} in the update; "
                        f"{len(program.passes)} pass{'' if len(program.passes) == 1 else 'es'}"),

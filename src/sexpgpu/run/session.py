@@ -24,7 +24,8 @@ from sexpgpu import settings
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.files import write_atomically
 from sexpgpu.lang.serialize import experiment_to_json
-from sexpgpu.run.choosing import ChoiceSettings, agreed, choose, computes_exact, lowering_annotation, stacked_training
+from sexpgpu.run.choosing import (ChoiceSettings, agreed, choice_settings, choose, computes_exact, lowering_annotation,
+                                  stacked_training)
 from sexpgpu.run.loop import Stacking, Trainer
 from sexpgpu.run.metrics import MetricsLog, truncate_after_step
 from sexpgpu.run.nonfinite import nonfinite_stop
@@ -68,9 +69,19 @@ class RunOptions:
     out: object = None  # where the report goes (stdout)
     err: object = None  # where progress goes (stderr)
 
+    @classmethod
+    def from_flags(cls, device: str = "auto", choices: str | None = None, deterministic: bool = False,
+                   **places) -> RunOptions:
+        """What `sexpgpu run`'s flags ask for, and the Python API's `train` with them: the choice
+        settings (the flags over the environment's), the flags a run records, and this process
+        among torchrun's. `places` are the other fields: run_dir, resume, checkpoint_to, ..."""
+        taken = choice_settings(choices, deterministic)
+        return cls(device=device, flags=run_flags(device, taken), choices=taken, world=World.from_environment(),
+                   **places)
+
 
 @dataclass
-class RunResult:
+class RunOutcome:
     run_dir: str
     final_step: int
     stop: Stop | None  # what stopped the run before its last step (Ctrl-C, SIGTERM), or None
@@ -84,7 +95,7 @@ class Places(NamedTuple):
     root: str
 
 
-def execute(experiment, options: RunOptions) -> RunResult:
+def execute(experiment, options: RunOptions) -> RunOutcome:
     out = options.out or sys.stdout
     err = options.err or sys.stderr
     world = options.world
@@ -178,7 +189,7 @@ class _Silent:
     write = sync = close = update = note = finish = _nothing
 
 
-def _train(experiment, built, resumed, places, options, err, chosen, group) -> RunResult:
+def _train(experiment, built, resumed, places, options, err, chosen, group) -> RunOutcome:
     run, run_dir = experiment.run, places.run_dir
     state = resumed.state if resumed is not None else built.initial_state()
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
@@ -221,12 +232,12 @@ def _train(experiment, built, resumed, places, options, err, chosen, group) -> R
         if group.first:
             print(_stopped_message(experiment, options, places, stop, state.step, last_checkpoint), file=err,
                   flush=True)
-        return RunResult(run_dir, state.step, stop, last_checkpoint)
+        return RunOutcome(run_dir, state.step, stop, last_checkpoint)
     progress.finish()
     metrics.close()
     if group.first:
         print(f"done: {state.step} steps; run directory {run_dir}", file=err, flush=True)
-    return RunResult(run_dir, state.step, None, last_checkpoint)
+    return RunOutcome(run_dir, state.step, None, last_checkpoint)
 
 
 def _after_step(trainer, built, state, record, metrics, progress, root, options) -> str | None:

@@ -88,12 +88,13 @@ def _read_record(path: str) -> dict:
 
 
 def _checkpoints(folder: str, record: dict) -> dict:
-    """The run directory's checkpoints, or those under the file's :to."""
+    """The run directory's checkpoints, else those where its record says they went
+    (--checkpoint-to), else those under the file's :to."""
     found = dict(list_checkpoints(folder))
     run = record.get("experiment", {}).get("run", {}) if isinstance(record.get("experiment"), dict) else {}
-    elsewhere = (run.get("checkpoint") or {}).get("to")
-    if not found and isinstance(elsewhere, str):
-        found = dict(list_checkpoints(elsewhere))
+    for elsewhere in (record.get("checkpoints"), (run.get("checkpoint") or {}).get("to")):
+        if not found and isinstance(elsewhere, str):
+            found = dict(list_checkpoints(elsewhere))
     return found
 
 

@@ -24,7 +24,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-import sexpgpu
+from sexpgpu.version import __version__
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.forms import load_experiment
 from sexpgpu.lang.serialize import experiment_to_json
@@ -109,7 +109,7 @@ def evaluate_checkpoint(path: str, options: EvaluateOptions, out) -> Evaluation:
     line = determinism_line(chosen.how, chosen.choices.device)
     annotation = f"evaluated offline on {chosen.choices.device}: determinism {level_of(line)}"
     entry = {"annotation": annotation, "determinism": line, "choices": chosen.choices.to_json(), "values": values,
-             "sexpgpu": sexpgpu.__version__}
+             "sexpgpu": __version__}
     with _readable_evaluations(path):
         recorded_in = add_evaluation(path, checkpoint.step, entry)
     print(f"{annotation} (recorded in {recorded_in})", file=out, flush=True)
