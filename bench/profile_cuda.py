@@ -7,8 +7,9 @@ Ours: every step of the microbatch graph and of the update graph, timed with CUD
 grouped by kind and the shapes it reads and writes, with the experiment's `:precision` set
 to `--precision`. Eager: torch.profiler's CUDA kernels of one step of the PyTorch peer of
 that precision (bench_cuda.py's eager row: SDPA, fused AdamW, bf16 autocast for bf16), grouped
-by name, profiled before our device set-up changes torch's global flags. --smoke: bench_cuda.py's tiny char-lm (bench/smoke.py); without a
-GPU, the eager step's CPU ops alone: our steps are timed with CUDA events.
+by name, profiled before our device set-up changes torch's global flags. --smoke:
+bench_cuda.py's tiny char-lm (bench/smoke.py); without a GPU, the eager step's CPU ops alone:
+our steps are timed with CUDA events.
 """
 
 from __future__ import annotations
