@@ -5,8 +5,10 @@ peer row runs with PyTorch's defaults, the deterministic one with cuBLAS's fixed
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,8 +48,9 @@ def test_each_row_runs_in_a_process_of_its_own_and_a_failing_row_is_reported_not
             harness.Row("removed", {}, {"BENCH_TEST_SETTING": None}), harness.Row("inherited", {}),
             harness.Row("raises", {"raise": True}), harness.Row("crashes", {"crash": True})]
     found = {result.name: result for result in harness.run_rows(script, rows, timeout=60)}
-    assert [found[name].found["setting"] for name in ("given", "removed", "inherited")] == ["the row's", None, "the parent's"]
-    assert len({found[name].found["pid"] for name in ("given", "removed", "inherited")} | {os.getpid()}) == 4
+    ran = [found[name].found for name in ("given", "removed", "inherited")]
+    assert [each["setting"] for each in ran] == ["the row's", None, "the parent's"]
+    assert len({each["pid"] for each in ran} | {os.getpid()}) == 4
     assert found["raises"].error == "ValueError: this row cannot run" and found["raises"].found == {}
     assert found["crashes"].error.startswith("no record (exit status 3)")
     assert harness.run_row(script, harness.Row("too slow", {"sleep": 30}), timeout=1).error == "ran past 1 s"
@@ -85,10 +88,12 @@ def test_the_peers_are_the_issues_and_only_the_deterministic_one_fixes_cublas():
     assert [(peer.compiled, peer.deterministic) for peer in bench_cuda.PEERS.values()] == [
         (False, False), (True, False), (True, True)]
     assert bench_cuda.row_environment("compile-deterministic") == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    assert bench_cuda.row_environment("eager") == bench_cuda.row_environment("compile") == {"CUBLAS_WORKSPACE_CONFIG": None}
+    for peer in ("eager", "compile"):  # whatever the shell had
+        assert bench_cuda.row_environment(peer) == {"CUBLAS_WORKSPACE_CONFIG": None}
     assert bench_cuda.row_environment("ours") == {}  # its device set-up sets its own
     # GPT-2 small's shape, which the PyTorch peer takes as it is
-    assert bench_cuda.MODELS["gpt-124m"].options == dict(vocab=50304, context=1024, width=768, heads=12, ff=3072, layers=12)
+    shape = dict(vocab=50304, context=1024, width=768, heads=12, ff=3072, layers=12)
+    assert bench_cuda.MODELS["gpt-124m"].options == shape
     assert bench_cuda.MODELS["gpt-124m"].batch == 8
 
 
@@ -97,7 +102,8 @@ def test_a_peer_row_runs_with_pytorchs_defaults_and_an_unknown_row_is_refused(mo
                         ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")):  # the shell's, which the peer must not inherit
         monkeypatch.setenv(name, value)
     script = ROOT / "bench" / "bench_cuda.py"
-    spec = {"model": bench_cuda.SMOKE_MODEL, "precision": "bf16", "row": "eager", "steps": 1, "warmup": 0, "smoke": True}
+    spec = {"model": bench_cuda.SMOKE_MODEL, "precision": "bf16", "row": "eager", "steps": 1, "warmup": 0,
+            "smoke": True}
     row = harness.run_row(script, harness.Row("eager", spec, bench_cuda.row_environment("eager")), timeout=120)
     assert row.ok, row.error
     flags = row.found["flags"]
@@ -106,3 +112,39 @@ def test_a_peer_row_runs_with_pytorchs_defaults_and_an_unknown_row_is_refused(mo
     done = subprocess.run([sys.executable, str(script), "--rows", "ours-f16"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "unknown rows ours-f16: the rows are ours, eager" in done.stderr
+
+
+def test_a_failed_peer_is_a_row_of_the_table_and_the_others_keep_their_ratios(capsys):
+    flags = {"deterministic_algorithms": False, "bf16_reduced_precision_reduction": True}
+    ours = {"seconds": 0.010, "set_up_and_first_steps": 30.0, "flags": {**flags, "deterministic_algorithms": True},
+            "profile": {"matmul": 0.006, "elementwise": 0.002}, "products": "3 ordinary", "tflops": 100.0,
+            "facts": {"name": "cuda H200", "choices": "stacking 1"}}
+    results = {"ours": harness.RowResult("gpt-124m/bf16/ours", 60.0, ours),
+               "eager": harness.RowResult("gpt-124m/bf16/eager", 20.0,
+                                          {"seconds": 0.015, "set_up_and_first_steps": 5.0, "flags": flags}),
+               "compile": harness.RowResult("gpt-124m/bf16/compile", 3.0, {}, "BackendCompilerFailed: no compiler")}
+    written = bench_cuda.report("gpt-124m", "bf16", results, argparse.Namespace(steps=20, warmup=5))
+    assert written.name == "bench_cuda-gpt-124m-bf16"
+    assert written.table == [["ours", "10.00", "", "", "on", "on", "30.0"],
+                             ["eager", "15.00", "1.50", ">= 1.0", "off", "on", "5.0"],
+                             ["compile", "failed", "", "", "", "", "BackendCompilerFailed: no compiler"]]
+    assert written.lines[0] == "ours vs eager: eager/ours 1.50 (goal >= 1.0: met)"
+    assert "ours, one profiled microbatch: matmul 6.00 ms (75%), elementwise 2.00 ms (25%)" in written.lines
+    assert "compile                 FAILED: BackendCompilerFailed: no compiler" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["gpt-50m", "gpt-124m"])
+def test_each_peer_holds_the_parameters_of_its_experiment(name, capsys):
+    import torch
+
+    import torch_models
+    from sexpgpu.cli.main import main
+
+    model = bench_cuda.MODELS[name]
+    assert main(["check", str(model.path)]) == 0
+    counted = re.search(r"parameters +(\d+) tensors, ([\d,]+) values", capsys.readouterr().out)
+    with torch.device("meta"):  # the shapes alone
+        peer = torch_models.CharLM(**model.options, sdpa=True)
+    tensors = list(peer.parameters())
+    values = sum(tensor.numel() for tensor in tensors)
+    assert (int(counted.group(1)), int(counted.group(2).replace(",", ""))) == (len(tensors), values)
