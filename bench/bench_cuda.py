@@ -62,7 +62,8 @@ MODELS = {
                      dict(vocab=24576, context=512, width=512, heads=8, ff=2048, layers=8), 32),
     "gpt-124m": Model(ROOT / "bench" / "gpt-124m.sexp",
                       dict(vocab=50304, context=1024, width=768, heads=12, ff=3072, layers=12), 8),
-    "char-lm": Model(ROOT / "examples" / "char-lm.sexp", dict(vocab=256, context=64, width=64, heads=4, ff=256, layers=2), 16),
+    "char-lm": Model(ROOT / "examples" / "char-lm.sexp",
+                     dict(vocab=256, context=64, width=64, heads=4, ff=256, layers=2), 16),
     "cnn": Model(ROOT / "examples" / "cnn.sexp", dict(size=12, width=8, wide=16, classes=2), 32),
 }
 DEFAULT_MODELS = ("gpt-50m", "gpt-124m")
@@ -102,7 +103,8 @@ class OurStep:
         from sexpgpu.lang.forms import load_experiment
         from sexpgpu.run.setup import build_run
 
-        experiment = smoke.edited_experiment(model.path, model.edits) if model.edits else load_experiment(str(model.path))
+        path = model.path
+        experiment = smoke.edited_experiment(path, model.edits) if model.edits else load_experiment(str(path))
         run = replace(experiment.run, precision=precision)
         self.device = device
         self.experiment = replace(experiment, runs={**experiment.runs, run.name: run})
@@ -299,12 +301,9 @@ def row_device(smoking: bool) -> str:
 # ---- in the parent process
 
 
-def planned_rows(models, precisions, rows, args) -> list[harness.Row]:
-    return [harness.Row(f"{model}/{precision}/{row}",
-                        {"model": model, "precision": precision, "row": row, "steps": args.steps,
-                         "warmup": args.warmup, "smoke": args.smoke},
-                        row_environment(row))
-            for model in models for precision in precisions for row in rows]
+def planned_rows(model: str, precision: str, rows: list[str], args) -> list[harness.Row]:
+    spec = {"model": model, "precision": precision, "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke}
+    return [harness.Row(f"{model}/{precision}/{row}", {**spec, "row": row}, row_environment(row)) for row in rows]
 
 
 def row_environment(row: str) -> dict:
@@ -317,7 +316,8 @@ def row_environment(row: str) -> dict:
 
 def report(model: str, precision: str, results: dict, args) -> harness.Report:
     """The table and ratios of one model at one precision; `results` by row."""
-    print(f"\n{model} {precision}: {args.steps} timed steps after {args.warmup} warm-up steps, each row in its own process")
+    print(f"\n{model} {precision}: {args.steps} timed steps after {args.warmup} warm-up steps, "
+          "each row in its own process")
     ours = results.get(OURS)
     table, lines = [], []
     for row, result in results.items():
@@ -385,7 +385,8 @@ def chosen(parser, text: str, known, what: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
-    parser.add_argument("--warmup", type=int, default=5, help="warm-up steps before them, compilation included (default 5)")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="warm-up steps before them, compilation included (default 5)")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--rows", default=None, help=f"default: {','.join(ROWS)} (--smoke: ours,eager)")
@@ -404,12 +405,11 @@ def main() -> None:
     models = chosen(parser, args.models, list(every_model()), "models")
     precisions = chosen(parser, args.precisions, PRECISIONS, "precisions")
     rows = chosen(parser, args.rows or ",".join(ROWS), ROWS, "rows")
-    done = harness.run_rows(__file__, planned_rows(models, precisions, rows, args), args.row_timeout)
-    by_name = {result.name: result for result in done}
     folder = harness.results_folder(args.results, args.smoke)
-    for model in models:
+    for model in models:  # each group written when it is timed: one that runs out of time loses only itself
         for precision in precisions:
-            results = {row: by_name[f"{model}/{precision}/{row}"] for row in rows}
+            done = harness.run_rows(__file__, planned_rows(model, precision, rows, args), args.row_timeout)
+            results = dict(zip(rows, done))
             harness.write_results(report(model, precision, results, args), folder, args.smoke)
 
 

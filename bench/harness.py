@@ -248,7 +248,8 @@ def git_revision() -> str:
         return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True, timeout=30)
 
     try:
-        head, status = git("rev-parse", "--short=12", "HEAD"), git("status", "--porcelain", "--", ".", ":!bench/results")
+        head = git("rev-parse", "--short=12", "HEAD")
+        status = git("status", "--porcelain", "--", ".", ":!bench/results")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if head.returncode != 0:
