@@ -402,6 +402,8 @@ def main() -> None:
         smoke.skipped("the torch.compile rows", "compiling takes a minute even for a tiny model")
         if not smoke.gpu():
             smoke.skipped("the CUDA backend (the CPU interpreter stands in for it; the peers run on the CPU)")
+    elif not smoke.gpu():
+        parser.error("this benchmark runs on a GPU: no CUDA GPU here (--smoke runs it on the CPU)")
     models = chosen(parser, args.models, list(every_model()), "models")
     precisions = chosen(parser, args.precisions, PRECISIONS, "precisions")
     rows = chosen(parser, args.rows or ",".join(ROWS), ROWS, "rows")
