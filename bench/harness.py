@@ -24,13 +24,15 @@ A script adopts it in four steps (bench/bench_cuda.py is the fullest example):
     harness.write_results(harness.Report("bench_x-tiny-adam", ...), folder, smoke=args.smoke)
 
 Results: bench/results/NAME.json (every row's record, the machine, the versions, the date,
-the command) and NAME.md (the same as a table), one pair per report; a later run of the same
+the command; the versions name this tree by its git commit, or by BENCH_REVISION where the
+tree is a copy without git, and by a digest of its Python sources) and NAME.md (the same as a table), one pair per report; a later run of the same
 report replaces it. A smoke run writes to a temporary folder instead (its figures mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -239,7 +241,17 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             found[package] = "not installed"
     found["sexpgpu"] = git_revision()
+    found["sources"] = source_digest()
     return found
+
+
+def source_digest() -> str:
+    """SHA-256 (first 16 hex digits) over src/ and bench/'s Python files, path and text:
+    names the code measured where the tree is a copy without git (a device machine's)."""
+    digest = hashlib.sha256()
+    for path in sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "bench").glob("*.py")]):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def git_revision() -> str:
@@ -251,9 +263,9 @@ def git_revision() -> str:
         head = git("rev-parse", "--short=12", "HEAD")
         status = git("status", "--porcelain", "--", ".", ":!bench/results")
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
+        head = subprocess.CompletedProcess([], 1)
+    if head.returncode != 0:  # a copy of the tree without git: the caller may say which commit it is
+        return os.environ.get("BENCH_REVISION", "unknown (no git here; BENCH_REVISION names the commit)")
     return head.stdout.strip() + (" with uncommitted changes" if status.stdout.strip() else "")
 
 

@@ -69,7 +69,7 @@ def test_the_results_name_the_machine_the_versions_and_the_date(tmp_path):
     record = json.loads(path.read_text())
     assert path == tmp_path / "bench_test-tiny.json"
     assert set(record["machine"]) >= {"gpu", "cpu", "cores"} and record["machine"]["cores"] == os.cpu_count()
-    assert set(record["versions"]) == {"python", "torch", "triton", "numpy", "sexpgpu"}
+    assert set(record["versions"]) == {"python", "torch", "triton", "numpy", "sexpgpu", "sources"}
     assert record["date"].endswith("+00:00") and record["settings"] == {"steps": 2}
     assert record["rows"][1] == {"name": "peer", "wall_seconds": 0.5, "found": {}, "error": "RuntimeError: no"}
     table = (tmp_path / "bench_test-tiny.md").read_text()
@@ -81,6 +81,18 @@ def test_the_results_name_the_machine_the_versions_and_the_date(tmp_path):
         harness.write_results(report(rows), tmp_path / "smoke", smoke=True)
     assert (tmp_path / "smoke" / "bench_test-tiny.md").exists()
     assert harness.results_folder(None, smoke=False) == ROOT / "bench" / "results"
+
+
+def test_a_copy_of_the_tree_without_git_is_named_by_its_caller_and_its_sources(tmp_path, monkeypatch):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "src" / "module.py").write_text("x = 1\n")
+    monkeypatch.setattr(harness, "ROOT", tmp_path)
+    monkeypatch.setenv("BENCH_REVISION", "2d2b3d0 as copied")
+    assert harness.git_revision() == "2d2b3d0 as copied"
+    before = harness.source_digest()
+    (tmp_path / "src" / "module.py").write_text("x = 2\n")
+    assert len(before) == 16 and harness.source_digest() != before
 
 
 def test_the_peers_are_the_issues_and_only_the_deterministic_one_fixes_cublas():
