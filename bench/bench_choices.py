@@ -1,22 +1,26 @@
 """What the machine's choices cost and buy on one GPU (determinism.md, "What a run chooses").
 
-    python bench/bench_choices.py [--steps N] [--models char-lm,gpt-50m] [--micro-batch quarter|file] [--smoke]
+    python bench/bench_choices.py [--steps N] [--models char-lm,gpt-50m] [--micro-batch quarter|file]
+                                  [--results DIR] [--smoke]
 
 For char-lm and bench/gpt-50m.sexp, each with :microbatches 4 (by default each microbatch a
-quarter of the file's :batch, so a step sees the file's batch), in one process, the choices
-made as `sexpgpu run` makes them (run/choosing.py's `choose`, plan/choices.py's rules):
+quarter of the file's :batch, so a step sees the file's batch), the choices made as `sexpgpu
+run` makes them (run/choosing.py's `choose`, plan/choices.py's rules), each row in a process
+of its own with an empty ~/.cache/sexpgpu (bench/harness.py):
 
-- the cost of measuring: the first step's `choose` with an empty ~/.cache/sexpgpu (every
-  stacking degree that fits, every float32 product's implementations, the flops and the
-  bandwidth), in seconds and in steps, and the same call again, answered from the cache;
-- the step unstacked (degree 1) and at each stacking degree that divides 4, as ratios;
-- the default (the choices made above) against --deterministic (stacking 1, ordinary
-  products, 9 flops a byte): the goal is within 5%. The default's step is also timed at its
-  degree with --deterministic's products and budget, which splits the gap between the
-  stacking and the rest.
+- `default`: the default's choices and step. The cost of measuring: the first step's
+  `choose` (every stacking degree that fits, every float32 product's implementations, the
+  flops and the bandwidth), in seconds and in unstacked steps, and the same call again,
+  answered from the cache;
+- `deterministic`: --deterministic's choices (stacking 1, ordinary products, 9 flops a byte)
+  and step: the goal is deterministic/default at most 1.05;
+- `stacking-2`, `stacking-4`: --deterministic's products and budget at each stacking degree
+  that divides 4, as ratios to the unstacked step; the one at the default's degree splits the
+  gap between the stacking and the rest.
 
-A model that fails (out of memory, say) is reported and the next one runs. --smoke: char-lm
-cut to milliseconds a step, one timed step (bench/smoke.py); without a GPU the CPU interpreter
+A row that fails (out of memory, say) is reported with its error and the next one runs.
+Written: bench/results/bench_choices-MODEL.json and .md. --smoke: char-lm cut to
+milliseconds a step, one timed step (bench/smoke.py); without a GPU the CPU interpreter
 stands in for the CUDA backend, so only the lines' shape means anything.
 """
 
@@ -29,9 +33,9 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
+import harness
 import smoke
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,41 +103,91 @@ def empty_cache_home():
     return home
 
 
-def bench_model(name: str, path: Path, options) -> None:
-    experiment, per_micro = experiment_of(path, options.micro_batch, smoke.TINY_CHAR_LM if options.smoke else None)
-    print(f"\n{name}: :batch {per_micro} :microbatches {MICROBATCHES}", flush=True)
-    empty_cache_home()
-    default = Run(experiment, options.device)
-    chosen, measuring = default.choose()
-    for label, text in chosen.report_lines():
-        print(f"  {label:12s}{text}")
-    degree = chosen.choices.stacking
-    changed = sum(1 for implementation in (chosen.choices.products or {}).values() if implementation != "ordinary")
-    default_step = default.step_seconds(degree, options.steps, options.warmup)
-    # the second choose finds every choice in the cache; after the steps, no kernel is new to it
-    _, remembered = default.choose()
+DEFAULT = "default"
+DETERMINISTIC = "deterministic"  # stacking 1, ordinary products, 9 flops a byte
 
-    strict = Run(experiment, options.device)
-    strict.choose(deterministic=True)
-    times = {}
-    for each in (d for d in range(1, MICROBATCHES + 1) if MICROBATCHES % d == 0):
-        try:
-            times[each] = strict.step_seconds(each, options.steps, options.warmup)
-        except Exception as error:  # noqa: BLE001 - a degree that does not fit or stack is reported
-            print(f"  stacking {each}: {type(error).__name__}: {str(error).splitlines()[0]}")
-    unstacked = times[1]
-    print(f"  measuring at the first step: {measuring:.2f} s = {measuring / unstacked:.1f} unstacked steps; "
-          f"again from the cache: {remembered * 1e3:.1f} ms")
-    for each, seconds in times.items():
-        print(f"  stacking {each} (--deterministic's products and budget): {seconds * 1e3:8.2f} ms a step   "
-              f"unstacked/stacked {unstacked / seconds:5.2f}")
-    print(f"  default: stacking {degree}, {changed} of {len(chosen.choices.products or {})} products not ordinary, "
-          f"{budget_text(chosen.choices.recompute)}: {default_step * 1e3:.2f} ms a step")
-    print(f"  --deterministic (stacking 1, ordinary, 9.00): {unstacked * 1e3:.2f} ms a step   "
-          f"deterministic/default {unstacked / default_step:5.2f} (goal at most 1.05)")
-    if degree in times:
-        print(f"    of which stacking: {unstacked / times[degree]:5.2f}; the products and the budget: "
-              f"{times[degree] / default_step:5.2f}")
+
+def stacked(degree: int) -> str:
+    """The row of --deterministic's products and budget at a stacking degree above 1."""
+    return f"stacking-{degree}"
+
+
+def degrees() -> list[int]:
+    return [degree for degree in range(1, MICROBATCHES + 1) if MICROBATCHES % degree == 0]
+
+
+def time_row(spec: dict) -> dict:
+    """In a row's own process, with a HOME of its own (nothing remembered): the default's
+    choices and step, or --deterministic's choices and the step at one stacking degree."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the parent allows the CPU in a smoke run only
+    edits = smoke.TINY_CHAR_LM if spec["smoke"] else None
+    experiment, _ = experiment_of(MODELS[spec["model"]], spec["micro_batch"], edits)
+    empty_cache_home()
+    run = Run(experiment, device)
+    if spec["row"] != DEFAULT:
+        run.choose(deterministic=True)
+        return {"seconds": run.step_seconds(spec["degree"], spec["steps"], spec["warmup"])}
+    chosen, measuring = run.choose()
+    choices = chosen.choices
+    seconds = run.step_seconds(choices.stacking, spec["steps"], spec["warmup"])
+    # the second choose finds every choice in the cache; after the steps, no kernel is new to it
+    _, remembered = run.choose()
+    return {"seconds": seconds, "measuring": measuring, "remembered": remembered, "report": chosen.report_lines(),
+            "degree": choices.stacking, "products": len(choices.products or {}),
+            "not_ordinary": sum(1 for kind in (choices.products or {}).values() if kind != "ordinary"),
+            "recompute": choices.recompute}
+
+
+def planned_rows(name: str, options) -> list[harness.Row]:
+    spec = {"model": name, "micro_batch": options.micro_batch, "steps": options.steps, "warmup": options.warmup,
+            "smoke": options.smoke}
+    rows = [harness.Row(f"{name}/{DEFAULT}", {**spec, "row": DEFAULT})]
+    for degree in degrees():
+        row = DETERMINISTIC if degree == 1 else stacked(degree)
+        rows.append(harness.Row(f"{name}/{row}", {**spec, "row": row, "degree": degree}))
+    return rows
+
+
+def report(name: str, per_micro: int, results: dict, options) -> harness.Report:
+    """The lines and table of one model; `results` by row."""
+    print(f"\n{name}: :batch {per_micro} :microbatches {MICROBATCHES}, each row in its own process", flush=True)
+    default, strict = results[DEFAULT], results[DETERMINISTIC]
+    lines = [f"{row} failed: {result.error}" for row, result in results.items() if not result.ok]
+    if default.ok:
+        for label, text in default.found["report"]:
+            print(f"  {label:12s}{text}")
+    if default.ok and strict.ok:
+        lines += comparison(default.found, strict.found["seconds"], results)
+    for line in lines:
+        print(f"  {line}")
+    table = [[row, f"{result.found['seconds'] * 1e3:.2f}" if result.ok else "failed",
+              f"{strict.found['seconds'] / result.found['seconds']:.2f}" if result.ok and strict.ok else ""]
+             for row, result in results.items()]
+    settings = {"steps": options.steps, "warm-up": options.warmup, "batch": per_micro, "microbatches": MICROBATCHES}
+    return harness.Report(f"bench_choices-{name}", f"bench_choices: {name}", list(results.values()),
+                          ["row", "ms a step (median)", "deterministic/row"], table, lines, settings)
+
+
+def comparison(default: dict, unstacked: float, results: dict) -> list[str]:
+    """The lines that compare the default with --deterministic and the stacking degrees."""
+    step, degree = default["seconds"], default["degree"]
+    lines = [f"measuring at the first step: {default['measuring']:.2f} s = {default['measuring'] / unstacked:.1f} "
+             f"unstacked steps; again from the cache: {default['remembered'] * 1e3:.1f} ms"]
+    for row, result in results.items():
+        if row != DEFAULT and result.ok:
+            lines.append(f"{row} (--deterministic's products and budget): {result.found['seconds'] * 1e3:8.2f} ms a "
+                         f"step   unstacked/stacked {unstacked / result.found['seconds']:5.2f}")
+    lines.append(f"default: stacking {degree}, {default['not_ordinary']} of {default['products']} products not "
+                 f"ordinary, {budget_text(default['recompute'])}: {step * 1e3:.2f} ms a step")
+    lines.append(f"--deterministic (stacking 1, ordinary, 9.00): {unstacked * 1e3:.2f} ms a step   "
+                 f"deterministic/default {unstacked / step:5.2f} (goal at most 1.05)")
+    at_degree = results.get(DETERMINISTIC if degree == 1 else stacked(degree))
+    if at_degree is not None and at_degree.ok:
+        lines.append(f"  of which stacking: {unstacked / at_degree.found['seconds']:5.2f}; the products and the "
+                     f"budget: {at_degree.found['seconds'] / step:5.2f}")
+    return lines
 
 
 def budget_text(recompute: float | None) -> str:
@@ -148,29 +202,26 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--micro-batch", choices=("quarter", "file"), default="quarter",
                         help="each microbatch a quarter of the file's :batch (a step sees the file's batch), or all of it")
+    harness.add_options(parser)
     smoke.add_option(parser)
     options = parser.parse_args()
-    import torch
-
-    options.device = "cuda"
+    if options.row:
+        harness.answer(time_row, options.row)
+        return
     if options.smoke:
         options.models, options.steps, options.warmup = "char-lm", 1, 0
-        if not torch.cuda.is_available():
-            options.device = "cpu"
+        if not smoke.gpu():
             smoke.skipped("the CUDA backend (the CPU interpreter makes and times the choices instead)")
-    elif not torch.cuda.is_available():
+    elif not smoke.gpu():
         print("bench_choices: no CUDA GPU here; it times the CUDA backend's choices and needs one")
         return
-    where = torch.cuda.get_device_name() if options.device == "cuda" else "the CPU"
-    print(f"bench_choices on {where}: {options.steps} timed steps after {options.warmup}")
+    print(f"bench_choices: {options.steps} timed steps after {options.warmup}")
+    folder = harness.results_folder(options.results, options.smoke)
     for name in options.models.split(","):
-        try:
-            bench_model(name, MODELS[name], options)
-        except Exception:  # noqa: BLE001 - one model's failure must not hide the other's figures
-            if options.smoke:
-                raise  # a smoke run is there to fail when the script is broken
-            print(f"{name}: failed")
-            traceback.print_exc()
+        rows = planned_rows(name, options)
+        done = dict(zip([row.spec["row"] for row in rows], harness.run_rows(__file__, rows, options.row_timeout)))
+        _, per_micro = experiment_of(MODELS[name], options.micro_batch, smoke.TINY_CHAR_LM if options.smoke else None)
+        harness.write_results(report(name, per_micro, done, options), folder, options.smoke)
 
 
 if __name__ == "__main__":

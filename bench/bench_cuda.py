@@ -1,33 +1,37 @@
 """The CUDA backend's step time against the same models in plain PyTorch, on one GPU.
 
-    PYTHONPATH=src python3 bench/bench_cuda.py [--quick] [--steps N] [--models char-lm,gpt-50m,cnn]
-                                               [--rows ours-f32,ours-bf16,eager-f32,...] [--smoke]
+    PYTHONPATH=src python3 bench/bench_cuda.py [--models gpt-50m,gpt-124m] [--precisions f32,bf16]
+                                               [--rows ours,eager,compile,compile-deterministic]
+                                               [--steps N] [--warmup N] [--results DIR] [--smoke]
 
-For each model, in one process, the step time (forward, loss, gradients, AdamW with
-clipping) of each row:
+For each model and precision, the step time (forward, loss, gradients, AdamW with clipping)
+of each row, every row in a process of its own (bench/harness.py):
 
-- `ours-f32`, `ours-bf16`: `sexpgpu` on the CUDA backend, the experiment as written and with
-  `:precision bf16` (bf16 products summed in float32; graph/passes/precision.py), with the machine's
-  choices made as `sexpgpu run` makes them by default (run/choosing.py's `choose`: each long
-  float32 product's implementation timed at the first step);
-- `eager-f32`, `compile-f32`: the model as a PyTorch user writes it today (bench/torch_models.py
-  with F.scaled_dot_product_attention(is_causal=True), torch.optim.AdamW(fused=True),
-  clip_grad_norm_), eager and under torch.compile, float32 with TF32 off;
-- `eager-bf16`, `compile-bf16`: the same under torch.autocast(bfloat16);
-- `eager-f32-written`, `compile-f32-written`: the earlier peer: attention written out step by
-  step and the unfused AdamW, float32.
+- `ours`: `sexpgpu` on the CUDA backend, the experiment as written (`f32`) or with
+  `:precision bf16` (bf16 products summed in float32), with the machine's choices made as
+  `sexpgpu run` makes them by default (run/choosing.py's `choose`);
+- `eager`: the model as a PyTorch user writes it today (bench/torch_models.py with
+  F.scaled_dot_product_attention(is_causal=True), torch.optim.AdamW(fused=True),
+  clip_grad_norm_), float32 or under torch.autocast(bfloat16), with PyTorch's defaults: no
+  deterministic algorithms, bf16 reduced-precision reductions allowed, TF32 off for products
+  as PyTorch ships; the CNN's peers set cudnn.benchmark, as a user does for a CNN;
+- `compile`: the same model under torch.compile (default mode);
+- `compile-deterministic`: the same under torch.compile with torch.use_deterministic_algorithms(True)
+  and CUBLAS_WORKSPACE_CONFIG=:4096:8: what a PyTorch user pays for run-to-run determinism.
 
-The CNN (examples/cnn.sexp) has its peer in bench/torch_models.py too: the same network with
-Adam (fused), on noise images, with `cudnn.benchmark` on for every peer.
+A peer's process never ran our device set-up, which turns torch's global flags to
+determinism; each row records the flags it ran with. Printed: each row's time, its ratio
+peer/ours (above 1: ours is faster) against the goal where there is one (at least 1.0 against
+eager; at least 0.8 against torch.compile, i.e. ours within 1.25x), the TFLOP/s our products
+reach and where our step's time goes (one profiled microbatch). A row that fails (torch.compile
+missing, out of memory) is reported with its error and the others run. Written:
+bench/results/bench_cuda-MODEL-PRECISION.json and .md, one pair for each model and precision.
 
-The peers run without PyTorch's deterministic-algorithms mode, as plain PyTorch does.
-Printed: each row's time, the goal ratios (peer/ours at least 1.0 against eager, ours/peer at
-most 1.25 against torch.compile, for float32 and bf16), the TFLOP/s our products reach, and
-where our step's time goes, from one profiled step per precision. `--quick` times gpt-50m
-only, with 5 steps after 2 warm-up steps and without `compile-f32-written` (a few minutes on
-an H200, most of it compiling). `--smoke`: char-lm cut to milliseconds a step, one step after
-none, the eager rows only (bench/smoke.py); without a GPU the peers run on the CPU and the CPU
-interpreter stands in for the CUDA backend (no profile), so only the lines' shape means anything.
+Models: gpt-50m (bench/gpt-50m.sexp), gpt-124m (bench/gpt-124m.sexp: GPT-2 small's shape),
+char-lm (examples/char-lm.sexp), cnn (examples/cnn.sexp). --smoke: char-lm cut to
+milliseconds a step, one step after none, the ours and eager rows (bench/smoke.py); without
+a GPU the peers run on the CPU and the CPU interpreter stands in for the CUDA backend (no
+profile), so only the lines' shape means anything.
 """
 
 from __future__ import annotations
@@ -36,35 +40,75 @@ import argparse
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
+import harness
 import smoke
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE = "cuda"  # where every row runs: "cpu" in a smoke run without a GPU
+
+
+class Model(NamedTuple):
+    path: Path  # the experiment
+    options: dict  # its peer's torch_models options
+    batch: int
+    edits: dict | None = None  # made to the file's text before it is read (smoke's tiny model)
+
+
 MODELS = {
-    "char-lm": (ROOT / "examples" / "char-lm.sexp", dict(vocab=256, context=64, width=64, heads=4, ff=256, layers=2), 16),
-    "gpt-50m": (ROOT / "bench" / "gpt-50m.sexp", dict(vocab=24576, context=512, width=512, heads=8, ff=2048, layers=8), 32),
-    "cnn": (ROOT / "examples" / "cnn.sexp", dict(size=12, width=8, wide=16, classes=2), 32),
+    "gpt-50m": Model(ROOT / "bench" / "gpt-50m.sexp",
+                     dict(vocab=24576, context=512, width=512, heads=8, ff=2048, layers=8), 32),
+    "gpt-124m": Model(ROOT / "bench" / "gpt-124m.sexp",
+                      dict(vocab=50304, context=1024, width=768, heads=12, ff=3072, layers=12), 8),
+    "char-lm": Model(ROOT / "examples" / "char-lm.sexp",
+                     dict(vocab=256, context=64, width=64, heads=4, ff=256, layers=2), 16),
+    "cnn": Model(ROOT / "examples" / "cnn.sexp", dict(size=12, width=8, wide=16, classes=2), 32),
 }
+DEFAULT_MODELS = ("gpt-50m", "gpt-124m")
 SMOKE_MODEL = "char-lm-tiny"  # --smoke's: the file's edits are smoke.TINY_CHAR_LM
-SMOKE_MODELS = {SMOKE_MODEL: (ROOT / "examples" / "char-lm.sexp", smoke.TINY_CHAR_LM_PEER, 2)}
+SMOKE_MODELS = {SMOKE_MODEL: Model(ROOT / "examples" / "char-lm.sexp", smoke.TINY_CHAR_LM_PEER, 2, smoke.TINY_CHAR_LM)}
+PRECISIONS = ("f32", "bf16")
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """How a PyTorch peer runs: eager or under torch.compile, with PyTorch's defaults or with
+    deterministic algorithms (and cuBLAS's fixed workspace)."""
+
+    compiled: bool
+    deterministic: bool
+    goal: float | None  # peer/ours at least, where the issue sets one
+
+
+PEERS = {"eager": Peer(False, False, 1.0), "compile": Peer(True, False, 0.8),
+         "compile-deterministic": Peer(True, True, None)}
+OURS = "ours"
+ROWS = (OURS, *PEERS)
+
+
+def every_model() -> dict:
+    return {**MODELS, **SMOKE_MODELS}
 
 
 class OurStep:
-    """One training step of the experiment on the CUDA backend."""
+    """One training step of the experiment on the CUDA backend (or, in a smoke run without a
+    GPU, on the CPU interpreter)."""
 
-    def __init__(self, path: Path, precision: str = "f32", edits: dict | None = None):
+    def __init__(self, model: Model, precision: str = "f32", device: str = "cuda"):
         from dataclasses import replace
 
         from sexpgpu.lang.forms import load_experiment
         from sexpgpu.run.setup import build_run
 
-        experiment = smoke.edited_experiment(path, edits) if edits else load_experiment(str(path))
+        path = model.path
+        experiment = smoke.edited_experiment(path, model.edits) if model.edits else load_experiment(str(path))
         run = replace(experiment.run, precision=precision)
+        self.device = device
         self.experiment = replace(experiment, runs={**experiment.runs, run.name: run})
-        self.built = build_run(self.experiment, DEVICE)
+        self.built = build_run(self.experiment, device)
         self.backend = self.built.backend
         self.state = self.built.initial_state()
         self.step_number = 0
@@ -131,10 +175,10 @@ class OurStep:
 
     def facts(self) -> dict:
         """The backend's name and choices, as they are after the choices were handed over."""
-        return self.backend.facts() if DEVICE == "cuda" else self.built.backend_facts
+        return self.backend.facts() if self.device == "cuda" else self.built.backend_facts
 
     def profile(self) -> dict:
-        if DEVICE == "cpu":  # a smoke run's CPU interpreter times no steps of its own
+        if self.device == "cpu":  # a smoke run's CPU interpreter times no steps of its own
             return {}
         micro = self.built.program.training.micro
         return self.backend.profile(micro, self.micro_inputs())
@@ -143,30 +187,9 @@ class OurStep:
 ATTENTION_PRODUCTS = {"attention_core": 2, "attention_grad_q": 2, "attention_grad_kv": 2}  # products of width E
 
 
-@dataclass(frozen=True)
-class Peer:
-    """How a PyTorch peer is written: compiled or eager, autocast to bf16 or float32,
-    attention through SDPA with the fused AdamW (today's idiom) or written out (the earlier peer)."""
-
-    compiled: bool
-    bf16: bool
-    idiomatic: bool = True
-
-
-PEERS = {
-    "eager-f32": Peer(False, False), "compile-f32": Peer(True, False),
-    "eager-bf16": Peer(False, True), "compile-bf16": Peer(True, True),
-    "eager-f32-written": Peer(False, False, False), "compile-f32-written": Peer(True, False, False),
-}
-OURS = {"ours-f32": "f32", "ours-bf16": "bf16"}
-# (ours, peer, goal): the ratios the issue sets; eager peers: peer/ours >= goal, compiled: ours/peer <= goal
-GOALS = (("ours-f32", "eager-f32", 1.0), ("ours-f32", "compile-f32", 1.25), ("ours-bf16", "eager-bf16", 1.0),
-         ("ours-bf16", "compile-bf16", 1.25), ("ours-f32", "eager-f32-written", 1.0),
-         ("ours-f32", "compile-f32-written", 1.25))
-
-
-def torch_step(name: str, options: dict, batch: int, peer: Peer):
-    """One training step of the model in plain PyTorch, written as `peer` says."""
+def torch_step(name: str, model: Model, precision: str, compiled: bool, device: str = "cuda"):
+    """One training step of the model in plain PyTorch, as a user writes it today: SDPA, the
+    fused AdamW (Adam for the CNN), bf16 autocast for `bf16`, torch.compile when `compiled`."""
     import contextlib
 
     import torch
@@ -174,61 +197,63 @@ def torch_step(name: str, options: dict, batch: int, peer: Peer):
     import torch_models
 
     torch.manual_seed(0)
-    model, optimizer, draw = PEER_MODELS[name](torch_models, options, batch, peer)
-    forward = torch.compile(model) if peer.compiled else model
-    precision = (lambda: torch.autocast(DEVICE, dtype=torch.bfloat16)) if peer.bf16 else contextlib.nullcontext
+    module, optimizer, draw = PEER_MODELS[name](torch_models, model, device)
+    forward = torch.compile(module) if compiled else module
+    autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
 
     def step():
         x, y = draw()
         optimizer.zero_grad(set_to_none=True)
-        with precision():
+        with autocast():
             logits = forward(x)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         if name != "cnn":  # the language models clip at 1.0, as their files say
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         optimizer.step()
 
     return step
 
 
-def language_model(torch_models, options: dict, batch: int, peer: Peer):
+def language_model(torch_models, model: Model, device: str):
     import torch
 
-    model = torch_models.CharLM(**options, sdpa=peer.idiomatic).to(DEVICE)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=peer.idiomatic or None)
-    vocab, context = options["vocab"], options["context"]
+    module = torch_models.CharLM(**model.options, sdpa=True).to(device)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=3e-4, weight_decay=0.01, fused=True)
+    vocab, context = model.options["vocab"], model.options["context"]
 
     def draw():
-        return (torch.randint(0, vocab, (batch, context), device=DEVICE),
-                torch.randint(0, vocab, (batch, context), device=DEVICE))
+        return (torch.randint(0, vocab, (model.batch, context), device=device),
+                torch.randint(0, vocab, (model.batch, context), device=device))
 
-    return model, optimizer, draw
+    return module, optimizer, draw
 
 
-def convolutional(torch_models, options: dict, batch: int, peer: Peer):
-    """examples/cnn.sexp's network with Adam (fused) at its learning rate, on noise images:
-    cudnn.benchmark is on for the peers (time_model), as a PyTorch user sets it for a CNN."""
+def convolutional(torch_models, model: Model, device: str):
+    """examples/cnn.sexp's network with Adam (fused) at its learning rate, on noise images,
+    with cudnn.benchmark on, as a PyTorch user sets it for a CNN."""
     import torch
 
-    size = options["size"]
-    model = torch_models.CNN(options["width"], options["wide"], options["classes"]).to(DEVICE)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, fused=peer.idiomatic or None)
+    torch.backends.cudnn.benchmark = True
+    options, size = model.options, model.options["size"]
+    module = torch_models.CNN(options["width"], options["wide"], options["classes"]).to(device)
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.01, fused=True)
 
     def draw():
-        return (torch.randn(batch, 1, size, size, device=DEVICE),
-                torch.randint(0, options["classes"], (batch,), device=DEVICE))
+        return (torch.randn(model.batch, 1, size, size, device=device),
+                torch.randint(0, options["classes"], (model.batch,), device=device))
 
-    return model, optimizer, draw
-
-
-PEER_MODELS = {"char-lm": language_model, "gpt-50m": language_model, "cnn": convolutional, SMOKE_MODEL: language_model}
+    return module, optimizer, draw
 
 
-def seconds_per_step(step, steps: int, warmup: int) -> float:
+PEER_MODELS = {"char-lm": language_model, "gpt-50m": language_model, "gpt-124m": language_model,
+               "cnn": convolutional, SMOKE_MODEL: language_model}
+
+
+def seconds_per_step(step, steps: int, warmup: int, device: str = "cuda") -> float:
     import torch
 
-    synchronize = torch.cuda.synchronize if DEVICE == "cuda" else lambda: None
+    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
     for _ in range(warmup):
         step()
     synchronize()
@@ -239,98 +264,155 @@ def seconds_per_step(step, steps: int, warmup: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def time_ours(path: Path, precision: str, steps: int, warmup: int, edits: dict | None = None) -> dict:
-    ours = OurStep(path, precision, edits)
-    started = time.perf_counter()
-    seconds = seconds_per_step(ours, steps, warmup)
-    return {"seconds": seconds, "first": time.perf_counter() - started, "profile": ours.profile(),
-            "products": ours.chosen_products(),
-            "tflops": ours.product_flops() / seconds / 1e12, "facts": ours.facts()}
+# ---- in a row's own process
 
 
-def time_model(name: str, rows: list, steps: int, warmup: int) -> dict:
-    """{row: {"seconds", ...}} for one model; our rows first: the first sets cuBLAS's
-    workspace before cuBLAS starts."""
+def time_row(spec: dict) -> dict:
+    """One row of one model at one precision: its seconds a step and what it ran with."""
     import torch
 
-    path, options, batch = {**MODELS, **SMOKE_MODELS}[name]
-    edits = smoke.TINY_CHAR_LM if name == SMOKE_MODEL else None
-    timed = {row: time_ours(path, OURS[row], steps, warmup, edits) for row in rows if row in OURS}
-    torch.use_deterministic_algorithms(False)  # the peers are plain PyTorch (TF32 stays off)
-    benchmark, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True
-    for row in rows:
-        if row in PEERS:
-            timed[row] = {"seconds": seconds_per_step(torch_step(name, options, batch, PEERS[row]), steps, warmup)}
-    torch.backends.cudnn.benchmark = benchmark
-    torch.use_deterministic_algorithms(True)
-    return timed
+    device = row_device(spec["smoke"])
+    model = every_model()[spec["model"]]
+    started = time.perf_counter()
+    if spec["row"] == OURS:
+        step = OurStep(model, spec["precision"], device)
+    else:
+        peer = PEERS[spec["row"]]
+        torch.use_deterministic_algorithms(peer.deterministic)
+        step = torch_step(spec["model"], model, spec["precision"], peer.compiled, device)
+    seconds = seconds_per_step(step, spec["steps"], spec["warmup"], device)
+    found = {"seconds": seconds, "set_up_and_first_steps": time.perf_counter() - started - seconds * spec["steps"],
+             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+             "flags": harness.torch_flags()}
+    if spec["row"] == OURS:
+        found.update(profile=step.profile(), products=step.chosen_products(), facts=step.facts(),
+                     tflops=step.product_flops() / seconds / 1e12)
+    return found
 
 
-def report(name: str, timed: dict, steps: int, warmup: int) -> None:
-    print(f"{name}: {steps} timed steps after {warmup} warm-up steps, TF32 off")
-    for row, found in timed.items():
-        extra = f"  {found['tflops']:.1f} TFLOP/s in products ({found['products']})" if "tflops" in found else ""
-        print(f"  {row:<20}{found['seconds'] * 1e3:>10.2f} ms{extra}")
-    for ours, peer, goal in GOALS:
-        if ours in timed and peer in timed:
-            mine, theirs = timed[ours]["seconds"], timed[peer]["seconds"]
-            ratio, text = (theirs / mine, "peer/ours") if not PEERS[peer].compiled else (mine / theirs, "ours/peer")
-            met = ratio >= goal if not PEERS[peer].compiled else ratio <= goal
-            print(f"  {ours} vs {peer}: {text} {ratio:.2f} (goal {'>=' if not PEERS[peer].compiled else '<='} "
-                  f"{goal}) {'met' if met else 'NOT met'}")
-    for row in OURS:
-        if row in timed:
-            seconds = timed[row]["profile"]
-            total = sum(seconds.values())
-            parts = ", ".join(f"{kind} {value * 1e3:.2f} ms ({value / total:.0%})"
-                              for kind, value in sorted(seconds.items(), key=lambda item: -item[1])) or "not profiled"
-            print(f"  {row} profiled microbatch: {parts}; first {warmup + steps} steps with compilation "
-                  f"{timed[row]['first']:.1f} s")
+def row_device(smoking: bool) -> str:
+    if smoke.gpu():
+        return "cuda"
+    if smoking:
+        return "cpu"
+    raise RuntimeError("no CUDA GPU here: bench_cuda times the CUDA backend and its peers on one")
 
 
-def smoke_settings(args) -> None:
-    """--smoke's model, steps and rows; the CPU where there is no GPU."""
-    global DEVICE
-    args.models, args.steps, args.warmup = SMOKE_MODEL, 1, 0
-    args.rows = args.rows or ",".join(row for row in [*OURS, *PEERS] if row in OURS or not PEERS[row].compiled)
-    smoke.skipped("the torch.compile rows", "compiling takes a minute even for a tiny model")
-    if not smoke.gpu():
-        DEVICE = "cpu"
-        smoke.skipped("the CUDA backend (the CPU interpreter stands in for it; the peers run on the CPU)")
+# ---- in the parent process
+
+
+def planned_rows(model: str, precision: str, rows: list[str], args) -> list[harness.Row]:
+    spec = {"model": model, "precision": precision, "steps": args.steps, "warmup": args.warmup, "smoke": args.smoke}
+    return [harness.Row(f"{model}/{precision}/{row}", {**spec, "row": row}, row_environment(row)) for row in rows]
+
+
+def row_environment(row: str) -> dict:
+    """cuBLAS's fixed workspace for the deterministic peer; none for the others, whatever the
+    shell had (ours sets its own in its device set-up)."""
+    if row == OURS:
+        return {}
+    return {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_DETERMINISTIC if PEERS[row].deterministic else None}
+
+
+def report(model: str, precision: str, results: dict, args) -> harness.Report:
+    """The table and ratios of one model at one precision; `results` by row."""
+    print(f"\n{model} {precision}: {args.steps} timed steps after {args.warmup} warm-up steps, "
+          "each row in its own process")
+    ours = results.get(OURS)
+    table, lines = [], []
+    for row, result in results.items():
+        table.append(table_row(row, result, ours))
+        text = f"{result.found['seconds'] * 1e3:>10.2f} ms" if result.ok else f"FAILED: {result.error}"
+        print(f"  {row:<24}{text}")
+    for row, result in results.items():
+        if row in PEERS and result.ok and ours is not None and ours.ok:
+            lines.append(ratio_line(row, result.found["seconds"] / ours.found["seconds"]))
+    if ours is not None and ours.ok:
+        lines += our_lines(ours.found, args.warmup + args.steps)
+    for line in lines:
+        print(f"  {line}")
+    settings = {"steps": args.steps, "warm-up": args.warmup}
+    return harness.Report(f"bench_cuda-{model}-{precision}", f"bench_cuda: {model}, {precision}",
+                          list(results.values()), COLUMNS, table, lines, settings)
+
+
+COLUMNS = ["row", "ms a step", "peer/ours", "goal", "deterministic algorithms", "bf16 reduced-precision reductions",
+           "set-up and first steps (s)"]
+
+
+def table_row(row: str, result, ours) -> list:
+    if not result.ok:
+        return [row, "failed", "", "", "", "", result.error]
+    found, flags = result.found, result.found["flags"]
+    ratio = (f"{found['seconds'] / ours.found['seconds']:.2f}"
+             if row in PEERS and ours is not None and ours.ok else "")
+    goal = PEERS[row].goal if row in PEERS else None
+    return [row, f"{found['seconds'] * 1e3:.2f}", ratio, "" if goal is None else f">= {goal}",
+            on_off(flags["deterministic_algorithms"]), on_off(flags["bf16_reduced_precision_reduction"]),
+            f"{found['set_up_and_first_steps']:.1f}"]
+
+
+def on_off(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def ratio_line(peer: str, ratio: float) -> str:
+    goal = PEERS[peer].goal
+    verdict = "" if goal is None else f" (goal >= {goal}: {'met' if ratio >= goal else 'NOT met'})"
+    return f"ours vs {peer}: {peer}/ours {ratio:.2f}{verdict}"
+
+
+def our_lines(found: dict, steps: int) -> list[str]:
+    seconds = found["profile"]
+    total = sum(seconds.values())
+    parts = ", ".join(f"{kind} {value * 1e3:.2f} ms ({value / total:.0%})"
+                      for kind, value in sorted(seconds.items(), key=lambda item: -item[1])) or "not profiled"
+    facts = found["facts"]
+    return [f"ours: {found['tflops']:.1f} TFLOP/s in products ({found['products']})",
+            f"ours, one profiled microbatch: {parts}",
+            f"ours: {facts.get('name', 'backend')}; choices: {facts.get('choices', 'none')}",
+            f"ours: set-up and the first {steps} steps with compilation {found['set_up_and_first_steps']:.1f} s"]
+
+
+def chosen(parser, text: str, known, what: str) -> list[str]:
+    names = text.split(",")
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"unknown {what} {', '.join(unknown)}: the {what} are {', '.join(known)}")
+    return names
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--rows", default=None, help="which rows to time (default: all; --quick: all but compile-f32-written)")
-    parser.add_argument("--quick", action="store_true", help="gpt-50m only, 5 steps after 2 warm-up steps")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="warm-up steps before them, compilation included (default 5)")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--rows", default=None, help=f"default: {','.join(ROWS)} (--smoke: ours,eager)")
+    harness.add_options(parser)
     smoke.add_option(parser)
     args = parser.parse_args()
+    if args.row:
+        harness.answer(time_row, args.row)
+        return
     if args.smoke:
-        smoke_settings(args)
-    if args.quick:
-        args.models, args.steps, args.warmup = "gpt-50m", 5, 2
-    if args.rows is None:
-        args.rows = ",".join(row for row in [*OURS, *PEERS] if not (args.quick and row == "compile-f32-written"))
-    rows = args.rows.split(",")
-    unknown = [row for row in rows if row not in OURS and row not in PEERS]
-    if unknown:
-        parser.error(f"unknown rows {', '.join(unknown)}: the rows are {', '.join([*OURS, *PEERS])}")
-    import sys
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    import torch
-
-    results = {name: time_model(name, rows, args.steps, args.warmup) for name in args.models.split(",")}
-    facts = next((found["facts"] for timed in results.values() for found in timed.values() if "facts" in found), None)
-    if facts:
-        print(facts["name"])
-        print("choices:", facts["choices"])
-    print(f"torch {torch.__version__}")
-    for name, timed in results.items():
-        report(name, timed, args.steps, args.warmup)
+        args.models, args.steps, args.warmup = SMOKE_MODEL, 1, 0
+        args.rows = args.rows or f"{OURS},eager"
+        smoke.skipped("the torch.compile rows", "compiling takes a minute even for a tiny model")
+        if not smoke.gpu():
+            smoke.skipped("the CUDA backend (the CPU interpreter stands in for it; the peers run on the CPU)")
+    elif not smoke.gpu():
+        parser.error("this benchmark runs on a GPU: no CUDA GPU here (--smoke runs it on the CPU)")
+    models = chosen(parser, args.models, list(every_model()), "models")
+    precisions = chosen(parser, args.precisions, PRECISIONS, "precisions")
+    rows = chosen(parser, args.rows or ",".join(ROWS), ROWS, "rows")
+    folder = harness.results_folder(args.results, args.smoke)
+    for model in models:  # each group written when it is timed: one that runs out of time loses only itself
+        for precision in precisions:
+            done = harness.run_rows(__file__, planned_rows(model, precision, rows, args), args.row_timeout)
+            results = dict(zip(rows, done))
+            harness.write_results(report(model, precision, results, args), folder, args.smoke)
 
 
 if __name__ == "__main__":

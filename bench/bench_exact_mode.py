@@ -1,10 +1,11 @@
 """`:arithmetic exact` on the GPU against the default float32 step, on a GPT-style model.
 
     PYTHONPATH=src python3 bench/bench_exact_mode.py [--model gpt-50m|gpt-small] [--steps N] [--seconds S] [--counts]
-                                                     [--smoke]
+                                                     [--results DIR] [--smoke]
 
 Both steps are the run loop's (run/loop.py: the microbatches, the update, the loss read back,
-the parameters' digest) on the CUDA backend, in one process: the experiment as written, in
+the parameters' digest) on the CUDA backend, each in a process of its own (bench/harness.py):
+the experiment as written, in
 float32 with the backend's default lowering (ordinary cuBLAS products with TF32 off, fused
 kernels, CUDA graphs), and the same experiment with `:arithmetic exact` (every sum exact and
 rounded once; backends/cuda/exact.py). Each takes WARMUP steps (compilation, capture), then
@@ -18,7 +19,8 @@ each step's time goes: its phases (the microbatch calls, the gradients added acr
 rounded, the update call, the rest: the loss read back, the digest), and one profiled
 microbatch by kind of step (exact-matmul, exact-sum, exact-region, elementwise, ...). With
 `--counts`, also the host synchronisations and launches of one more exact step, by phase
-(bench/exact_counts.py). `gpt-50m` is bench/gpt-50m.sexp; `gpt-small`
+(bench/exact_counts.py), in this process after the rows. Written:
+bench/results/bench_exact_mode-MODEL.json and .md. `gpt-50m` is bench/gpt-50m.sexp; `gpt-small`
 is bench/gpt-small.sexp (4 layers, width 256, context 256, batch 16, vocabulary 8192), for
 when gpt-50m's exact step is too slow to time in a minute. One invocation takes at most a
 few minutes on an H200 when an exact step takes less than --seconds.
@@ -32,9 +34,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import harness
 import smoke
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,18 +154,43 @@ def shares(seconds: dict) -> str:
                      for kind, value in sorted(seconds.items(), key=lambda item: -item[1]))
 
 
-def report(timed: dict) -> None:
+def report(model: str, done: dict) -> harness.Report:
+    """The lines and table of the two arithmetics; `done`: their rows' results by arithmetic."""
+    timed = {arithmetic: Timed(**result.found) for arithmetic, result in done.items() if result.ok}
+    lines = [f"{arithmetic} failed: {result.error}" for arithmetic, result in done.items() if not result.ok]
+    table = []
     for arithmetic, found in timed.items():
         replayed = ", ".join(f"{graph} {'captured' if yes else 'eager'}"
                              for graph, yes in found.captured.items()) or "no CUDA graphs"
-        print(f"  {arithmetic:<6} {found.seconds * 1e3:>10.1f} ms a step ({found.steps} timed after "
-              f"{found.warmup} warm-up steps of {found.first:.1f} s; {replayed}); first loss {found.loss:.6f}")
-    ratio = timed["exact"].seconds / timed["float"].seconds
-    print(f"  exact / float32: {ratio:.2f} (goal <= {GOAL}) {'met' if ratio <= GOAL else 'NOT met'}")
+        lines.append(f"{arithmetic:<6} {found.seconds * 1e3:>10.1f} ms a step ({found.steps} timed after "
+                     f"{found.warmup} warm-up steps of {found.first:.1f} s; {replayed}); first loss {found.loss:.6f}")
+        table.append([arithmetic, f"{found.seconds * 1e3:.1f}", found.steps, found.warmup, replayed])
+    if len(timed) == len(ARITHMETICS):
+        ratio = timed["exact"].seconds / timed["float"].seconds
+        lines.append(f"exact / float32: {ratio:.2f} (goal <= {GOAL}) {'met' if ratio <= GOAL else 'NOT met'}")
     for arithmetic, found in timed.items():
-        print(f"  {arithmetic} step by phase: {shares(found.phases)}")
-        print(f"  {arithmetic} profiled microbatch ({sum(found.profile.values()) * 1e3:.1f} ms): "
-              f"{shares(found.profile) or 'not profiled (the CPU interpreter)'}")
+        lines.append(f"{arithmetic} step by phase: {shares(found.phases)}")
+        lines.append(f"{arithmetic} profiled microbatch ({sum(found.profile.values()) * 1e3:.1f} ms): "
+                     f"{shares(found.profile) or 'not profiled (the CPU interpreter)'}")
+    for line in lines:
+        print(f"  {line}")
+    return harness.Report(f"bench_exact_mode-{model}", f"bench_exact_mode: {model}", list(done.values()),
+                          ["arithmetic", "ms a step", "timed steps", "warm-up steps", "CUDA graphs"], table, lines)
+
+
+def time_row(spec: dict) -> dict:
+    """In a row's own process: one arithmetic's steps, on the GPU, or in a smoke run without
+    one on the CPU interpreter with bench/exact_counts.py's mlp-tiny."""
+    from sexpgpu.backends.select import cuda_problem
+
+    arithmetic = spec["arithmetic"]
+    if not spec["smoke"]:
+        return asdict(time_steps(MODELS[spec["model"]], arithmetic, spec["steps"], spec["seconds"]))
+    import exact_counts
+
+    device = "cuda" if cuda_problem() is None else "cpu"
+    path = ROOT / exact_counts.MODELS[SMOKE_MODEL][0]
+    return asdict(time_steps(path, arithmetic, 1, 0.0, device, exact_counts.experiment(SMOKE_MODEL), warmup=1))
 
 
 def main(argv=None) -> None:
@@ -171,42 +199,32 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps at most (default 5)")
     parser.add_argument("--seconds", type=float, default=20.0, help="stop timing after this many seconds (default 20)")
     parser.add_argument("--counts", action="store_true", help="also count one exact step's syncs and launches")
+    harness.add_options(parser)
     smoke.add_option(parser)
     args = parser.parse_args(argv)
-    import torch
-
+    if args.row:
+        harness.answer(time_row, args.row)
+        return
     from sexpgpu.backends.select import cuda_problem
 
     problem = cuda_problem()
     if args.smoke:
-        smoke_run(problem, args.counts)
-        return
-    if problem is not None:
+        args.model = SMOKE_MODEL
+        if problem is not None:
+            smoke.skipped("the CUDA backend (the CPU interpreter takes the steps)", problem)
+    elif problem is not None:
         parser.error(f"this benchmark runs on a GPU: {problem}")
-    timed = {arithmetic: time_steps(MODELS[args.model], arithmetic, args.steps, args.seconds)
-             for arithmetic in ARITHMETICS}
-    print(f"{args.model} ({MODELS[args.model].relative_to(ROOT)}) on {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}, TF32 off")
-    report(timed)
-    if args.counts:
-        counted(MODELS[args.model])
-
-
-def smoke_run(problem: str | None, counts: bool) -> None:
-    """One warm-up and one timed step of each arithmetic of mlp-tiny: on the GPU, or on the CPU
-    interpreter where `problem` says why the CUDA backend cannot run."""
-    import exact_counts
-
-    device = "cuda" if problem is None else "cpu"
-    if problem is not None:
-        smoke.skipped("the CUDA backend (the CPU interpreter takes the steps)", problem)
-    experiment = exact_counts.experiment(SMOKE_MODEL)
-    timed = {arithmetic: time_steps(ROOT / exact_counts.MODELS[SMOKE_MODEL][0], arithmetic, 1, 0.0, device,
-                                    experiment, warmup=1) for arithmetic in ARITHMETICS}
-    print(f"{SMOKE_MODEL} (bench/exact_counts.py) on {device}")
-    report(timed)
-    if counts:
+    spec = {"model": args.model, "steps": args.steps, "seconds": args.seconds, "smoke": args.smoke}
+    rows = [harness.Row(f"{args.model}/{arithmetic}", {**spec, "arithmetic": arithmetic}) for arithmetic in ARITHMETICS]
+    done = dict(zip(ARITHMETICS, harness.run_rows(__file__, rows, args.row_timeout)))
+    where = "bench/exact_counts.py" if args.smoke else MODELS[args.model].relative_to(ROOT)
+    print(f"{args.model} ({where}), each arithmetic in its own process, TF32 off")
+    folder = harness.results_folder(args.results, args.smoke)
+    harness.write_results(report(args.model, done), folder, args.smoke)
+    if args.counts and args.smoke:
         smoke.skipped("--counts", "bench/exact_counts.py --smoke counts mlp-tiny's step")
+    elif args.counts:
+        counted(MODELS[args.model])
 
 
 def counted(path: Path) -> None:

@@ -6,9 +6,10 @@ model's PyTorch eager kernels: the tool for finding what to make faster.
 Ours: every step of the microbatch graph and of the update graph, timed with CUDA events,
 grouped by kind and the shapes it reads and writes, with the experiment's `:precision` set
 to `--precision`. Eager: torch.profiler's CUDA kernels of one step of the PyTorch peer of
-that precision (bench_cuda.py's eager-f32 or eager-bf16: SDPA, fused AdamW, bf16 autocast
-for bf16), grouped by name. --smoke: bench_cuda.py's tiny char-lm (bench/smoke.py); without a
-GPU, the eager step's CPU ops alone: our steps are timed with CUDA events.
+that precision (bench_cuda.py's eager row: SDPA, fused AdamW, bf16 autocast for bf16), grouped
+by name, profiled before our device set-up changes torch's global flags. --smoke:
+bench_cuda.py's tiny char-lm (bench/smoke.py); without a GPU, the eager step's CPU ops alone:
+our steps are timed with CUDA events.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import bench_cuda  # noqa: E402
 import smoke  # noqa: E402
-from bench_cuda import MODELS, PEERS, OurStep, seconds_per_step, torch_step  # noqa: E402
+from bench_cuda import MODELS, SMOKE_MODEL, SMOKE_MODELS, OurStep, seconds_per_step, torch_step  # noqa: E402
 
 
 def launch_label(lowered, launch) -> str:
@@ -77,14 +77,14 @@ KERNELS = {"cuda": ("CUDA kernels", "CUDA", lambda event: event.device_time),
            "cpu": ("CPU ops", "CPU", lambda event: event.self_cpu_time_total)}
 
 
-def eager_kernels(name: str, options: dict, batch: int, precision: str, warmup: int = 3) -> list[tuple[str, float, int]]:
+def eager_kernels(name: str, precision: str, device: str, warmup: int = 3) -> list[tuple[str, float, int]]:
+    """The eager peer's kernels; called before our device set-up, so with PyTorch's defaults."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    _, kind, microseconds = KERNELS[bench_cuda.DEVICE]
-    synchronize = torch.cuda.synchronize if bench_cuda.DEVICE == "cuda" else lambda: None
-    torch.use_deterministic_algorithms(False)
-    step = torch_step(name, options, batch, PEERS[f"eager-{precision}"])
+    _, kind, microseconds = KERNELS[device]
+    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
+    step = torch_step(name, {**MODELS, **SMOKE_MODELS}[name], precision, False, device)
     for _ in range(warmup):
         step()
     synchronize()
@@ -117,23 +117,20 @@ def main() -> None:
     if args.smoke:
         smoke_run(args)
         return
-    path, options, batch = MODELS[args.model]
-    profile_ours(OurStep(path, args.precision), args.top)
-    show(f"PyTorch eager ({args.precision}), one step, CUDA kernels",
-         eager_kernels(args.model, options, batch, args.precision), args.top)
+    eager = eager_kernels(args.model, args.precision, "cuda")
+    profile_ours(OurStep(MODELS[args.model], args.precision), args.top)
+    show(f"PyTorch eager ({args.precision}), one step, CUDA kernels", eager, args.top)
 
 
 def smoke_run(args) -> None:
     """bench_cuda.py's tiny char-lm, one step after one: ours on a GPU, the eager peer's ops anywhere."""
-    path, options, batch = bench_cuda.SMOKE_MODELS[bench_cuda.SMOKE_MODEL]
-    if smoke.gpu():
-        profile_ours(OurStep(path, args.precision, smoke.TINY_CHAR_LM), args.top, warmup=1)
+    device = "cuda" if smoke.gpu() else "cpu"
+    eager = eager_kernels(SMOKE_MODEL, args.precision, device, warmup=1)
+    if device == "cuda":
+        profile_ours(OurStep(SMOKE_MODELS[SMOKE_MODEL], args.precision), args.top, warmup=1)
     else:
-        bench_cuda.DEVICE = "cpu"
         smoke.skipped("our steps' tables (the CUDA backend's steps, timed with CUDA events)")
-    title = KERNELS[bench_cuda.DEVICE][0]
-    show(f"PyTorch eager ({args.precision}), one step, {title}",
-         eager_kernels(bench_cuda.SMOKE_MODEL, options, batch, args.precision, warmup=1), args.top)
+    show(f"PyTorch eager ({args.precision}), one step, {KERNELS[device][0]}", eager, args.top)
 
 
 def profile_ours(ours: OurStep, top: int, warmup: int = 2) -> None:

@@ -2,7 +2,8 @@
 one step) on the CPU, as a command, and prints its table or ratios: a benchmark broken by a
 change elsewhere fails here, not on the day someone times something. The scripts are found
 by glob, so a new one is run too; a module of bench/ that is not a script must be imported by
-one, so that it runs with it."""
+one, so that it runs with it. A script that writes its results through bench/harness.py writes
+them, in a smoke run, to a temporary folder and not to bench/results/."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ PRINTED = {
     "bench_checkpoints.py": rf"ratio read / cp +{NUMBER}x[\s\S]*ratio write / upload_file +{NUMBER}x",
     "bench_choices.py": rf"deterministic/default +{NUMBER} \(goal at most 1.05\)",
     "bench_conv_engines.py": r"cnn.sexp in bf16\n  Forward Spec \{ batch: \d+",
-    "bench_cuda.py": rf"ours-f32 vs eager-f32: peer/ours {NUMBER}",
+    "bench_cuda.py": rf"char-lm-tiny f32: [\s\S]*ours vs eager: eager/ours {NUMBER}[\s\S]*char-lm-tiny bf16: ",
     "bench_exact.py": rf"randn +{NUMBER} +{NUMBER}x[\s\S]*DetLinear is {NUMBER}x slower",
     "bench_exact_mode.py": rf"exact / float32: {NUMBER} \(goal <= 2.0\)",
     "bench_interpreter.py": rf"tiny-adam +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}[\s\S]*char-lm +{NUMBER}",
@@ -55,9 +56,12 @@ def test_each_script_named_here_is_one():
 def test_each_benchmark_runs_in_smoke_mode_on_the_cpu(script, tmp_path):
     # no GPU, whatever the machine: Triton's kernels run in its interpreter (bench/smoke.py)
     environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": "", "HOME": str(tmp_path),
-                   "SEXPGPU_CPU_THREADS": "1", "TRITON_INTERPRET": "1"}
+                   "SEXPGPU_CPU_THREADS": "1", "TRITON_INTERPRET": "1", "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, str(script), "--smoke"], cwd=tmp_path, env=environment,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
     assert re.search(PRINTED.get(script.name, NUMBER), done.stdout), done.stdout[-4000:]
+    if re.search(r"^import harness$", script.read_text(), re.MULTILINE):  # it writes its results (bench/harness.py)
+        written = re.findall(r"^results: (\S+\.json) and ", done.stdout, re.MULTILINE)
+        assert written and all(Path(path).is_relative_to(tmp_path) and Path(path).exists() for path in written)

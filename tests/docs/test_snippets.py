@@ -80,6 +80,8 @@ SKIPPED = {
     Snippet("distributed.md", "torchrun --nnodes NODES"):
         "the template of a launch on several machines, with placeholders: tests/run/test_distributed.py runs 2 nodes "
         "of 2 processes with the environment torchrun gives them",
+    Snippet("performance.md", "PYTHONPATH=src python3 bench/bench_cuda.py --models gpt-124m"):
+        "minutes on an H200 each; tests/bench/test_bench_smoke.py runs every one of these scripts with --smoke",
     Snippet("tools.md", "sexpgpu plot runs/a runs/b -o runs.png"):
         "needs matplotlib, the optional extra plot; tests/run/test_plot.py draws it where matplotlib is installed",
 }
