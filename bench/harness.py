@@ -255,7 +255,12 @@ def source_digest() -> str:
 
 
 def git_revision() -> str:
-    """The tree's commit, and whether it had uncommitted changes (bench/results/ aside)."""
+    """The tree's commit, and whether it had uncommitted changes (bench/results/ aside).
+    BENCH_REVISION, where set, wins: a device machine's copy of the tree may carry a git
+    folder whose HEAD is not the commit copied."""
+    if os.environ.get("BENCH_REVISION"):
+        return os.environ["BENCH_REVISION"]
+
     def git(*argv):
         return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True, timeout=30)
 
@@ -264,8 +269,8 @@ def git_revision() -> str:
         status = git("status", "--porcelain", "--", ".", ":!bench/results")
     except (OSError, subprocess.TimeoutExpired):
         head = subprocess.CompletedProcess([], 1)
-    if head.returncode != 0:  # a copy of the tree without git: the caller may say which commit it is
-        return os.environ.get("BENCH_REVISION", "unknown (no git here; BENCH_REVISION names the commit)")
+    if head.returncode != 0:  # a copy of the tree without git
+        return "unknown (no git here; BENCH_REVISION names the commit)"
     return head.stdout.strip() + (" with uncommitted changes" if status.stdout.strip() else "")
 
 
