@@ -62,6 +62,8 @@ def test_each_benchmark_runs_in_smoke_mode_on_the_cpu(script, tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
     assert re.search(PRINTED.get(script.name, NUMBER), done.stdout), done.stdout[-4000:]
+    # a phase timed inside another is that one's time: no share of a step comes out negative
+    assert not re.search(r"\(-\d+%\)", done.stdout), done.stdout[-4000:]
     if re.search(r"^import harness$", script.read_text(), re.MULTILINE):  # it writes its results (bench/harness.py)
         written = re.findall(r"^results: (\S+\.json) and ", done.stdout, re.MULTILINE)
         assert written and all(Path(path).is_relative_to(tmp_path) and Path(path).exists() for path in written)
