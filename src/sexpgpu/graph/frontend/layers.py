@@ -165,7 +165,7 @@ def unary(op: str):
     return build
 
 
-for _name in ("add", "sub", "mul", "div"):
+for _name in ("add", "sub", "mul", "div", "matmul"):
     builtin(_name, ("value", "value"))(_binary(_name))
 for _name in ("neg", "relu", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "square"):
     builtin(_name, ("value",))(unary(_name))
@@ -190,11 +190,6 @@ def _pow(b, frame, x, exponent):
 def _cast(b, frame, x, dtype):
     x = b.tensor(x)
     return x if x.dtype == dtype else b.emit("cast", x, dtype=dtype)
-
-
-@builtin("matmul", ("value", "value"))
-def _matmul(b, frame, x, y):
-    return b.emit("matmul", *b.tensors([x, y]))
 
 
 # --- reductions and normalisations --------------------------------------------------------------
