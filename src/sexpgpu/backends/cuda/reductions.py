@@ -16,7 +16,7 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, iota, load, row
 from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction
 from sexpgpu.backends.cuda.rowmerge import RowLaunch
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides, unit_view
-from sexpgpu.backends.cuda.launches import ColumnLaunch, TorchLaunch, torch_dtype
+from sexpgpu.backends.cuda.launches import ColumnLaunch, torch_dtype
 from sexpgpu.graph.core.rules import RuleTable
 
 REDUCTIONS = RuleTable("cuda row and column kernels", needs=lambda op: op.kind in ("reduce", "normalize", "loss"))
@@ -75,20 +75,16 @@ def integer_reduction(lowerer, node) -> None:
     wrapped to int32 as the interpreter's int32 fold wraps."""
     import torch
 
-    (x,) = node.inputs
-    source = lowerer.addressable(x)
-    key = lowerer.result_buffer(node)
     axes, keep, op = tuple(node.attrs["axes"]), node.attrs["keep"], node.op
 
-    def run(env):
-        data = source.strided(env)
+    def write(out, data):
         if op == "sum":
             total = torch.sum(data.to(torch.int64), dim=axes, keepdim=keep)
         else:
             total = torch.amax(data, dim=axes, keepdim=keep)
-        env[key].copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
+        out.copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
 
-    lowerer.emit_result(node, TorchLaunch(run, (source.key,), (key,), "integer-reduction"))
+    lowerer.emit_torch(node, "integer-reduction", write)
 
 
 def _over_axis(node, axis: int):

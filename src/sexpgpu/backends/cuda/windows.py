@@ -28,14 +28,8 @@ def _window_launch(lowerer, node, compute, kind: str, in_float32: bool = False) 
     With `in_float32`, bf16 inputs are widened first, so the result is rounded once, by the
     copy into the buffer, where the interpreter rounds it (PyTorch's bf16 pooling rounds each
     window's share apart)."""
-    sources = lowerer.operands(node.inputs)
-    key = lowerer.result_buffer(node)
     widen = (lambda tensor: tensor.float()) if in_float32 else (lambda tensor: tensor)
-
-    def run(env):
-        env[key].copy_(compute(*[widen(source.strided(env)) for source in sources]))
-
-    lowerer.emit_result(node, TorchLaunch(run, reads_of(sources), (key,), kind))
+    lowerer.emit_torch(node, kind, lambda out, *tensors: out.copy_(compute(*[widen(tensor) for tensor in tensors])))
 
 
 def _engine_launch(lowerer, node, engine: str) -> None:
