@@ -64,18 +64,10 @@ def _operand(x, BF16: tl.constexpr, NATIVE: tl.constexpr):
 
 @triton.jit
 def _load_operand(pointers, mask, BF16: tl.constexpr, NATIVE: tl.constexpr):
-    """Stored values as a product's operand: as stored, or widened where the dot cannot take bf16."""
+    """Stored values as a product's operand: as stored, or widened where the dot cannot take
+    bf16 (NATIVE False: always widened to float32)."""
     value = tl.load(pointers, mask=mask, other=0.0)
     if BF16 and not NATIVE:
-        return load_bf16(value)
-    else:
-        return value
-
-
-@triton.jit
-def _load_float(pointers, mask, BF16: tl.constexpr):
-    value = tl.load(pointers, mask=mask, other=0.0)
-    if BF16:
         return load_bf16(value)
     else:
         return value
@@ -219,8 +211,8 @@ def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, LEAD0,
     lead, batch, head = _program_head(HEADS, LEAD0)
     ev = tl.arange(0, BLOCK_EV)
     mask = (rows[:, None] < TQ) & (ev[None, :] < EV)
-    o = _load_float(O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe, mask, BF16)
-    g = _load_float(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge, mask, BF16)
+    o = _load_operand(O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe, mask, BF16, False)
+    g = _load_operand(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge, mask, BF16, False)
     tl.store(DELTA + lead * TQ + rows, tl.reduce(o * g, 1, add), mask=rows < TQ)
 
 
