@@ -156,19 +156,15 @@ def _matmul(lowerer, node) -> None:
 
 
 def _reduction(exact):
-    """A sum or max: `exact(node)` gives compute(x) for float inputs; integers, exact in any
-    order, reduce as in any graph."""
+    """A sum or max: exact(node, x) for float inputs; integers, exact in any order, reduce as
+    in any graph."""
     def lower(lowerer, node) -> None:
         if node.inputs[0].dtype in ("i32", "bool"):
             integer_reduction(lowerer, node)
         else:
-            _node_launch(lowerer, node, exact(node), f"exact-{node.op}")
+            _node_launch(lowerer, node, lambda x: exact(node, x), f"exact-{node.op}")
 
     return lower
-
-
-def _sum(node):
-    return lambda x: ops.rounded_sum(x, node.attrs["axes"], node.shape, node.dtype)
 
 
 def _maxima(x, axes, keep: bool):
@@ -176,10 +172,6 @@ def _maxima(x, axes, keep: bool):
     from sexpgpu.backends.cuda.exact_maxima import maxima  # its kernel is decorated where it runs (Triton's interpreter on CPU tensors)
 
     return maxima(x, axes, keep)
-
-
-def _max(node):
-    return lambda x: _maxima(x, node.attrs["axes"], node.attrs["keep"])
 
 
 def _scatter_add(lowerer, node) -> None:
@@ -338,8 +330,8 @@ def _refused(lowerer, node) -> None:
 EXACT = RuleTable("cuda exact lowering", needs=lambda op: op.name in EXACT_FORMS)
 for _op, _rule in {
     "matmul": _matmul,
-    "sum": _reduction(_sum),
-    "max": _reduction(_max),
+    "sum": _reduction(lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, node.dtype)),
+    "max": _reduction(lambda node, x: _maxima(x, node.attrs["axes"], node.attrs["keep"])),
     "softmax": _softmax,
     "log_softmax": _log_softmax,
     "cross_entropy": _cross_entropy,
