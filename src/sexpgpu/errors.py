@@ -85,9 +85,10 @@ def nearest_name(name: str, candidates) -> str | None:
     return best
 
 
-def did_you_mean(name: str, candidates) -> str | None:
+def did_you_mean(name: str, candidates, sigil: str = "") -> str | None:
+    """The hint naming the nearest candidate, written after `sigil` (":" for a keyword)."""
     suggestion = nearest_name(name, candidates)
-    return f"Did you mean '{suggestion}'?" if suggestion else None
+    return f"Did you mean '{sigil}{suggestion}'?" if suggestion else None
 
 
 def _edit_distance(a: str, b: str, limit: int) -> int:

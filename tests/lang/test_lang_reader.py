@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sexpgpu.errors import Location, SexpgpuError
-from sexpgpu.lang.reader import read_file, read_source, read_text
+from sexpgpu.lang.reader import read_source, read_text
 from sexpgpu.lang.syntax import Float, Integer, Keyword, SList, String, Symbol
 
 
@@ -148,7 +148,7 @@ def test_read_source_hashes_the_bytes(tmp_path):
     path.write_bytes(raw)
     text, digest = read_source(str(path))
     assert text == raw.decode() and digest == hashlib.sha256(raw).hexdigest()
-    assert read_file(str(path))[0].loc == Location(str(path), 2, 1)
+    assert read_text(text, str(path))[0].loc == Location(str(path), 2, 1)
 
 
 def test_unreadable_files(tmp_path):

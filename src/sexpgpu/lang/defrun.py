@@ -282,12 +282,9 @@ def read_run(form: SList, name: Symbol, context: RunContext) -> RunDef:
 
 
 def _check_run(run: RunDef, context: RunContext) -> None:
-    _check_fields(run.model.args, run.model.arg_locs, run.data, "the model", context)
-    _check_fields(run.loss.fields, run.loss.field_locs, run.data, "the loss", context)
-    for spec in run.passes:
-        if spec.data is not None:
-            _check_fields(run.model.args, run.model.arg_locs, spec.data, "the model", context)
-            _check_fields(run.loss.fields, run.loss.field_locs, spec.data, "the loss", context)
+    for data in [run.data] + [spec.data for spec in run.passes if spec.data is not None]:
+        _check_fields(run.model.args, run.model.arg_locs, data, "the model", context)
+        _check_fields(run.loss.fields, run.loss.field_locs, data, "the loss", context)
     _check_records(run)
     _check_arithmetic(run)
     if run.schedule.min_lr > run.optimizer.lr:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sexpgpu.errors import SexpgpuError, nearest_name
+from sexpgpu.errors import SexpgpuError, did_you_mean
 from sexpgpu.lang.syntax import Keyword, SList, describe
 
 
@@ -82,10 +82,9 @@ def read_keys(items, table: dict, where: str, owner: SList, context=None) -> dic
 
 def unknown_keyword(key: Keyword, table, where: str) -> SexpgpuError:
     known = ", ".join(f":{name}" for name in table) or "none"
-    suggestion = nearest_name(key.name, list(table))
     return SexpgpuError(
         "E-FORM-002",
         f"unknown keyword {key} in {where}: the keywords it takes are {known}.",
         key.loc,
-        f"Did you mean ':{suggestion}'?" if suggestion else None,
+        did_you_mean(key.name, list(table), ":"),
     )

@@ -62,11 +62,6 @@ def read_source(path: str) -> tuple[str, str]:
     return text, hashlib.sha256(raw).hexdigest()
 
 
-def read_file(path: str) -> list:
-    text, _ = read_source(path)
-    return read_text(text, path)
-
-
 def _location_of_byte(raw: bytes, offset: int, path: str) -> Location:
     before = raw[:offset].decode("utf-8", errors="replace")
     line = before.count("\n") + 1

@@ -6,7 +6,7 @@ tuple of parts, each "step", "microbatch", "trip" or "field/NAME", in the order 
 
 from __future__ import annotations
 
-from sexpgpu.errors import SexpgpuError, nearest_name
+from sexpgpu.errors import SexpgpuError, did_you_mean
 from sexpgpu.lang.syntax import Keyword, SList, Symbol
 from sexpgpu.lang.values import type_error
 
@@ -25,12 +25,11 @@ def read_salt(value, label: str = ":salt") -> tuple[str, ...]:
 def _read_part(value, label: str) -> str:
     if isinstance(value, Keyword):
         if value.name not in SALT_KEYWORDS:
-            suggestion = nearest_name(value.name, SALT_KEYWORDS)
             raise SexpgpuError(
                 "E-FORM-002",
                 f"unknown salt {value} for {label}: expected :step, :microbatch, :trip or (field NAME).",
                 value.loc,
-                f"Did you mean ':{suggestion}'?" if suggestion else None,
+                did_you_mean(value.name, SALT_KEYWORDS, ":"),
             )
         return value.name
     if isinstance(value, SList) and value.head == "field":

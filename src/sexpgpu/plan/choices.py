@@ -122,10 +122,7 @@ class Situation:
 
     def all_product_shapes(self) -> list:
         """The float32 products of the running graphs as this device runs them (its keys)."""
-        shapes = []
-        for graph in self.running_training().graphs:
-            shapes += [shape for shape in self.probe.product_shapes(graph) if shape not in shapes]
-        return shapes
+        return _each_once(self.running_training().graphs, self.probe.product_shapes)
 
     def product_shapes(self) -> list:
         """The products the device offers more than one implementation for; the device
@@ -134,10 +131,7 @@ class Situation:
 
     def all_convolution_keys(self) -> list:
         """The convolutions of the running graphs and the passes, as this device runs them."""
-        keys = []
-        for graph in (*self.running_training().graphs, *self.passes):
-            keys += [key for key in self.probe.convolution_keys(graph) if key not in keys]
-        return keys
+        return _each_once((*self.running_training().graphs, *self.passes), self.probe.convolution_keys)
 
     def convolution_keys(self) -> list:
         """The convolutions the device offers engines for; the others run its own way."""
@@ -415,6 +409,11 @@ def take_pinned(situation: Situation, recorded: Choices, source: str) -> Choices
 
 def _record(situation: Situation, values: dict, strict: bool) -> Choices:
     return Choices(situation.probe.device_facts().line(), strict, **values)
+
+
+def _each_once(graphs, found) -> list:
+    """What found(graph) lists over `graphs`, each item once, in order of first appearance."""
+    return list(dict.fromkeys(item for graph in graphs for item in found(graph)))
 
 
 def _listed(degrees) -> str:

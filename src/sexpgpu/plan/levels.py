@@ -29,12 +29,6 @@ def _own(how: How, device: str) -> str:
             "or 2 pinned to these choices with --choices")
 
 
-def _strict(how: How, device: str) -> str:
-    return ("2: --deterministic: every choice is a fixed rule and nothing is measured, so every --deterministic "
-            "run of this file on a machine with these device facts repeats these bits, with no record (and this "
-            "machine repeats them: 1)")
-
-
 def _pinned(how: How, device: str) -> str:
     if how.recorded_device == device:
         return (f"2: pinned to the choices of {how.source}, whose device facts read as this machine's: "
@@ -50,29 +44,32 @@ def _rechosen(how: How, device: str) -> str:
             f"steps before it may have been, so the same distribution, not the same bits; {again}")
 
 
-def _interpreter(how: How, device: str) -> str:
-    return ("1 on every machine: the CPU interpreter decides nothing from the machine and calls no platform "
-            "math library, so level 1's same bits hold beyond this machine: any machine repeats these bits "
-            "for this file, selection, flags and this sexpgpu")
-
-
-def _exact(how: How, device: str) -> str:
-    return ("exact on every device: every sum is exact and rounded once, so its bits are a function of its "
-            "terms alone and no machine, stacking degree or GPU count can change them: any device that runs "
-            ":arithmetic exact repeats these bits for this file, selection, flags and this sexpgpu, with no record")
-
-
 def _elsewhere(how: How, device: str) -> str:
     return (f"3: {how.source}, so this machine ({device}) chose its own: the same distribution as the values "
             "the run reported inline, not the same bits")
 
 
-LINES = {"own": _own, "strict": _strict, "pinned": _pinned, "rechosen": _rechosen, "interpreter": _interpreter,
-         "exact": _exact, "elsewhere": _elsewhere}
+# a mode's line: the text itself where it reads nothing of the run or the machine
+LINES = {
+    "own": _own,
+    "strict": "2: --deterministic: every choice is a fixed rule and nothing is measured, so every --deterministic "
+              "run of this file on a machine with these device facts repeats these bits, with no record (and this "
+              "machine repeats them: 1)",
+    "pinned": _pinned,
+    "rechosen": _rechosen,
+    "interpreter": "1 on every machine: the CPU interpreter decides nothing from the machine and calls no platform "
+                   "math library, so level 1's same bits hold beyond this machine: any machine repeats these bits "
+                   "for this file, selection, flags and this sexpgpu",
+    "exact": "exact on every device: every sum is exact and rounded once, so its bits are a function of its terms "
+             "alone and no machine, stacking degree or GPU count can change them: any device that runs :arithmetic "
+             "exact repeats these bits for this file, selection, flags and this sexpgpu, with no record",
+    "elsewhere": _elsewhere,
+}
 
 
 def determinism_line(how: How, device: str) -> str:
-    return LINES[how.mode](how, device)
+    line = LINES[how.mode]
+    return line if isinstance(line, str) else line(how, device)
 
 
 @dataclass(frozen=True)

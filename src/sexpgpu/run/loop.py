@@ -169,11 +169,9 @@ class Trainer:
         graph = self.program.passes[name]
         totals: dict[str, list] = {}
         for batch_index in range(pass_spec.batches):
-            inputs = dict(_prefixed("param/", state.params))
-            inputs.update(self.feeder.eval_batch(pass_spec, name, state.step, batch_index))
             # A pass graph that reads :step or :microbatch sees the step it follows and its batch.
-            inputs.update({"step": np.int32(state.step), "microbatch": np.int32(batch_index)})
-            outputs = self.backend.run(graph, _only(graph, inputs))
+            batch = self.feeder.eval_batch(pass_spec, name, state.step, batch_index)
+            outputs = self.backend.run(graph, _call_inputs(graph, state, batch, state.step, batch_index))
             for key, value in outputs.items():
                 totals.setdefault(key, []).append(self.backend.to_host(value))
         prefix = f"eval/{pass_spec.name}/" if pass_spec.name else "eval/"
@@ -186,20 +184,14 @@ class Trainer:
     def _stacked_inputs(self, state: TrainingState, step: int, first: int, degree: int) -> dict:
         """The inputs of microbatches first .. first + degree - 1 as one batch: the feeder
         gives each field's records in microbatch order; `microbatch` is the first one's index."""
-        inputs = dict(_prefixed("param/", state.params))
-        inputs.update(self.feeder.train_batch(step, first, degree))
-        inputs.update({"step": np.int32(step), "microbatch": np.int32(first)})
-        return _only(self.stacking.training.micro, inputs)
+        return _call_inputs(self.stacking.training.micro, state, self.feeder.train_batch(step, first, degree), step, first)
 
     def first_inputs(self, state: TrainingState) -> dict:
         """The inputs of step 1's first microbatch: what a measurement at the first step runs."""
         return self._micro_inputs(state, 1, 0)
 
     def _micro_inputs(self, state: TrainingState, step: int, microbatch: int) -> dict:
-        inputs = dict(_prefixed("param/", state.params))
-        inputs.update(self.feeder.train_batch(step, microbatch))
-        inputs.update({"step": np.int32(step), "microbatch": np.int32(microbatch)})
-        return _only(self.program.training.micro, inputs)
+        return _call_inputs(self.program.training.micro, state, self.feeder.train_batch(step, microbatch), step, microbatch)
 
 
 def _allocation_failed(error: Exception) -> bool:
@@ -214,6 +206,13 @@ def _prefixed(prefix: str, values: dict) -> dict:
 def _only(graph, inputs: dict) -> dict:
     """The inputs a graph declares; a graph that does not read `microbatch` is not given it."""
     return {name: inputs[name] for name in graph.inputs}
+
+
+def _call_inputs(graph, state: TrainingState, batch: dict, step: int, microbatch: int) -> dict:
+    """What one call of a microbatch or pass graph reads: the parameters, a batch's fields,
+    the step and the (first) microbatch's index."""
+    inputs = {**_prefixed("param/", state.params), **batch, "step": np.int32(step), "microbatch": np.int32(microbatch)}
+    return _only(graph, inputs)
 
 
 def _sum_in_order(total: dict | None, grads: dict) -> dict:

@@ -57,7 +57,7 @@ def cublas_version() -> str:
     return "unknown"
 
 
-def device_facts(device, policy: FusionPolicy) -> dict:
+def device_facts(device) -> dict:
     """What the device decides: the facts two machines must share to lower alike."""
     import torch
     import triton
@@ -77,7 +77,7 @@ def device_facts(device, policy: FusionPolicy) -> dict:
 def facts(device, policy: FusionPolicy) -> dict:
     import torch
 
-    found = device_facts(device, policy)
+    found = device_facts(device)
     return {
         "name": f"cuda {found['gpu']} (torch {torch.__version__}, SEXPGPU_OPTIMIZE={policy.level})",
         # what a run that chooses here would state (`sexpgpu check` prints it); a run states what happened

@@ -99,9 +99,9 @@ def _write(lowerer, key: str, sources, compute, kind: str = "exact", into: bool 
     lowerer.launches.append(TorchLaunch(run, reads_of(sources), (key,), kind))
 
 
-def _node_launch(lowerer, node, compute, kind: str = "exact", into: bool = False) -> None:
-    """The node's value is compute(*its inputs' tensors), written into its own buffer."""
-    sources = lowerer.operands(node.inputs)
+def _node_launch(lowerer, node, compute, kind: str = "exact", into: bool = False, sources=None) -> None:
+    """The node's value is compute(*its inputs' tensors, or the `sources`' given), written into its own buffer."""
+    sources = lowerer.operands(node.inputs) if sources is None else sources
     key = lowerer.result_buffer(node)
     _write(lowerer, key, sources, compute, kind, into)
     lowerer.values[node] = lowerer.loaded(node, key)
@@ -156,19 +156,15 @@ def _matmul(lowerer, node) -> None:
 
 
 def _reduction(exact):
-    """A sum or max: `exact(node)` gives compute(x) for float inputs; integers, exact in any
-    order, reduce as in any graph."""
+    """A sum or max: exact(node, x) for float inputs; integers, exact in any order, reduce as
+    in any graph."""
     def lower(lowerer, node) -> None:
         if node.inputs[0].dtype in ("i32", "bool"):
             integer_reduction(lowerer, node)
         else:
-            _node_launch(lowerer, node, exact(node), f"exact-{node.op}")
+            _node_launch(lowerer, node, lambda x: exact(node, x), f"exact-{node.op}")
 
     return lower
-
-
-def _sum(node):
-    return lambda x: ops.rounded_sum(x, node.attrs["axes"], node.shape, node.dtype)
 
 
 def _maxima(x, axes, keep: bool):
@@ -176,10 +172,6 @@ def _maxima(x, axes, keep: bool):
     from sexpgpu.backends.cuda.exact_maxima import maxima  # its kernel is decorated where it runs (Triton's interpreter on CPU tensors)
 
     return maxima(x, axes, keep)
-
-
-def _max(node):
-    return lambda x: _maxima(x, node.attrs["axes"], node.attrs["keep"])
 
 
 def _scatter_add(lowerer, node) -> None:
@@ -312,9 +304,7 @@ def _avg_pool2d_grad(lowerer, node) -> None:
     def spread(values):
         return ops.spread_values(lambda index: values, node.shape, kernel, stride, g.shape[2:])
 
-    key = lowerer.result_buffer(node)
-    _write(lowerer, key, [share], _rounded(node, spread), "exact-pooling")
-    lowerer.values[node] = lowerer.loaded(node, key)
+    _node_launch(lowerer, node, _rounded(node, spread), "exact-pooling", sources=[share])
 
 
 def _max_pool2d(lowerer, node) -> None:
@@ -340,8 +330,8 @@ def _refused(lowerer, node) -> None:
 EXACT = RuleTable("cuda exact lowering", needs=lambda op: op.name in EXACT_FORMS)
 for _op, _rule in {
     "matmul": _matmul,
-    "sum": _reduction(_sum),
-    "max": _reduction(_max),
+    "sum": _reduction(lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, node.dtype)),
+    "max": _reduction(lambda node, x: _maxima(x, node.attrs["axes"], node.attrs["keep"])),
     "softmax": _softmax,
     "log_softmax": _log_softmax,
     "cross_entropy": _cross_entropy,
@@ -412,43 +402,27 @@ def _moving(move_digits, move_values):
     return _carrying(move)
 
 
-def _region_scatter(node, ids, values):
-    return ops.scattered(ids, values, node.attrs["rows"], node.shape)
-
-
-def _rounded_region_scatter(node, ids, values):
-    return ops.rounded_scatter(ids, values, node.attrs["rows"], node.shape, "f32")
-
-
 def _checked_region_scatter(lowerer, node) -> None:
     """An embedding's gradient: its ids checked as the call runs, its sums pending."""
-    _check_launch(lowerer, node, lowerer.operands(node.inputs[:1])[0], node.attrs["rows"], "embedding id")
-    _reducing(_region_scatter, _rounded_region_scatter)(lowerer, node)
+    rows = node.attrs["rows"]
+    _check_launch(lowerer, node, lowerer.operands(node.inputs[:1])[0], rows, "embedding id")
+    _reducing(lambda node, ids, values: ops.scattered(ids, values, rows, node.shape),
+              lambda node, ids, values: ops.rounded_scatter(ids, values, rows, node.shape, "f32"))(lowerer, node)
 
 
 def _region_const(lowerer, node) -> None:
     _region_launch(lowerer, node, (), lambda env: ops.constant(node.attrs["value"], node.shape, env[DEVICE]))
 
 
-def _product_digits(node, a, b):
-    return ops.product(a, b, node.shape)
-
-
-def _sum_digits(node, x):
-    return ops.shaped(ops.summed(x, node.attrs["axes"]), node.shape)
-
-
-def _weight_grad_digits(node, x, g):
-    return ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape)
-
-
 ACC = RuleTable("cuda acc lowering", needs=lambda op: op.name in ROLES)
 for _op, _rule in {
-    "matmul": _reducing(_product_digits, lambda node, a, b: ops.rounded_product(a, b, node.shape, "f32")),
-    "sum": _reducing(_sum_digits, lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, "f32")),
+    "matmul": _reducing(lambda node, a, b: ops.product(a, b, node.shape),
+                        lambda node, a, b: ops.rounded_product(a, b, node.shape, "f32")),
+    "sum": _reducing(lambda node, x: ops.shaped(ops.summed(x, node.attrs["axes"]), node.shape),
+                     lambda node, x: ops.rounded_sum(x, node.attrs["axes"], node.shape, "f32")),
     "scatter_add": _checked_region_scatter,
-    "conv2d_weight_grad": _reducing(_weight_grad_digits, lambda node, x, g: ops.rounded_conv2d_weight_grad(
-        x, g, *_geometry(node), node.shape)),
+    "conv2d_weight_grad": _reducing(lambda node, x, g: ops.conv2d_weight_grad(x, g, *_geometry(node), node.shape),
+                                    lambda node, x, g: ops.rounded_conv2d_weight_grad(x, g, *_geometry(node), node.shape)),
     "add": _carrying(lambda node, *sums: ops.added([accumulated(value) for value in sums], node.shape)),
     "reshape": _moving(lambda node, acc: ops.shaped(acc, node.shape), lambda node, tensor: tensor.reshape(node.shape)),
     "transpose": _moving(lambda node, acc: ops.transposed(acc, node.attrs["perm"]),

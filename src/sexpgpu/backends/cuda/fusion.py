@@ -67,9 +67,9 @@ class FusionPolicy:
         return self.level == "on"
 
 
-def policy_from_environment(budget: float = BUDGET_FLOPS_PER_BYTE, products: dict | None = None) -> FusionPolicy:
-    """The policy of SEXPGPU_OPTIMIZE with the plan's recompute budget and products."""
-    return FusionPolicy(settings.value("SEXPGPU_OPTIMIZE") or "on", budget, dict(products or {}))
+def policy_from_environment() -> FusionPolicy:
+    """The policy of SEXPGPU_OPTIMIZE, before the plan's choices (CudaBackend.take_choices)."""
+    return FusionPolicy(settings.value("SEXPGPU_OPTIMIZE") or "on")
 
 
 class KernelReaders:

@@ -45,7 +45,7 @@ from sexpgpu.backends.cuda.products import PRODUCTS
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.windows import WINDOWS
 from sexpgpu.backends.cuda.launches import Buffer, ColumnLaunch, FlatLaunch, Operand, TorchLaunch, launch_text, same_memory
-from sexpgpu.backends.cuda.launches import strided
+from sexpgpu.backends.cuda.launches import reads_of, strided
 from sexpgpu.exact.layout import WIDTH
 from sexpgpu.plan.memory import ArenaPlan, liveness, plan_arena
 
@@ -260,6 +260,16 @@ class Lowerer:
         """A launch that writes `node`'s result to its first buffer; the node's value reads it."""
         self.launches.append(launch)
         self.values[node] = self.loaded(node, launch.writes[0])
+
+    def emit_torch(self, node, kind: str, write) -> None:
+        """A PyTorch launch writing `node`'s result: write(its buffer, *its inputs as strided tensors)."""
+        sources = self.operands(node.inputs)
+        key = self.result_buffer(node)
+
+        def run(env):
+            write(env[key], *[source.strided(env) for source in sources])
+
+        self.emit_result(node, TorchLaunch(run, reads_of(sources), (key,), kind))
 
     def value_through(self, node, change) -> Expr:
         """`node`'s value with `change` applied to its views, writing it out first when a

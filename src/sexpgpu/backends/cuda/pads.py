@@ -14,17 +14,13 @@ PADS = RuleTable("cuda pads and concatenations", needs=lambda op: op.name in ("p
 
 @PADS.rule("pad")
 def pad(lowerer, node) -> None:
-    (x,) = node.inputs
-    source = lowerer.addressable(x)
-    key = lowerer.result_buffer(node)
     axis, before = node.attrs["axis"], node.attrs["before"]
 
-    def run(env):
-        out = env[key]
+    def write(out, x):
         out.zero_()
-        out.narrow(axis, before, x.shape[axis]).copy_(source.strided(env))
+        out.narrow(axis, before, x.shape[axis]).copy_(x)
 
-    lowerer.emit_result(node, TorchLaunch(run, (source.key,), (key,), "pad"))
+    lowerer.emit_torch(node, "pad", write)
 
 
 @PADS.rule("concat")

@@ -16,7 +16,7 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, iota, load, row
 from sexpgpu.backends.cuda.codegen.rows import Phase, Reduction
 from sexpgpu.backends.cuda.rowmerge import RowLaunch
 from sexpgpu.backends.cuda.codegen.space import View, contiguous, contiguous_strides, unit_view
-from sexpgpu.backends.cuda.launches import ColumnLaunch, TorchLaunch, torch_dtype
+from sexpgpu.backends.cuda.launches import ColumnLaunch, torch_dtype
 from sexpgpu.graph.core.rules import RuleTable
 
 REDUCTIONS = RuleTable("cuda row and column kernels", needs=lambda op: op.kind in ("reduce", "normalize", "loss"))
@@ -31,13 +31,13 @@ def in_space(lowerer, node, perm) -> Expr:
 
 
 def _rows(lowerer, node, space, reduced_rank, phases, outputs, row_stores=(), kind="rows") -> None:
-    """Emit a row kernel writing `outputs` [(key, view over space, dtype)]."""
-    lowerer.launches.append(RowLaunch(tuple(space), reduced_rank, list(outputs), list(phases), list(row_stores), kind))
+    """Emit a row kernel writing `outputs` [(key, view over space, dtype)], the first the node's result."""
+    lowerer.emit_result(node, RowLaunch(tuple(space), reduced_rank, list(outputs), list(phases), list(row_stores), kind))
 
 
-def _columns(lowerer, reduced, kept, reduction: Reduction, key: str, dtype: str) -> None:
-    spec = ColumnSpec(tuple(reduced), tuple(kept), (), (reduction,), ((contiguous(kept), dtype),), ((0, row(0)),))
-    lowerer.launches.append(ColumnLaunch(spec, (key,)))
+def _columns(lowerer, node, reduced, kept, reduction: Reduction, key: str) -> None:
+    spec = ColumnSpec(tuple(reduced), tuple(kept), (), (reduction,), ((contiguous(kept), node.dtype),), ((0, row(0)),))
+    lowerer.emit_result(node, ColumnLaunch(spec, (key,)))
 
 
 def per_row_view(space, lead_rank: int) -> View:
@@ -67,8 +67,7 @@ def reduce(lowerer, node) -> None:
         _rows(lowerer, node, space, len(axes), [Phase((Reduction(node.op, value),))], outputs, [(0, row(0))])
     else:
         value = in_space(lowerer, x, axes + kept)
-        _columns(lowerer, reduced_shape, kept_shape, Reduction(node.op, value), key, node.dtype)
-    lowerer.values[node] = lowerer.loaded(node, key)
+        _columns(lowerer, node, reduced_shape, kept_shape, Reduction(node.op, value), key)
 
 
 def integer_reduction(lowerer, node) -> None:
@@ -76,20 +75,16 @@ def integer_reduction(lowerer, node) -> None:
     wrapped to int32 as the interpreter's int32 fold wraps."""
     import torch
 
-    (x,) = node.inputs
-    source = lowerer.addressable(x)
-    key = lowerer.result_buffer(node)
     axes, keep, op = tuple(node.attrs["axes"]), node.attrs["keep"], node.op
 
-    def run(env):
-        data = source.strided(env)
+    def write(out, data):
         if op == "sum":
             total = torch.sum(data.to(torch.int64), dim=axes, keepdim=keep)
         else:
             total = torch.amax(data, dim=axes, keepdim=keep)
-        env[key].copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
+        out.copy_(total.to(torch_dtype(node.dtype)).reshape(node.shape))
 
-    lowerer.emit_result(node, TorchLaunch(run, (source.key,), (key,), "integer-reduction"))
+    lowerer.emit_torch(node, "integer-reduction", write)
 
 
 def _over_axis(node, axis: int):
@@ -100,7 +95,15 @@ def _over_axis(node, axis: int):
     return perm, tuple(source.shape[other] for other in perm)
 
 
-@REDUCTIONS.rule("softmax", "log_softmax", "layernorm")
+# each normalisation's phases over the row of its axis, from the node and its input's value
+NORMALIZATIONS = {
+    "softmax": lambda node, value: recipes.softmax(value, 0),
+    "log_softmax": lambda node, value: recipes.log_softmax(value, 0),
+    "layernorm": lambda node, value: recipes.layernorm(value, node.inputs[0].shape[-1], node.attrs["eps"], 0),
+}
+
+
+@REDUCTIONS.rule(*NORMALIZATIONS)
 def normalize(lowerer, node) -> None:
     (x,) = node.inputs
     axis = node.attrs.get("axis", x.rank - 1)
@@ -109,14 +112,7 @@ def normalize(lowerer, node) -> None:
     key = lowerer.result_buffer(node)
     own = contiguous_strides(node.shape)
     out_view = View(space, tuple(own[other] for other in perm))
-    if node.op == "softmax":
-        phases = recipes.softmax(value, 0)
-    elif node.op == "log_softmax":
-        phases = recipes.log_softmax(value, 0)
-    else:
-        phases = recipes.layernorm(value, x.shape[-1], node.attrs["eps"], 0)
-    _rows(lowerer, node, space, 1, phases, [(key, out_view, node.dtype)])
-    lowerer.values[node] = lowerer.loaded(node, key)
+    _rows(lowerer, node, space, 1, NORMALIZATIONS[node.op](node, value), [(key, out_view, node.dtype)])
 
 
 @REDUCTIONS.rule("argmax")
@@ -127,7 +123,6 @@ def argmax(lowerer, node) -> None:
     key = lowerer.result_buffer(node)
     phases, result = recipes.argmax(value, iota(unit_view(space, len(space) - 1)), space[-1])
     _rows(lowerer, node, space, 1, phases, [(key, per_row_view(space, len(space) - 1), "i32")], [(0, result)])
-    lowerer.values[node] = lowerer.loaded(node, key)
 
 
 @REDUCTIONS.rule("cross_entropy")
@@ -155,7 +150,6 @@ def cross_entropy(lowerer, node) -> None:
         outputs += [(exps_key, contiguous(space), "f32"), (total_key, per_row_view(space, len(lead)), "f32")]
         row_stores.append((2, row(1)))
     _rows(lowerer, node, space, 1, phases, outputs, row_stores, "cross-entropy")
-    lowerer.values[node] = lowerer.loaded(node, key)
     if softmax is not None:
         total = load(total_key, View(space, contiguous_strides(unit)[:-1] + (0,)))
         lowerer.values[softmax] = load(exps_key, contiguous(space)) / total

@@ -28,14 +28,8 @@ def _window_launch(lowerer, node, compute, kind: str, in_float32: bool = False) 
     With `in_float32`, bf16 inputs are widened first, so the result is rounded once, by the
     copy into the buffer, where the interpreter rounds it (PyTorch's bf16 pooling rounds each
     window's share apart)."""
-    sources = lowerer.operands(node.inputs)
-    key = lowerer.result_buffer(node)
     widen = (lambda tensor: tensor.float()) if in_float32 else (lambda tensor: tensor)
-
-    def run(env):
-        env[key].copy_(compute(*[widen(source.strided(env)) for source in sources]))
-
-    lowerer.emit_result(node, TorchLaunch(run, reads_of(sources), (key,), kind))
+    lowerer.emit_torch(node, kind, lambda out, *tensors: out.copy_(compute(*[widen(tensor) for tensor in tensors])))
 
 
 def _engine_launch(lowerer, node, engine: str) -> None:
@@ -102,11 +96,12 @@ def max_pool2d(lowerer, node) -> None:
 
 
 def _first_maxima(x, kernel, stride):
-    """The flat (row * W + column) index in its image plane of each window's maximum."""
+    """The flat (row * W + column) index in its image plane of each window's maximum, a row
+    a plane (N * C rows), and the pooled shape."""
     import torch.nn.functional as functional
 
     _, indices = functional.max_pool2d(x, kernel, stride, return_indices=True)
-    return indices
+    return indices.reshape(x.shape[0] * x.shape[1], -1), indices.shape
 
 
 @WINDOWS.rule("max_pool2d_grad")
@@ -116,10 +111,9 @@ def max_pool2d_grad(lowerer, node) -> None:
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
 
     def compute(x, g):
-        indices = _first_maxima(x, kernel, stride)
-        planes = x.shape[0] * x.shape[1]
-        out = torch.zeros((planes, x.shape[2] * x.shape[3]), dtype=torch.float32, device=x.device)
-        out.scatter_add_(1, indices.reshape(planes, -1), g.reshape(planes, -1).float())
+        indices, _ = _first_maxima(x, kernel, stride)
+        out = torch.zeros((indices.shape[0], x.shape[2] * x.shape[3]), dtype=torch.float32, device=x.device)
+        out.scatter_add_(1, indices, g.reshape(indices.shape[0], -1).float())
         return out.reshape(x.shape)
 
     _window_launch(lowerer, node, compute, "pooling")
@@ -130,9 +124,8 @@ def max_pool2d_pick(lowerer, node) -> None:
     kernel, stride = node.attrs["kernel"], node.attrs["stride"]
 
     def compute(x, h):
-        indices = _first_maxima(x, kernel, stride)
-        planes = x.shape[0] * x.shape[1]
-        return h.reshape(planes, -1).gather(1, indices.reshape(planes, -1)).reshape(indices.shape)
+        indices, pooled = _first_maxima(x, kernel, stride)
+        return h.reshape(indices.shape[0], -1).gather(1, indices).reshape(pooled)
 
     _window_launch(lowerer, node, compute, "pooling")
 

@@ -18,7 +18,7 @@ Names and keys (docs/language.md):
 
 from __future__ import annotations
 
-from sexpgpu.errors import SexpgpuError, did_you_mean, nearest_name
+from sexpgpu.errors import SexpgpuError, did_you_mean
 from sexpgpu.graph.frontend.layers import BUILTINS
 from sexpgpu.graph.frontend.records import Frame, LoadSpec, ParamSpec, initializer_of, join_path
 from sexpgpu.graph.core.ops import OpError, dims_text
@@ -351,7 +351,7 @@ class Builder:
                     "E-GRAPH-003",
                     f"unknown keyword {key} for '{definition.name}': its options are "
                     f"{', '.join(':' + option for option in definition.options) or 'none'}, and :as.",
-                    key.loc, _keyword_hint(name, list(definition.options) + ["as"]),
+                    key.loc, did_you_mean(name, list(definition.options) + ["as"], ":"),
                 )
         return scope, options
 
@@ -438,11 +438,6 @@ def _value_text(expression, value: int) -> str:
     if isinstance(expression, Integer):
         return shown(expression)
     return shown(str(value)) if abs(value) < 10**400 else "a number of more than 400 digits"
-
-
-def _keyword_hint(name: str, keywords: list) -> str | None:
-    suggestion = nearest_name(name, keywords)
-    return f"Did you mean ':{suggestion}'?" if suggestion else None
 
 
 def _static_text(value) -> str:

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from sexpgpu.errors import did_you_mean, nearest_name
+from sexpgpu.errors import did_you_mean
 from sexpgpu.graph.frontend.records import Frame, Initializer, initializer_of, join_path
 from sexpgpu.graph.core.ir import FLOAT_DTYPES, Node
 from sexpgpu.graph.core.ops import dims_text
@@ -67,9 +67,8 @@ class Builtin:
         for name, (key, value) in pairs.items():
             if name not in self.keywords:
                 known = ", ".join(":" + k for k in self.keywords) or "none"
-                suggestion = nearest_name(name, list(self.keywords))
                 raise b.error("E-GRAPH-003", f"unknown keyword {key} for ({self.name} ...): it takes {known}.",
-                              key.loc, f"Did you mean ':{suggestion}'?" if suggestion else None)
+                              key.loc, did_you_mean(name, list(self.keywords), ":"))
             values[name] = _convert(b, self.keywords[name][0], value, frame, f":{name} of ({self.name} ...)")
         for name, (kind, default) in self.keywords.items():
             if name not in values:
@@ -165,7 +164,7 @@ def unary(op: str):
     return build
 
 
-for _name in ("add", "sub", "mul", "div"):
+for _name in ("add", "sub", "mul", "div", "matmul"):
     builtin(_name, ("value", "value"))(_binary(_name))
 for _name in ("neg", "relu", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "square"):
     builtin(_name, ("value",))(unary(_name))
@@ -190,11 +189,6 @@ def _pow(b, frame, x, exponent):
 def _cast(b, frame, x, dtype):
     x = b.tensor(x)
     return x if x.dtype == dtype else b.emit("cast", x, dtype=dtype)
-
-
-@builtin("matmul", ("value", "value"))
-def _matmul(b, frame, x, y):
-    return b.emit("matmul", *b.tensors([x, y]))
 
 
 # --- reductions and normalisations --------------------------------------------------------------

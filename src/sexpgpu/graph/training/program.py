@@ -72,7 +72,7 @@ class Program:
         return not self.blockers
 
 
-def compile_program(experiment, field_specs: dict | None = None, pass_field_specs: dict | None = None) -> Program:
+def compile_program(experiment, field_specs: dict | None = None) -> Program:
     run = experiment.run
     generator, generator_builder = None, None
     if run.data.kind == "generator":
@@ -90,7 +90,7 @@ def compile_program(experiment, field_specs: dict | None = None, pass_field_spec
             pass_generators[name], _ = build_generator(experiment, spec.data.generator)
             specs = _record_specs(run, spec.data, None, pass_generators[name])
         elif spec.data is not None:
-            specs = (pass_field_specs or {}).get(name) or _record_specs(run, spec.data, field_specs, None)
+            specs = _record_specs(run, spec.data, field_specs, None)
         passes[name] = build_pass(experiment, name, _microbatch_specs(specs, run.batch))
     blockers = _blockers(builder, generator, generator_builder)
     sums = gradient_sums(update) if run.arithmetic == "exact" else None
@@ -171,8 +171,7 @@ def _inputs(builder: Builder) -> dict:
 
 def _model_and_loss(experiment, builder: Builder, metrics: bool):
     output = model_output(experiment, builder)
-    run = experiment.run
-    loss = run.loss
+    loss = experiment.run.loss
     targets = [builder.field(name, loc) for name, loc in zip(loss.fields, _locs(loss.field_locs, loss, len(loss.fields)))]
     return loss_of(experiment, builder, output, targets, metrics)
 

@@ -64,18 +64,10 @@ def _operand(x, BF16: tl.constexpr, NATIVE: tl.constexpr):
 
 @triton.jit
 def _load_operand(pointers, mask, BF16: tl.constexpr, NATIVE: tl.constexpr):
-    """Stored values as a product's operand: as stored, or widened where the dot cannot take bf16."""
+    """Stored values as a product's operand: as stored, or widened where the dot cannot take
+    bf16 (NATIVE False: always widened to float32)."""
     value = tl.load(pointers, mask=mask, other=0.0)
     if BF16 and not NATIVE:
-        return load_bf16(value)
-    else:
-        return value
-
-
-@triton.jit
-def _load_float(pointers, mask, BF16: tl.constexpr):
-    value = tl.load(pointers, mask=mask, other=0.0)
-    if BF16:
         return load_bf16(value)
     else:
         return value
@@ -143,29 +135,17 @@ def _keys_seen(TK, start_m, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _scores(a, b, rows, cols, TQ, TK, scale, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
-    """(a b) * scale over (rows, cols) of queries and keys, -inf where masked; a is the
-    operand whose rows are `rows` (q, or k for the transposed tile)."""
+def _scores(a, b, queries, keys, TQ, TK, scale, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
+    """(a b) * scale, -inf where masked: `queries` and `keys` are the tile's query and key
+    indices laid out along its axes (queries[:, None] and keys[None, :] for q k^T, the other
+    way round for the transposed tile k q^T)."""
     s = _dot(a, b, BF16, NATIVE)
     if BF16:
         s = round_bf16(s)
     s = s * scale
-    valid = (rows[:, None] < TQ) & (cols[None, :] < TK)
+    valid = (queries < TQ) & (keys < TK)
     if CAUSAL:
-        valid = valid & (cols[None, :] <= rows[:, None])
-    return tl.where(valid, s, NEG_INF)
-
-
-@triton.jit
-def _scores_t(a, b, keys, queries, TQ, TK, scale, BF16: tl.constexpr, NATIVE: tl.constexpr, CAUSAL: tl.constexpr):
-    """The transposed tile: (k q^T) * scale over (keys, queries), -inf where masked."""
-    s = _dot(a, b, BF16, NATIVE)
-    if BF16:
-        s = round_bf16(s)
-    s = s * scale
-    valid = (keys[:, None] < TK) & (queries[None, :] < TQ)
-    if CAUSAL:
-        valid = valid & (keys[:, None] <= queries[None, :])
+        valid = valid & (keys <= queries)
     return tl.where(valid, s, NEG_INF)
 
 
@@ -178,7 +158,7 @@ def _forward_block(q, m_i, l_i, acc, start_n, rows, K, V, k_base, v_base, skt, s
     ev = tl.arange(0, BLOCK_EV)
     key_t = _load_operand(K + k_base + cols[None, :] * skt + e[:, None] * ske,
                           (cols[None, :] < TK) & (e[:, None] < E), BF16, NATIVE)
-    s = _scores(q, key_t, rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL)
+    s = _scores(q, key_t, rows[:, None], cols[None, :], TQ, TK, scale, BF16, NATIVE, CAUSAL)
     m_new = tl.maximum(m_i, tl.reduce(s, 1, max_nan))
     m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)  # a row with nothing seen yet keeps l = 0
     p = tl.exp(s - m_safe[:, None])
@@ -231,8 +211,8 @@ def row_delta(O, G, DELTA, so0, so1, sot, soe, sg0, sg1, sgt, sge, HEADS, LEAD0,
     lead, batch, head = _program_head(HEADS, LEAD0)
     ev = tl.arange(0, BLOCK_EV)
     mask = (rows[:, None] < TQ) & (ev[None, :] < EV)
-    o = _load_float(O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe, mask, BF16)
-    g = _load_float(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge, mask, BF16)
+    o = _load_operand(O + batch * so0 + head * so1 + rows[:, None] * sot + ev[None, :] * soe, mask, BF16, False)
+    g = _load_operand(G + batch * sg0 + head * sg1 + rows[:, None] * sgt + ev[None, :] * sge, mask, BF16, False)
     tl.store(DELTA + lead * TQ + rows, tl.reduce(o * g, 1, add), mask=rows < TQ)
 
 
@@ -262,7 +242,7 @@ def _p_and_score_grad(q, g, lse, start_n, rows, K, V, k_base, v_base, skt, ske, 
     seen = cols < TK
     key = _load_operand(K + k_base + cols[:, None] * skt + e[None, :] * ske,
                         seen[:, None] & (e[None, :] < E), BF16, NATIVE)
-    p = tl.exp(_scores(q, tl.trans(key), rows, cols, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
+    p = tl.exp(_scores(q, tl.trans(key), rows[:, None], cols[None, :], TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[:, None])
     value_t = _load_operand(V + v_base + cols[None, :] * svt + ev[:, None] * sve,
                             seen[None, :] & (ev[:, None] < EV), BF16, NATIVE)
     return p, _dot(g, value_t, BF16, NATIVE), key
@@ -317,7 +297,8 @@ def _kv_block(k, v, dk, dv, start_m, keys, Q, G, LSE, DELTA, q_base, g_base, sta
                           seen[:, None] & (e[None, :] < E), BF16, NATIVE)
     lse = tl.load(LSE + stat_base + queries, mask=seen, other=0.0)
     delta = tl.load(DELTA + stat_base + queries, mask=seen, other=0.0)
-    p_t = tl.exp(_scores_t(k, tl.trans(query), keys, queries, TQ, TK, scale, BF16, NATIVE, CAUSAL) - lse[None, :])
+    p_t = tl.exp(_scores(k, tl.trans(query), queries[None, :], keys[:, None], TQ, TK, scale, BF16, NATIVE, CAUSAL)
+                 - lse[None, :])
     g = _load_operand(G + g_base + queries[:, None] * sgt + ev[None, :] * sge,
                       seen[:, None] & (ev[None, :] < EV), BF16, NATIVE)
     dv += _dot(_operand(p_t, BF16, NATIVE), g, BF16, NATIVE)
