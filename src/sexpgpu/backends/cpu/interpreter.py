@@ -2,8 +2,8 @@
 
 `Interpreter().run(graph, inputs)` evaluates the graph's nodes in the graph's order with
 one numpy kernel per op (op_kernels.py) and returns its outputs. It decides nothing from the
-machine: sums fold in the orders folds.py documents, transcendental functions come from
-sexpgpu.numerics, there is no BLAS, threads split large kernels only where the split
+machine: sums fold in the orders folds.py documents (products in compiled kernels,
+native.py), transcendental functions come from sexpgpu.numerics, there is no BLAS, threads split large kernels only where the split
 changes no bits (parallel.py), and every node of dtype bf16 is rounded to bfloat16 when it
 is made. So the same graph and inputs give the same bits on any machine with the same
 numpy semantics.
@@ -25,8 +25,7 @@ PyTorch), each sum exact and rounded once; an acc value is an unrounded sum (an
 
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
 last reader, by the graph's liveness (plan/memory.py's `lifetimes`, the one the plan measures). Beyond
-that, each thread keeps scratch buffers for products (folds.py, a few MB) and each
-interpreter a bounded memo of portable function results (arith.py).
+that, each interpreter keeps a bounded memo of portable function results (arith.py).
 """
 
 from __future__ import annotations

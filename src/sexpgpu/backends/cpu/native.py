@@ -1,0 +1,88 @@
+"""The interpreter's compiled kernels: numba, without fast-math, in the orders folds.py documents.
+
+numba compiles these loops through LLVM with its default floating-point semantics: every
+multiply and add is its own IEEE operation, rounded in the array's dtype; nothing is
+reassociated or contracted into a fused multiply-add (fast-math is off, and LLVM fuses only
+when told it may). LLVM vectorises the innermost loop across output elements, whose
+operations are independent, so the vector width (SSE, AVX2, AVX-512) changes the speed on
+a machine, never a bit. tests/backends/test_cpu_fast_paths.py checks the bits against numpy's
+operations, one rounded step at a time, including signed zeros, subnormals, infinities and
+NaN.
+
+Compiled once per machine and cached next to this file (cache=True); each kernel has one
+specialisation per float dtype (float32 for runs, float64 for the test oracle). Every kernel
+releases the GIL, so parallel.py's threads run them side by side.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+ROW_GROUP = 4  # output rows folded together: each k reads a row of b once for all four
+
+
+@numba.njit(cache=True, nogil=True)
+def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the tests call it through folds.matmul
+    """out[p, i, :] = fold over k of a[p, i, k] * b[p, k, :] for the flattened rows
+    first <= p * M + i < stop. a (Pa, M, K), b (Pb, K, N), out (P, M, N) are C-contiguous,
+    and Pa, Pb are P or 1 (broadcast). Each output element is acc = a0 * b0, then
+    acc = acc + ak * bk for k = 1 .. K-1, vectorised across the row's N outputs. A NaN
+    output is the quiet NaN of positive sign and no payload (0x7FC00000 in float32), as
+    sexpgpu.numerics answers: the sign and payload the hardware gives depend on which
+    operand LLVM puts first, which it may choose differently for another instruction set."""
+    rows, depth, width = out.shape[1], a.shape[2], out.shape[2]
+    row = first
+    while row < stop:
+        batch = row // rows
+        i = row - batch * rows
+        left = a[batch if a.shape[0] > 1 else 0]
+        right = b[batch if b.shape[0] > 1 else 0]
+        if i + ROW_GROUP <= rows and row + ROW_GROUP <= stop:
+            _fold_four_rows(left, right, out[batch], i, depth, width)
+            row += ROW_GROUP
+        else:
+            _fold_one_row(left[i], right, out[batch, i], depth, width)
+            row += 1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fold_one_row(a_row, b, out_row, depth, width):  # pragma: no cover - compiled
+    x = a_row[0]
+    for j in range(width):
+        out_row[j] = x * b[0, j]
+    for k in range(1, depth):
+        x = a_row[k]
+        for j in range(width):
+            out_row[j] = out_row[j] + x * b[k, j]
+    _quiet_nans(out_row, width)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _quiet_nans(out_row, width):  # pragma: no cover - compiled
+    for j in range(width):
+        if out_row[j] != out_row[j]:
+            out_row[j] = np.nan
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
+    o0, o1, o2, o3 = out[i], out[i + 1], out[i + 2], out[i + 3]
+    a0, a1, a2, a3 = a[i], a[i + 1], a[i + 2], a[i + 3]
+    x0, x1, x2, x3 = a0[0], a1[0], a2[0], a3[0]
+    for j in range(width):
+        y = b[0, j]
+        o0[j] = x0 * y
+        o1[j] = x1 * y
+        o2[j] = x2 * y
+        o3[j] = x3 * y
+    for k in range(1, depth):
+        x0, x1, x2, x3 = a0[k], a1[k], a2[k], a3[k]
+        for j in range(width):
+            y = b[k, j]
+            o0[j] = o0[j] + x0 * y
+            o1[j] = o1[j] + x1 * y
+            o2[j] = o2[j] + x2 * y
+            o3[j] = o3[j] + x3 * y
+    for row in (o0, o1, o2, o3):
+        _quiet_nans(row, width)
