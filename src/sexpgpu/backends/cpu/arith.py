@@ -1,7 +1,9 @@
 """The interpreter's two arithmetics.
 
 `PortableF32` is the one runs use: float32 arrays, IEEE + - * / and sqrt from numpy, and
-every other function from sexpgpu.numerics, whose results do not depend on the machine.
+every other function from sexpgpu.numerics, whose results do not depend on the machine
+(exp, log, tanh, sigmoid, erf and rsqrt its portable code compiled by numba:
+compiled_math.py).
 Nodes of dtype bf16 hold float32 arrays rounded to nearest even into bfloat16. Its results
 are remembered by the exact bits of their inputs (`_Memo`), which changes no bit and saves
 repeated calls; a small pow of whole-number exponents also computes the next exponents'
@@ -14,12 +16,14 @@ differences without float32 noise. Its bits are not portable and no run uses it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 
 import numpy as np
 
 from sexpgpu import numerics as nx
+from sexpgpu.backends.cpu import compiled_math
 from sexpgpu.backends.cpu.parallel import elementwise
 
 
@@ -133,7 +137,7 @@ class PortableF32:
         found = self.memo.get(name, (x,))
         if found is not None:
             return found
-        result = elementwise(getattr(nx, name), x).astype(np.float32, copy=False)
+        result = elementwise(functools.partial(compiled_math.apply, name), x)
         self.memo.put(name, (x,), result)
         return result
 

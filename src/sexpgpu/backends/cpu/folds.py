@@ -160,7 +160,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return matmul(a.reshape(-1, k), b).reshape(out_shape)
     if n < NARROW and m > n:  # short rows vectorise poorly: fold the transposed product, b^T a^T
         return np.ascontiguousarray(matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2)).swapaxes(-1, -2))
-    left, right = _batched(a, batch, dtype), _batched(b, batch, dtype)
+    left, right = _batched(a, batch, dtype), _batched(b, batch, dtype)  # read-only: one compiled kernel
     out = np.empty((math.prod(batch), m, n), dtype)
     groups = -(-out.shape[0] * m // native.ROW_GROUP)
 
@@ -173,9 +173,11 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _batched(x: np.ndarray, batch: tuple, dtype) -> np.ndarray:
-    """x (..., R, C) as a C-contiguous (B, R, C) of `dtype`: B is 1 when x has no batch dims of
-    its own (the kernel broadcasts it), else x broadcast to the whole batch, flattened."""
+    """x (..., R, C) as a read-only C-contiguous (B, R, C) of `dtype`: B is 1 when x has no
+    batch dims of its own (the kernel broadcasts it), else x broadcast to the whole batch."""
     rows, cols = x.shape[-2:]
-    if math.prod(x.shape[:-2]) == 1:
-        return np.ascontiguousarray(x.reshape(1, rows, cols), dtype=dtype)
-    return np.ascontiguousarray(np.broadcast_to(x, batch + (rows, cols)).reshape(-1, rows, cols), dtype=dtype)
+    if math.prod(x.shape[:-2]) != 1:
+        x = np.broadcast_to(x, batch + (rows, cols))
+    operand = np.ascontiguousarray(x, dtype=dtype).reshape(-1, rows, cols).view()
+    operand.flags.writeable = False  # writable or not, the kernel sees one type: one specialisation
+    return operand
