@@ -51,7 +51,7 @@ class _Memo:
 
     SMALL = 1 << 12
     SMALL_ENTRIES = 256
-    LARGE = 4
+    LARGE = 8  # a step of char-lm evaluates exp on 4 large values, each 2 or 3 times
     LARGEST = 1 << 19  # elements: larger inputs are never kept (so a memo holds 50 MB at most)
 
     def __init__(self):

@@ -6,7 +6,7 @@ other globals, in which `K` is Triton's primitive set; this module does the same
 with `K` the scalar primitives below, and compiles a loop over a float32 array's elements
 around each function. Every operation is the portable one: IEEE float64 + - * / and sqrt
 (numba without fast-math neither reassociates nor fuses a multiply-add; native.py says
-more), and integer operations on bit patterns. Integers differ in one way: numba computes
+more; a division by zero is IEEE's, as in numpy), and integer operations on bit patterns. Integers differ in one way: numba computes
 them in 64 bits where numpy keeps uint32, which gives the same values everywhere but in
 the hard-case table's hash, whose product is taken modulo 2^32; `hard_case` below is that
 function with the modulus written out. tests/backends/test_cpu_compiled_math.py checks the
@@ -29,6 +29,7 @@ import numpy as np
 from numba import types as nbtypes
 from numba.extending import intrinsic
 
+from sexpgpu.backends.cpu import native
 from sexpgpu.numerics.portable import erf, exp, ieee, log, roots, tables
 
 PORTABLE_MODULES = (ieee, tables, exp, log, erf, roots)
@@ -53,7 +54,7 @@ def _float_of(typingctx, i):
 
 
 def _scalar(function):
-    return numba.njit(inline="always")(function)
+    return numba.njit(inline="always", **native.OPTIONS)(function)
 
 
 # --- K: the portable algorithms' primitives on numba scalars (numpy_ops.py on arrays) ---------------
@@ -158,10 +159,10 @@ def _loop(name: str):
     gets the function's name, and the hash of the sources it compiles."""
     run = types.FunctionType(_loop_template.__code__, {**_NAMESPACE, "FUNCTION": _NAMESPACE[name]}, f"{name}_loop")
     run.__qualname__ = f"{name}_loop"
-    compiled = numba.njit(cache=True, nogil=True)(run)
+    compiled = numba.njit(cache=True, **native.OPTIONS)(run)
     cache = getattr(compiled, "_cache", None)
     if cache is None or not hasattr(cache, "_index_key"):  # a numba whose cache this does not know: never stale
-        return numba.njit(nogil=True)(run)
+        return numba.njit(**native.OPTIONS)(run)
     numba_key = cache._index_key
     cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (_SOURCES, name)
     return compiled

@@ -20,9 +20,12 @@ import numba
 import numpy as np
 
 ROW_GROUP = 4  # output rows folded together: each k reads a row of b once for all four
+# every kernel: no fast-math (numba's default, said here so that no one adds it), IEEE
+# results for a division by zero as numpy gives them (not Python's exception), the GIL released
+OPTIONS = {"fastmath": False, "error_model": "numpy", "nogil": True}
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, **OPTIONS)
 def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the tests call it through folds.matmul
     """out[p, i, :] = fold over k of a[p, i, k] * b[p, k, :] for the flattened rows
     first <= p * M + i < stop. a (Pa, M, K), b (Pb, K, N), out (P, M, N) are C-contiguous,
@@ -46,7 +49,7 @@ def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the t
             row += 1
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, inline="always", **OPTIONS)
 def _fold_one_row(a_row, b, out_row, depth, width):  # pragma: no cover - compiled
     x = a_row[0]
     for j in range(width):
@@ -58,14 +61,14 @@ def _fold_one_row(a_row, b, out_row, depth, width):  # pragma: no cover - compil
     _quiet_nans(out_row, width)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, inline="always", **OPTIONS)
 def _quiet_nans(out_row, width):  # pragma: no cover - compiled
     for j in range(width):
         if out_row[j] != out_row[j]:
             out_row[j] = np.nan
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, inline="always", **OPTIONS)
 def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
     o0, o1, o2, o3 = out[i], out[i + 1], out[i + 2], out[i + 3]
     a0, a1, a2, a3 = a[i], a[i + 1], a[i + 2], a[i + 3]
