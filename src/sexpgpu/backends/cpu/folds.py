@@ -7,7 +7,8 @@ numpy's pairwise blocking, SIMD width and BLAS, which depend on the machine.
 
 Orders:
 - `reduce_sum(x, axes)`: each output element folds its inputs in the C order of the reduced
-  axes (the last reduced axis varies fastest), starting from the first of them.
+  axes (the last reduced axis varies fastest), starting from the first of them. A float sum
+  over trailing axes that is NaN is the quiet NaN of positive sign and no payload.
 - `matmul(a, b)`: out[..., m, n] = fold over k = 0 .. K-1 of (a[..., m, k] * b[..., k, n]),
   each product rounded, then added: acc = p0, acc = acc + p1, ... (no fused multiply-add).
   A NaN result is the quiet NaN of positive sign and no payload (native.py says why).
@@ -24,6 +25,8 @@ How they are computed (every form gives the same bits; the choice is only speed)
   answered otherwise, the folds below fall back to one `np.add` per row.
 - `np.add.accumulate` along the summed axis, which numpy defines as the running sequential
   sum: for a single output element (W = 1), where a reduce would run along the fast axis.
+- A float sum over the trailing axes (a softmax's, a layernorm's, a whole array's) folds
+  each output's contiguous terms in a compiled loop (native.fold_last_axis), no transpose.
 - A product is folded by a compiled kernel (native.py): for each output row, the products
   of k = 0 are stored, then each later k's are added to the row of running sums, each
   multiply and each add rounded on its own, vectorised across the row's outputs. Rows go
@@ -109,10 +112,28 @@ def reduce_sum(x: np.ndarray, axes: tuple, keep: bool = False) -> np.ndarray:
     axes = tuple(axes)
     if not axes:
         return x.copy()
+    if x.size and x.dtype.kind == "f" and axes == tuple(range(x.ndim - len(axes), x.ndim)):
+        return _fold_trailing(x, len(axes)).reshape(_shape_out(x, axes, keep))
     rows, _ = _to_rows(x, axes)
     if rows.shape[0] == 0:
         return np.zeros(_shape_out(x, axes, keep), x.dtype)
     return fold_rows(rows).reshape(_shape_out(x, axes, keep))
+
+
+def _fold_trailing(x: np.ndarray, count: int) -> np.ndarray:
+    """The folds over x's last `count` axes, each output's terms contiguous in memory."""
+    width = math.prod(x.shape[x.ndim - count:])
+    rows = _read_only(np.ascontiguousarray(x).reshape(-1, width))
+    out = np.empty(rows.shape[0], x.dtype)
+    run_ranges(lambda first, stop: native.fold_last_axis(rows, out, first, stop), rows.shape[0], x.size)
+    return out
+
+
+def _read_only(x: np.ndarray) -> np.ndarray:
+    """A read-only view: writable or not, a kernel sees one type, so it has one specialisation."""
+    view = x.view()
+    view.flags.writeable = False
+    return view
 
 
 def ieee_maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -178,6 +199,4 @@ def _batched(x: np.ndarray, batch: tuple, dtype) -> np.ndarray:
     rows, cols = x.shape[-2:]
     if math.prod(x.shape[:-2]) != 1:
         x = np.broadcast_to(x, batch + (rows, cols))
-    operand = np.ascontiguousarray(x, dtype=dtype).reshape(-1, rows, cols).view()
-    operand.flags.writeable = False  # writable or not, the kernel sees one type: one specialisation
-    return operand
+    return _read_only(np.ascontiguousarray(x, dtype=dtype).reshape(-1, rows, cols))

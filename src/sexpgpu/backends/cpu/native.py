@@ -89,3 +89,27 @@ def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
             o3[j] = o3[j] + x3 * y
     for row in (o0, o1, o2, o3):
         _quiet_nans(row, width)
+
+
+@numba.njit(cache=True, **OPTIONS)
+def fold_last_axis(x, out, first, stop):  # pragma: no cover - compiled; the tests call it through folds.reduce_sum
+    """out[r] = x[r, 0] + x[r, 1] + ... + x[r, W-1], folded left to right, for rows first <= r
+    < stop of a C-contiguous (R, W) x, W >= 1. Four rows' folds run side by side (independent
+    chains of additions, which the processor overlaps); a NaN sum is the quiet NaN, as above."""
+    width = x.shape[1]
+    row = first
+    while row + ROW_GROUP <= stop:
+        acc0, acc1, acc2, acc3 = x[row, 0], x[row + 1, 0], x[row + 2, 0], x[row + 3, 0]
+        for j in range(1, width):
+            acc0 = acc0 + x[row, j]
+            acc1 = acc1 + x[row + 1, j]
+            acc2 = acc2 + x[row + 2, j]
+            acc3 = acc3 + x[row + 3, j]
+        out[row], out[row + 1], out[row + 2], out[row + 3] = acc0, acc1, acc2, acc3
+        row += ROW_GROUP
+    for rest in range(row, stop):
+        acc = x[rest, 0]
+        for j in range(1, width):
+            acc = acc + x[rest, j]
+        out[rest] = acc
+    _quiet_nans(out[first:stop], stop - first)
