@@ -8,8 +8,9 @@ so the figure is CPU time (time.process_time: every thread of this process, so t
 spinning idle count against their side) per step: the two sides take turns, `rounds`
 times `steps` steps each, and each side's best round counts (short rounds, many of them:
 the best is the round the other load on the machine disturbed least). Wall time per step (best
-round) is printed too. The ratio is interpreter time / PyTorch time (goal: within 3x on
-tiny-adam). --smoke: one step, one round (bench/smoke.py)."""
+round) is printed too. The ratio is interpreter time / PyTorch time (goals: char-lm within
+2.0x and tiny-adam within 1.5x, with --torch-threads 1 and 2). --smoke: one step, one round
+(bench/smoke.py)."""
 
 from __future__ import annotations
 
