@@ -14,15 +14,17 @@ bits against sexpgpu.numerics on every hard case, the special values and random 
 
 Each function's loop is compiled once per machine and cached (native.py). numba keys its
 cache by the loop's own code only, not by the portable functions compiled into it, so the
-key here also holds a hash of the portable modules' sources: editing them compiles anew.
+key here also holds a hash of the portable package's sources: editing them compiles anew.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import numbers
 import types
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -118,8 +120,10 @@ def _is_constant(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+@functools.cache
 def _namespace() -> dict:
-    """The portable functions rebuilt over numba's K and compiled (inlined into their callers)."""
+    """The portable functions rebuilt over numba's K and compiled (inlined into their callers);
+    built at the first call, not at import (a process that computes no function pays nothing)."""
     primitives = types.ModuleType("sexpgpu.backends.cpu.compiled_math.K")
     for name, function in PRIMITIVES.items():
         setattr(primitives, name, _scalar(function))
@@ -138,13 +142,12 @@ def _namespace() -> dict:
     return shared
 
 
-def _sources_hash() -> str:
-    text = b"".join(inspect.getsource(module).encode() for module in PORTABLE_MODULES + (inspect.getmodule(_namespace),))
-    return hashlib.sha256(text).hexdigest()
-
-
-_NAMESPACE = _namespace()
-_SOURCES = _sources_hash()
+@functools.cache
+def sources_hash() -> str:
+    """A hash of every source of numerics/portable (the functions, and the constants and table
+    offsets compiled into them) and of this module: part of the cache's key."""
+    files = sorted(Path(ieee.__file__).parent.glob("*.py")) + [Path(__file__)]
+    return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()
 
 
 def _loop_template(words, out, table, first, stop):  # pragma: no cover - compiled, with FUNCTION bound
@@ -157,14 +160,15 @@ def _loop(name: str):
 
     One code object serves every function, so numba's cache would key them alike: the key
     gets the function's name, and the hash of the sources it compiles."""
-    run = types.FunctionType(_loop_template.__code__, {**_NAMESPACE, "FUNCTION": _NAMESPACE[name]}, f"{name}_loop")
+    namespace = _namespace()
+    run = types.FunctionType(_loop_template.__code__, {**namespace, "FUNCTION": namespace[name]}, f"{name}_loop")
     run.__qualname__ = f"{name}_loop"
     compiled = numba.njit(cache=True, **native.OPTIONS)(run)
     cache = getattr(compiled, "_cache", None)
     if cache is None or not hasattr(cache, "_index_key"):  # a numba whose cache this does not know: never stale
         return numba.njit(**native.OPTIONS)(run)
     numba_key = cache._index_key
-    cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (_SOURCES, name)
+    cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (sources_hash(), name)
     return compiled
 
 
