@@ -228,6 +228,23 @@ def test_exp_of_masked_scores_is_exp_of_every_entry():
     assert _same_bits(op_kernels._exp_of_shifted(scores[..., :1], math), nx.exp(scores[..., :1]))
 
 
+def test_remembered_attention_probabilities_are_the_computed_ones_per_scale_and_mask():
+    """The backward kernels take the forward's probabilities from the memo when q and k have
+    the same bits; a hit gives the computed bits, and another scale or mask is another entry."""
+    from types import SimpleNamespace
+
+    q, k = _ill_conditioned((2, 3, 40, 16), 18), _ill_conditioned((2, 3, 40, 16), 19)
+    math = PortableF32()
+
+    def node(scale, causal):
+        return SimpleNamespace(attrs={"scale": scale, "causal": causal}, dtype="f32")
+
+    for attrs in [(0.25, True), (0.25, False), (0.5, True), (0.25, True)]:
+        got = op_kernels._attention_probabilities(node(*attrs), q.copy(), k.copy(), math)
+        assert _same_bits(got, op_kernels._probabilities_of(node(*attrs), q, k, PortableF32())), attrs
+    assert len(math.memo.large) >= 3
+
+
 # --- compiled kernels and the interpreter's arrays --------------------------------------------------------
 
 

@@ -25,7 +25,8 @@ PyTorch), each sum exact and rounded once; an acc value is an unrounded sum (an
 
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
 last reader, by the graph's liveness (plan/memory.py's `lifetimes`, the one the plan measures). Beyond
-that, each interpreter keeps a bounded memo of portable function results (arith.py).
+that, each interpreter keeps a bounded memo of portable function results and attention
+probabilities (arith.py).
 """
 
 from __future__ import annotations
