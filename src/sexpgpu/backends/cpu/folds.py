@@ -181,7 +181,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return matmul(a.reshape(-1, k), b).reshape(out_shape)
     if n < NARROW and m > n:  # short rows vectorise poorly: fold the transposed product, b^T a^T
         return np.ascontiguousarray(matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2)).swapaxes(-1, -2))
-    left, right = _batched(a, batch, dtype), _batched(b, batch, dtype)  # read-only: one compiled kernel
+    left = _batched(a, batch, dtype)  # read in place, whatever its strides
+    right = _read_only(np.ascontiguousarray(_batched(b, batch, dtype)))  # its rows are the vectorised loads
     out = np.empty((math.prod(batch), m, n), dtype)
     groups = -(-out.shape[0] * m // native.ROW_GROUP)
 
@@ -194,9 +195,9 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _batched(x: np.ndarray, batch: tuple, dtype) -> np.ndarray:
-    """x (..., R, C) as a read-only C-contiguous (B, R, C) of `dtype`: B is 1 when x has no
-    batch dims of its own (the kernel broadcasts it), else x broadcast to the whole batch."""
+    """x (..., R, C) as a read-only (B, R, C) of `dtype`, a view where it can be: B is 1 when x
+    has no batch dims of its own (the kernel broadcasts it), else x broadcast to the whole batch."""
     rows, cols = x.shape[-2:]
     if math.prod(x.shape[:-2]) != 1:
         x = np.broadcast_to(x, batch + (rows, cols))
-    return _read_only(np.ascontiguousarray(x, dtype=dtype).reshape(-1, rows, cols))
+    return _read_only(x.reshape(-1, rows, cols).astype(dtype, copy=False))

@@ -23,30 +23,7 @@ ROW_GROUP = 4  # output rows folded together: each k reads a row of b once for a
 # every kernel: no fast-math (numba's default, said here so that no one adds it), IEEE
 # results for a division by zero as numpy gives them (not Python's exception), the GIL released
 OPTIONS = {"fastmath": False, "error_model": "numpy", "nogil": True}
-
-
-@numba.njit(cache=True, **OPTIONS)
-def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the tests call it through folds.matmul
-    """out[p, i, :] = fold over k of a[p, i, k] * b[p, k, :] for the flattened rows
-    first <= p * M + i < stop. a (Pa, M, K), b (Pb, K, N), out (P, M, N) are C-contiguous,
-    and Pa, Pb are P or 1 (broadcast). Each output element is acc = a0 * b0, then
-    acc = acc + ak * bk for k = 1 .. K-1, vectorised across the row's N outputs. A NaN
-    output is the quiet NaN of positive sign and no payload (0x7FC00000 in float32), as
-    sexpgpu.numerics answers: the sign and payload the hardware gives depend on which
-    operand LLVM puts first, which it may choose differently for another instruction set."""
-    rows, depth, width = out.shape[1], a.shape[2], out.shape[2]
-    row = first
-    while row < stop:
-        batch = row // rows
-        i = row - batch * rows
-        left = a[batch if a.shape[0] > 1 else 0]
-        right = b[batch if b.shape[0] > 1 else 0]
-        if i + ROW_GROUP <= rows and row + ROW_GROUP <= stop:
-            _fold_four_rows(left, right, out[batch], i, depth, width)
-            row += ROW_GROUP
-        else:
-            _fold_one_row(left[i], right, out[batch, i], depth, width)
-            row += 1
+# (helpers come first: a kernel with signatures is compiled, or loaded from the cache, at import)
 
 
 @numba.njit(cache=True, inline="always", **OPTIONS)
@@ -89,6 +66,38 @@ def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
             o3[j] = o3[j] + x3 * y
     for row in (o0, o1, o2, o3):
         _quiet_nans(row, width)
+
+
+def _product_signature(dtype):
+    """a may be strided (a transposed operand is read in place), b and out are C-contiguous."""
+    scalar = numba.from_dtype(np.dtype(dtype))
+    array = numba.types.Array
+    return numba.types.void(array(scalar, 3, "A", readonly=True), array(scalar, 3, "C", readonly=True),
+                            array(scalar, 3, "C"), numba.types.intp, numba.types.intp)
+
+
+@numba.njit([_product_signature(np.float32), _product_signature(np.float64)], cache=True, **OPTIONS)
+def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the tests call it through folds.matmul
+    """out[p, i, :] = fold over k of a[p, i, k] * b[p, k, :] for the flattened rows
+    first <= p * M + i < stop. a (Pa, M, K) may have any strides, b (Pb, K, N) and out
+    (P, M, N) are C-contiguous, and Pa, Pb are P or 1 (broadcast). Each output element is acc = a0 * b0, then
+    acc = acc + ak * bk for k = 1 .. K-1, vectorised across the row's N outputs. A NaN
+    output is the quiet NaN of positive sign and no payload (0x7FC00000 in float32), as
+    sexpgpu.numerics answers: the sign and payload the hardware gives depend on which
+    operand LLVM puts first, which it may choose differently for another instruction set."""
+    rows, depth, width = out.shape[1], a.shape[2], out.shape[2]
+    row = first
+    while row < stop:
+        batch = row // rows
+        i = row - batch * rows
+        left = a[batch if a.shape[0] > 1 else 0]
+        right = b[batch if b.shape[0] > 1 else 0]
+        if i + ROW_GROUP <= rows and row + ROW_GROUP <= stop:
+            _fold_four_rows(left, right, out[batch], i, depth, width)
+            row += ROW_GROUP
+        else:
+            _fold_one_row(left[i], right, out[batch, i], depth, width)
+            row += 1
 
 
 @numba.njit(cache=True, **OPTIONS)
