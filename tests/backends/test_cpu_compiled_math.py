@@ -45,3 +45,12 @@ def test_the_cache_key_holds_the_portable_sources_and_the_function():
     loop = compiled_math._loop(compiled_math.FUNCTIONS["exp"])
     key = loop._cache._index_key((), loop.targetctx.codegen())
     assert key[-2:] == (compiled_math.sources_hash(), "exp_f32")
+
+
+def test_a_large_array_split_across_threads_keeps_its_bits(monkeypatch):
+    x = np.random.default_rng(3).standard_normal((70, 1000)).astype(np.float32)
+    results = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("SEXPGPU_CPU_THREADS", threads)
+        results.append(compiled_math.apply("erf", x).tobytes())
+    assert results[0] == results[1] == nx.erf(x).tobytes()

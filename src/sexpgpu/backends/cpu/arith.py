@@ -16,7 +16,6 @@ differences without float32 noise. Its bits are not portable and no run uses it.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import OrderedDict
 
@@ -147,7 +146,7 @@ class PortableF32:
         found = self.memo.get(name, (x,))
         if found is not None:
             return found
-        result = elementwise(functools.partial(compiled_math.apply, name), x)
+        result = compiled_math.apply(name, x)
         self.memo.put(name, (x,), result)
         return result
 

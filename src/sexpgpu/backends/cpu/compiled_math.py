@@ -32,6 +32,7 @@ from numba import types as nbtypes
 from numba.extending import intrinsic
 
 from sexpgpu.backends.cpu import native
+from sexpgpu.backends.cpu.parallel import run_ranges
 from sexpgpu.numerics.portable import erf, exp, ieee, log, roots, tables
 
 PORTABLE_MODULES = (ieee, tables, exp, log, erf, roots)
@@ -176,11 +177,12 @@ _LOOPS: dict = {}
 
 
 def apply(name: str, x: np.ndarray) -> np.ndarray:
-    """sexpgpu.numerics' function `name` (a key of FUNCTIONS) of a float32 array, same shape, C order."""
+    """sexpgpu.numerics' function `name` (a key of FUNCTIONS) of a float32 array, same shape, C order;
+    a large array's elements are split across threads (each computed alone: no bit depends on it)."""
     loop = _LOOPS.get(name)
     if loop is None:
         loop = _LOOPS[name] = _loop(FUNCTIONS[name])
     words = np.ascontiguousarray(x, dtype=np.float32).reshape(-1).view(np.uint32)
     out = np.empty_like(words)
-    loop(words, out, tables.TABLE, 0, words.size)
+    run_ranges(lambda first, stop: loop(words, out, tables.TABLE, first, stop), words.size, words.size)
     return out.view(np.float32).reshape(np.shape(x))
