@@ -1,12 +1,13 @@
 """The CPU interpreter: the executable reference for every backend.
 
 `Interpreter().run(graph, inputs)` evaluates the graph's nodes in the graph's order with
-one numpy kernel per op (op_kernels.py) and returns its outputs. It decides nothing from the
-machine: sums fold in the orders folds.py documents (products in compiled kernels,
-native.py), transcendental functions come from sexpgpu.numerics, there is no BLAS, threads split large kernels only where the split
-changes no bits (parallel.py), and every node of dtype bf16 is rounded to bfloat16 when it
-is made. So the same graph and inputs give the same bits on any machine with the same
-numpy semantics.
+one kernel per op (op_kernels.py: numpy, and loops compiled by numba without fast-math) and
+returns its outputs. It decides nothing from the machine: sums fold in the orders folds.py
+documents (products and trailing sums in compiled loops, native.py), transcendental
+functions are sexpgpu.numerics' portable code (compiled: compiled_math.py), there is no
+BLAS, threads split large kernels only where the split changes no bits (parallel.py), and
+every node of dtype bf16 is rounded to bfloat16 when it is made. So the same graph and
+inputs give the same bits on any machine with the same numpy semantics.
 
 Speed: the first run of a graph compiles it into a list of steps, each a kernel with its
 node's attributes already looked up (op_kernels.compile_kernel), its input positions, the
