@@ -22,7 +22,6 @@ from collections import OrderedDict
 import numpy as np
 
 from sexpgpu import numerics as nx
-from sexpgpu.backends.cpu import compiled_math
 from sexpgpu.backends.cpu.parallel import elementwise
 
 
@@ -146,6 +145,8 @@ class PortableF32:
         found = self.memo.get(name, (x,))
         if found is not None:
             return found
+        from sexpgpu.backends.cpu import compiled_math  # numba: imported at the first function (folds._native says why)
+
         result = compiled_math.apply(name, x)
         self.memo.put(name, (x,), result)
         return result

@@ -21,10 +21,7 @@ any device, gives the same fingerprint. A changed word changes its term to an un
 
 from __future__ import annotations
 
-import numba
 import numpy as np
-
-from sexpgpu.backends.cpu import native
 
 MIX_1 = 0xBF58476D1CE4E5B9
 MIX_2 = 0x94D049BB133111EB
@@ -32,20 +29,7 @@ MIX_2 = 0x94D049BB133111EB
 
 def fingerprint(value) -> int:
     """The fingerprint of a parameter held as a numpy array of float32 values."""
+    from sexpgpu.backends.cpu import native  # numba: imported at the first fingerprint (folds._native says why)
+
     words = np.ascontiguousarray(value, dtype=np.float32).reshape(-1).view(np.uint32)
-    return int(_mixed_sum(words))
-
-
-@numba.njit(cache=True, **native.OPTIONS)
-def _mixed_sum(words):  # pragma: no cover - compiled; test_fingerprint.py checks it against the formula
-    """The sum modulo 2^64 of mix((i << 32) | w_i); unsigned 64-bit arithmetic wraps."""
-    total = np.uint64(0)
-    for index in range(words.size):
-        z = (np.uint64(index) << np.uint64(32)) | np.uint64(words[index])
-        z ^= z >> np.uint64(30)
-        z *= np.uint64(MIX_1)
-        z ^= z >> np.uint64(27)
-        z *= np.uint64(MIX_2)
-        z ^= z >> np.uint64(31)
-        total += z
-    return total
+    return int(native.mixed_sum(words, np.uint64(MIX_1), np.uint64(MIX_2)))

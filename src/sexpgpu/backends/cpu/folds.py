@@ -41,11 +41,18 @@ import math
 
 import numpy as np
 
-from sexpgpu.backends.cpu import native
 from sexpgpu.backends.cpu.parallel import run_ranges
 
 NARROW = 32  # output rows shorter than this (and than the columns) fold the transposed product
 THREADED = 1 << 20  # products (M * N * K) from which a product's rows go to threads
+
+
+def _native():
+    """native.py, imported at the first compiled fold: numba's import and its cache cost a
+    process half a second, which one that compiles or checks a file without running it never pays."""
+    from sexpgpu.backends.cpu import native
+
+    return native
 
 
 def _sequential_fold_by_rows(rows: np.ndarray) -> np.ndarray:
@@ -125,7 +132,8 @@ def _fold_trailing(x: np.ndarray, count: int) -> np.ndarray:
     width = math.prod(x.shape[x.ndim - count:])
     rows = _read_only(np.ascontiguousarray(x).reshape(-1, width))
     out = np.empty(rows.shape[0], x.dtype)
-    run_ranges(lambda first, stop: native.fold_last_axis(rows, out, first, stop), rows.shape[0], x.size)
+    fold = _native().fold_last_axis
+    run_ranges(lambda first, stop: fold(rows, out, first, stop), rows.shape[0], x.size)
     return out
 
 
@@ -184,6 +192,7 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     left = _batched(a, batch, dtype)  # read in place, whatever its strides
     right = _read_only(np.ascontiguousarray(_batched(b, batch, dtype)))  # its rows are the vectorised loads
     out = np.empty((math.prod(batch), m, n), dtype)
+    native = _native()
     groups = -(-out.shape[0] * m // native.ROW_GROUP)
 
     def work(first: int, last: int) -> None:

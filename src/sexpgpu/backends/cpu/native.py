@@ -122,3 +122,19 @@ def fold_last_axis(x, out, first, stop):  # pragma: no cover - compiled; the tes
             acc = acc + x[rest, j]
         out[rest] = acc
     _quiet_nans(out[first:stop], stop - first)
+
+
+@numba.njit(cache=True, **OPTIONS)
+def mixed_sum(words, mix_1, mix_2):  # pragma: no cover - compiled; test_fingerprint.py checks it against the formula
+    """fingerprint.py's sum modulo 2^64 of mix((i << 32) | w_i) over uint32 words; unsigned
+    64-bit arithmetic wraps."""
+    total = np.uint64(0)
+    for index in range(words.size):
+        z = (np.uint64(index) << np.uint64(32)) | np.uint64(words[index])
+        z ^= z >> np.uint64(30)
+        z *= mix_1
+        z ^= z >> np.uint64(27)
+        z *= mix_2
+        z ^= z >> np.uint64(31)
+        total += z
+    return total
