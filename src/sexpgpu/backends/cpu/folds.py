@@ -44,7 +44,10 @@ import numpy as np
 from sexpgpu.backends.cpu.parallel import run_ranges
 
 NARROW = 32  # output rows shorter than this (and than the columns) fold the transposed product
-THREADED = 1 << 20  # products (M * N * K) from which a product's rows go to threads
+# work from which a kernel's outputs go to threads: a split costs each thread tens of
+# microseconds (waking it, waiting for it), so each piece should take a few hundred
+THREADED = 1 << 22  # products (M * N * K)
+SUM_THREADED = 1 << 21  # terms of a trailing sum
 
 
 def _native():
@@ -133,7 +136,7 @@ def _fold_trailing(x: np.ndarray, count: int) -> np.ndarray:
     rows = _read_only(np.ascontiguousarray(x).reshape(-1, width))
     out = np.empty(rows.shape[0], x.dtype)
     fold = _native().fold_last_axis
-    run_ranges(lambda first, stop: fold(rows, out, first, stop), rows.shape[0], x.size)
+    run_ranges(lambda first, stop: fold(rows, out, first, stop), rows.shape[0], x.size if x.size >= SUM_THREADED else 0)
     return out
 
 
