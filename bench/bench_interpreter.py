@@ -4,12 +4,14 @@
 
 Both sides run forward, backward and the optimizer update (char-lm: with clipping by global
 norm, as the example does) on the same shapes, in one process. The machine may be shared,
-so the figure is CPU time (time.process_time: every thread of this process, so threads
-spinning idle count against their side) per step: the two sides take turns, `rounds`
+so the figure is CPU time (time.process_time: every thread of this process; PyTorch's
+OpenMP threads wait passively, OMP_WAIT_POLICY=PASSIVE unless set, so that they neither spin
+during the interpreter's turn nor bill it) per step: the two sides take turns, `rounds`
 times `steps` steps each, and each side's best round counts (short rounds, many of them:
 the best is the round the other load on the machine disturbed least). Wall time per step (best
-round) is printed too. The ratio is interpreter time / PyTorch time (goal: within 3x on
-tiny-adam). --smoke: one step, one round (bench/smoke.py)."""
+round) is printed too. The ratio is interpreter time / PyTorch time (goals: char-lm within
+2.0x and tiny-adam within 1.5x, with --torch-threads 1 and 2). --smoke: one step, one round
+(bench/smoke.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,11 @@ import os
 import time
 from pathlib import Path
 
-import torch
+# PyTorch's OpenMP threads wait for work by spinning: between its rounds they would keep the
+# cores busy during the interpreter's turn, slowing it and billing it their CPU time
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402 (after the setting above, which OpenMP reads when torch loads it)
 
 from sexpgpu.lang.forms import load_experiment
 from sexpgpu.run.loop import Trainer

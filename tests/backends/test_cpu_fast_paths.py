@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sexpgpu import numerics as nx
-from sexpgpu.backends.cpu import Interpreter, folds, op_kernels
+from sexpgpu.backends.cpu import Interpreter, folds, native, op_kernels
 from sexpgpu.backends.cpu.arith import PortableF32
 from sexpgpu.graph.core.emit import Emitter
 
@@ -112,15 +112,45 @@ def test_matmul_is_the_fold_over_k(a_shape, b_shape):
     assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b))
 
 
-@pytest.mark.parametrize("tile, block", [(2, 3), (7, 16), (64, 64)])
-def test_tiles_and_blocks_do_not_change_bits(monkeypatch, tile, block):
-    """Tiny tiles and blocks force many tiles (over batches, rows and columns) and many
-    blocks of k, each continuing the fold from the row of running sums."""
-    monkeypatch.setattr(folds, "TILE", tile)
-    monkeypatch.setattr(folds, "BLOCK", block)
-    for a_shape, b_shape in [((3, 9, 21), (21, 5)), ((2, 4, 11), (2, 11, 3)), ((6, 13), (13, 130))]:
-        a, b = _ill_conditioned(a_shape, 6), _ill_conditioned(b_shape, 7)
-        assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b)), (a_shape, b_shape)
+def test_products_keep_subnormals_infinities_and_nan_as_the_fold_does():
+    rng = np.random.default_rng(13)
+    specials = np.array([0.0, -0.0, 1e-45, -3e-39, 1e-38, np.inf, -np.inf, np.nan, 3e38, -1.0], np.float32)
+    for a_shape, b_shape in [((9, 40), (40, 70)), ((70, 40), (40, 5)), ((2, 6, 12), (2, 12, 33))]:
+        a, b = _ill_conditioned(a_shape, 14), _ill_conditioned(b_shape, 15)
+        a.reshape(-1)[rng.integers(0, a.size, a.size // 30)] = rng.choice(specials, a.size // 30)
+        b.reshape(-1)[rng.integers(0, b.size, b.size // 30)] = rng.choice(specials, b.size // 30)
+        with np.errstate(all="ignore"):
+            expected = _matmul_oracle(a, b)
+            expected[np.isnan(expected)] = np.float32(np.nan)  # 0x7FC00000, whatever the hardware's sign and payload
+            assert _same_bits(folds.matmul(a, b), expected), (a_shape, b_shape)
+
+
+def test_products_are_not_fused_into_multiply_adds():
+    """acc + x * y with acc = -(1 + 2^-11) and x = y = 1 + 2^-12: the rounded product is
+    1 + 2^-11 and the sum 0; a fused multiply-add would give 2^-24. Rows of four and single
+    rows, columns enough for every vector width."""
+    a = np.tile(np.array([[-(1 + 2.0**-11), 1 + 2.0**-12]], np.float32), (7, 1))
+    b = np.tile(np.array([[1.0], [1 + 2.0**-12]], np.float32), (1, 67))
+    assert not folds.matmul(a, b).any()
+    assert not folds.matmul(b.T.copy(), a.T.copy()).any()
+
+
+def test_row_splits_and_layouts_do_not_change_bits(monkeypatch):
+    """Any split of the rows between calls of the kernel (the threads' pieces) and either
+    layout of a product (its transpose folded when rows are short) give the same bits."""
+    a, b = _ill_conditioned((2, 11, 30), 16), _ill_conditioned((30, 9), 17)
+    left, right = a.copy(), b.reshape(1, 30, 9).copy()
+    whole = np.empty((2, 11, 9), np.float32)
+    native.fold_products(left, right, whole, 0, 22)
+    for cuts in [(0, 1, 22), (0, 3, 5, 6, 13, 22), tuple(range(23))]:
+        pieces = np.empty_like(whole)
+        for first, stop in zip(cuts, cuts[1:]):
+            native.fold_products(left, right, pieces, first, stop)
+        assert _same_bits(pieces, whole), cuts
+    assert _same_bits(whole, _matmul_oracle(a, b))
+    for narrow in (0, 10**6):
+        monkeypatch.setattr(folds, "NARROW", narrow)
+        assert _same_bits(folds.matmul(a, b), whole)
 
 
 def test_products_of_negative_zero_fold_to_negative_zero():
@@ -130,14 +160,6 @@ def test_products_of_negative_zero_fold_to_negative_zero():
     assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b))
     assert _same_bits(folds.matmul(a[:, :2], b[:2]), _matmul_oracle(a[:, :2], b[:2]))
     assert np.signbit(folds.matmul(a[:1, :2], b[:2])[0, 0])
-
-
-def test_products_leave_numpys_buffer_size_as_they_found_it():
-    before = np.getbufsize()
-    a, b = _ill_conditioned((300, 20), 11), _ill_conditioned((20, 400), 12)
-    assert _same_bits(folds.matmul(a, b), _matmul_oracle(a, b))  # long rows: run with small buffers
-    assert _same_bits(folds.matmul(a[:5], b[:, :200]), _matmul_oracle(a[:5], b[:, :200]))
-    assert np.getbufsize() == before
 
 
 def test_a_product_over_no_terms_is_positive_zero():
@@ -204,6 +226,23 @@ def test_exp_of_masked_scores_is_exp_of_every_entry():
     got = op_kernels._exp_of_shifted(scores, math)
     assert _same_bits(got, nx.exp(scores))
     assert _same_bits(op_kernels._exp_of_shifted(scores[..., :1], math), nx.exp(scores[..., :1]))
+
+
+def test_remembered_attention_probabilities_are_the_computed_ones_per_scale_and_mask():
+    """The backward kernels take the forward's probabilities from the memo when q and k have
+    the same bits; a hit gives the computed bits, and another scale or mask is another entry."""
+    from types import SimpleNamespace
+
+    q, k = _ill_conditioned((2, 3, 40, 16), 18), _ill_conditioned((2, 3, 40, 16), 19)
+    math = PortableF32()
+
+    def node(scale, causal):
+        return SimpleNamespace(attrs={"scale": scale, "causal": causal}, dtype="f32")
+
+    for attrs in [(0.25, True), (0.25, False), (0.5, True), (0.25, True)]:
+        got = op_kernels._attention_probabilities(node(*attrs), q.copy(), k.copy(), math)
+        assert _same_bits(got, op_kernels._probabilities_of(node(*attrs), q, k, PortableF32())), attrs
+    assert len(math.memo.large) >= 3
 
 
 # --- compiled kernels and the interpreter's arrays --------------------------------------------------------

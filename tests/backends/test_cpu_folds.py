@@ -37,7 +37,8 @@ def test_the_fold_differs_from_numpy_pairwise_sum_somewhere():
 
 
 @pytest.mark.parametrize("shape, axes", [((40, 3), (0,)), ((3, 300), (1,)), ((5, 6, 7), (0, 2)), ((200, 130), (0,)),
-                                         ((4, 5, 6), (1, 2)), ((2, 3), ())])
+                                         ((4, 5, 6), (1, 2)), ((2, 3), ()), ((9, 1), (1,)), ((7, 3, 50), (2,)),
+                                         ((4, 5, 6), (2, 1)), ((600, 70), (1,))])
 def test_axis_sums_fold_in_c_order_of_the_reduced_axes(shape, axes):
     x = _ill_conditioned(int(np.prod(shape))).reshape(shape)
     result = folds.reduce_sum(x, axes)
@@ -47,6 +48,20 @@ def test_axis_sums_fold_in_c_order_of_the_reduced_axes(shape, axes):
     for index in np.ndindex(expected.shape):
         expected[index] = _sequential(moved[(slice(None),) + index]) if axes else x[index]
     assert result.tobytes() == expected.tobytes()
+
+
+def test_trailing_sums_of_strided_values_and_their_nan():
+    """Trailing-axis sums (a compiled loop over each output's contiguous terms) read a
+    transposed x as its values, keep infinities and signed zeros, and give every NaN sum as
+    0x7FC00000 whatever the signs and payloads of its terms."""
+    x = _ill_conditioned(6 * 50).reshape(50, 6).T
+    assert folds.reduce_sum(x, (1,)).tobytes() == np.array([_sequential(row) for row in x], np.float32).tobytes()
+    special = np.array([[np.inf, 1.0, 2.0], [-0.0, -0.0, -0.0], [-np.inf, np.inf, 1.0], [1.0, -np.nan, 2.0],
+                        [np.inf, 3.0, -5.0]], np.float32)
+    with np.errstate(invalid="ignore"):
+        got = folds.reduce_sum(special, (1,))
+    quiet = np.float32(np.nan).view(np.uint32)
+    assert got.view(np.uint32).tolist() == [0x7F800000, 0x80000000, quiet, quiet, 0x7F800000]
 
 
 def test_keep_dims_shape():

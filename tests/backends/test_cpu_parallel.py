@@ -53,3 +53,14 @@ def test_the_threads_compute_under_the_callers_error_state(monkeypatch):
     assert np.isinf(product).all()
     with np.errstate(over="raise"), pytest.raises(FloatingPointError):  # the caller's state, whatever it is
         parallel.elementwise(np.multiply, big, big)
+
+
+def test_trailing_sum_bits_do_not_depend_on_the_thread_count(monkeypatch):
+    x = (np.random.default_rng(6).standard_normal((301, 257)) * 1e4).astype(np.float32)
+    monkeypatch.setattr(folds, "SUM_THREADED", 0)
+    monkeypatch.setattr(parallel, "MIN_ELEMENTS", 1)
+    results = []
+    for threads in ("1", "2", "5"):
+        monkeypatch.setenv("SEXPGPU_CPU_THREADS", threads)
+        results.append(folds.reduce_sum(x, (1,)).tobytes())
+    assert results[0] == results[1] == results[2]

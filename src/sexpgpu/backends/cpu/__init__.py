@@ -1,4 +1,4 @@
-"""The CPU interpreter: numpy, fixed-order folds, portable math. See interpreter.py."""
+"""The CPU interpreter: numpy and numba-compiled loops, fixed-order folds, portable math. See interpreter.py."""
 
 from sexpgpu.backends.cpu.interpreter import Interpreter
 

@@ -1,7 +1,9 @@
 """The interpreter's two arithmetics.
 
 `PortableF32` is the one runs use: float32 arrays, IEEE + - * / and sqrt from numpy, and
-every other function from sexpgpu.numerics, whose results do not depend on the machine.
+every other function from sexpgpu.numerics, whose results do not depend on the machine
+(exp, log, tanh, sigmoid, erf and rsqrt its portable code compiled by numba:
+compiled_math.py).
 Nodes of dtype bf16 hold float32 arrays rounded to nearest even into bfloat16. Its results
 are remembered by the exact bits of their inputs (`_Memo`), which changes no bit and saves
 repeated calls; a small pow of whole-number exponents also computes the next exponents'
@@ -47,8 +49,8 @@ class _Memo:
 
     SMALL = 1 << 12
     SMALL_ENTRIES = 256
-    LARGE = 4
-    LARGEST = 1 << 19  # elements: larger inputs are never kept (so a memo holds 50 MB at most)
+    LARGE = 12  # a step of char-lm remembers about 9 large results (exp, erf, attention probabilities)
+    LARGEST = 1 << 19  # elements: larger inputs or results are never kept (a memo holds 12 x 3 x 2 MB at most)
 
     def __init__(self):
         self.small: OrderedDict = OrderedDict()
@@ -73,7 +75,7 @@ class _Memo:
             self.small[self._key(name, inputs)] = result.copy()
             if len(self.small) > self.SMALL_ENTRIES:
                 self.small.popitem(last=False)
-        elif size <= self.LARGEST:
+        elif max(size, result.size) <= self.LARGEST:
             self.large = [(name, tuple(a.copy() for a in inputs), result.copy())] + self.large[: self.LARGE - 1]
 
     @staticmethod
@@ -116,6 +118,16 @@ class PortableF32:
         self.memo.put("pow", (x, y), result)
         return result
 
+    def remembered(self, name: str, inputs: tuple, compute) -> np.ndarray:
+        """compute(), a pure function of these input arrays named `name`, or what it gave before
+        for inputs of the same bits (an attention's backward kernels recompute its forward's
+        probabilities from the same q and k)."""
+        found = self.memo.get(name, inputs)
+        if found is None:
+            found = compute()
+            self.memo.put(name, inputs, found)
+        return found
+
     def _pow_ahead(self, x, y):
         """x ** y and x ** (y + 1), ..., x ** (y + POW_AHEAD - 1) in one call, each kept in
         the memo: Adam's bias corrections raise constants to the step number, one step after
@@ -133,7 +145,9 @@ class PortableF32:
         found = self.memo.get(name, (x,))
         if found is not None:
             return found
-        result = elementwise(getattr(nx, name), x).astype(np.float32, copy=False)
+        from sexpgpu.backends.cpu import compiled_math  # numba: imported at the first function (folds._native says why)
+
+        result = compiled_math.apply(name, x)
         self.memo.put(name, (x,), result)
         return result
 
@@ -166,6 +180,10 @@ class ReferenceF64:
     @staticmethod
     def numpy_dtype(dtype: str):
         return {"f32": np.float64, "bf16": np.float64, "i32": np.int32, "bool": np.bool_}[dtype]
+
+    @staticmethod
+    def remembered(name: str, inputs: tuple, compute) -> np.ndarray:
+        return compute()
 
     def exp(self, x):
         return np.exp(x)

@@ -25,23 +25,11 @@ import numpy as np
 
 MIX_1 = 0xBF58476D1CE4E5B9
 MIX_2 = 0x94D049BB133111EB
-CHUNK = 1 << 14  # words per numpy pass: small enough for the temporaries to stay in cache
 
 
 def fingerprint(value) -> int:
     """The fingerprint of a parameter held as a numpy array of float32 values."""
+    from sexpgpu.backends.cpu import native  # numba: imported at the first fingerprint (folds._native says why)
+
     words = np.ascontiguousarray(value, dtype=np.float32).reshape(-1).view(np.uint32)
-    total = 0
-    for start in range(0, words.size, CHUNK):
-        total += _chunk_sum(words[start:start + CHUNK], start)
-    return total % 2**64
-
-
-def _chunk_sum(words: np.ndarray, start: int) -> int:
-    z = (np.arange(start, start + words.size, dtype=np.uint64) << np.uint64(32)) | words.astype(np.uint64)
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(MIX_1)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(MIX_2)
-    z ^= z >> np.uint64(31)
-    return int(z.sum(dtype=np.uint64))
+    return int(native.mixed_sum(words, np.uint64(MIX_1), np.uint64(MIX_2)))

@@ -1,12 +1,13 @@
 """The CPU interpreter: the executable reference for every backend.
 
 `Interpreter().run(graph, inputs)` evaluates the graph's nodes in the graph's order with
-one numpy kernel per op (op_kernels.py) and returns its outputs. It decides nothing from the
-machine: sums fold in the orders folds.py documents, transcendental functions come from
-sexpgpu.numerics, there is no BLAS, threads split large kernels only where the split
-changes no bits (parallel.py), and every node of dtype bf16 is rounded to bfloat16 when it
-is made. So the same graph and inputs give the same bits on any machine with the same
-numpy semantics.
+one kernel per op (op_kernels.py: numpy, and loops compiled by numba without fast-math) and
+returns its outputs. It decides nothing from the machine: sums fold in the orders folds.py
+documents (products and trailing sums in compiled loops, native.py), transcendental
+functions are sexpgpu.numerics' portable code (compiled: compiled_math.py), there is no
+BLAS, threads split large kernels only where the split changes no bits (parallel.py), and
+every node of dtype bf16 is rounded to bfloat16 when it is made. So the same graph and
+inputs give the same bits on any machine with the same numpy semantics.
 
 Speed: the first run of a graph compiles it into a list of steps, each a kernel with its
 node's attributes already looked up (op_kernels.compile_kernel), its input positions, the
@@ -25,8 +26,8 @@ PyTorch), each sum exact and rounded once; an acc value is an unrounded sum (an
 
 Outputs are fresh arrays the caller owns. Each intermediate value is dropped after its
 last reader, by the graph's liveness (plan/memory.py's `lifetimes`, the one the plan measures). Beyond
-that, each thread keeps scratch buffers for products (folds.py, a few MB) and each
-interpreter a bounded memo of portable function results (arith.py).
+that, each interpreter keeps a bounded memo of portable function results and attention
+probabilities (arith.py).
 """
 
 from __future__ import annotations

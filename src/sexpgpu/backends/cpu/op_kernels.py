@@ -179,6 +179,12 @@ def _swap(x):
 
 
 def _attention_probabilities(node, q, k, m):
+    """softmax(mask(scale * (q k^T))); remembered by q's and k's bits, for the backward kernels."""
+    name = f"attention_probabilities {node.attrs['scale']!r} {node.attrs['causal']} {_rounds(node, m)}"
+    return m.remembered(name, (q, k), lambda: _probabilities_of(node, q, k, m))
+
+
+def _probabilities_of(node, q, k, m):
     scores = _as_operand(folds.matmul(q, _swap(k)), node, m)
     scores = scores * scores.dtype.type(node.attrs["scale"])
     if node.attrs["causal"]:

@@ -1,0 +1,188 @@
+"""sexpgpu.numerics' portable float32 functions compiled by numba: the same statements, one
+element at a time.
+
+numerics/retarget.py builds the GPU functions from the portable modules' code objects under
+other globals, in which `K` is Triton's primitive set; this module does the same for numba,
+with `K` the scalar primitives below, and compiles a loop over a float32 array's elements
+around each function. Every operation is the portable one: IEEE float64 + - * / and sqrt
+(numba without fast-math neither reassociates nor fuses a multiply-add; native.py says
+more; a division by zero is IEEE's, as in numpy), and integer operations on bit patterns. Integers differ in one way: numba computes
+them in 64 bits where numpy keeps uint32, which gives the same values everywhere but in
+the hard-case table's hash, whose product is taken modulo 2^32; `hard_case` below is that
+function with the modulus written out. tests/backends/test_cpu_compiled_math.py checks the
+bits against sexpgpu.numerics on every hard case, the special values and random bit patterns.
+
+Each function's loop is compiled once per machine and cached (native.py). numba keys its
+cache by the loop's own code only, not by the portable functions compiled into it, so the
+key here also holds a hash of the portable package's sources: editing them compiles anew.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import numbers
+import types
+from pathlib import Path
+
+import numba
+import numpy as np
+from numba import types as nbtypes
+from numba.extending import intrinsic
+
+from sexpgpu.backends.cpu import native
+from sexpgpu.backends.cpu.parallel import run_ranges
+from sexpgpu.numerics.portable import erf, exp, ieee, log, roots, tables
+
+PORTABLE_MODULES = (ieee, tables, exp, log, erf, roots)
+FUNCTIONS = {"exp": "exp_f32", "log": "log_f32", "tanh": "tanh_f32", "sigmoid": "sigmoid_f32", "erf": "erf_f32",
+             "rsqrt": "rsqrt_f32"}
+
+
+@intrinsic
+def _bits_of(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(nbtypes.int64))
+
+    return nbtypes.int64(nbtypes.float64), codegen
+
+
+@intrinsic
+def _float_of(typingctx, i):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(nbtypes.float64))
+
+    return nbtypes.float64(nbtypes.int64), codegen
+
+
+def _scalar(function):
+    return numba.njit(inline="always", **native.OPTIONS)(function)
+
+
+# --- K: the portable algorithms' primitives on numba scalars (numpy_ops.py on arrays) ---------------
+
+def where(cond, a, b):
+    return a if cond else b
+
+
+def f64_bits(x):
+    return _bits_of(np.float64(x))
+
+
+def f64_from_bits(i):
+    return _float_of(np.int64(i))
+
+
+def to_f64(x):
+    return np.float64(x)
+
+
+def i64(x):
+    return np.int64(x)
+
+
+def u32(x):
+    return np.uint32(x)
+
+
+def i32(x):
+    return np.int32(x)
+
+
+def sqrt(x):
+    return np.sqrt(x)
+
+
+def gather_pair_if(table, index, mask):
+    return table[index], table[index + 1]
+
+
+def gather_f64(table, index):
+    return _float_of(np.int64(table[index]) | (np.int64(table[index + 1]) << 32))
+
+
+PRIMITIVES = {"where": where, "f64_bits": f64_bits, "f64_from_bits": f64_from_bits, "to_f64": to_f64,
+              "trunc_i64": i64, "i64": i64, "u32": u32, "i32": i32, "sqrt": sqrt, "gather_pair_if": gather_pair_if,
+              "gather_f64": gather_f64}
+
+
+def hard_case(bits, result, near, tab, spec):
+    """tables.hard_case with the slot's hash product taken modulo 2^32, as uint32 numpy does."""
+    key = bits & spec[3]
+    index = spec[0] + 2 * K.i32(((key * spec[1]) & 0xFFFFFFFF) >> spec[2])  # noqa: F821 (K is in the namespace)
+    stored_key, answer = K.gather_pair_if(tab, index, near)  # noqa: F821
+    return K.where(near & (stored_key == key), answer ^ (bits & spec[4]), result)  # noqa: F821
+
+
+def _is_constant(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_is_constant(item) for item in value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@functools.cache
+def _namespace() -> dict:
+    """The portable functions rebuilt over numba's K and compiled (inlined into their callers);
+    built at the first call, not at import (a process that computes no function pays nothing)."""
+    primitives = types.ModuleType("sexpgpu.backends.cpu.compiled_math.K")
+    for name, function in PRIMITIVES.items():
+        setattr(primitives, name, _scalar(function))
+    primitives.static_range = range
+    shared = {"K": primitives, "__name__": __name__}
+    functions = {}
+    for module in PORTABLE_MODULES:
+        shared.update({name: value for name, value in vars(module).items()
+                       if _is_constant(value) and not name.startswith("_")})
+        functions.update({name: value for name, value in vars(module).items()
+                          if inspect.isfunction(value) and value.__module__ == module.__name__
+                          and not name.startswith("_")})
+    functions["hard_case"] = hard_case
+    for name, function in functions.items():
+        shared[name] = _scalar(types.FunctionType(function.__code__, shared, name, function.__defaults__))
+    return shared
+
+
+@functools.cache
+def sources_hash() -> str:
+    """A hash of every source of numerics/portable (the functions, and the constants and table
+    offsets compiled into them) and of this module: part of the cache's key."""
+    files = sorted(Path(ieee.__file__).parent.glob("*.py")) + [Path(__file__)]
+    return hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()
+
+
+def _loop_template(words, out, table, first, stop):  # pragma: no cover - compiled, with FUNCTION bound
+    for index in range(first, stop):
+        out[index] = FUNCTION(words[index], table)  # noqa: F821 (bound per function by _loop)
+
+
+def _loop(name: str):
+    """out[i] = the portable function `name`(words[i], table) for i in first .. stop-1, compiled.
+
+    One code object serves every function, so numba's cache would key them alike: the key
+    gets the function's name, and the hash of the sources it compiles."""
+    namespace = _namespace()
+    run = types.FunctionType(_loop_template.__code__, {**namespace, "FUNCTION": namespace[name]}, f"{name}_loop")
+    run.__qualname__ = f"{name}_loop"
+    compiled = numba.njit(cache=True, **native.OPTIONS)(run)
+    cache = getattr(compiled, "_cache", None)
+    if cache is None or not hasattr(cache, "_index_key"):  # a numba whose cache this does not know: never stale
+        return numba.njit(**native.OPTIONS)(run)
+    numba_key = cache._index_key
+    cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (sources_hash(), name)
+    return compiled
+
+
+_LOOPS: dict = {}
+
+
+def apply(name: str, x: np.ndarray) -> np.ndarray:
+    """sexpgpu.numerics' function `name` (a key of FUNCTIONS) of a float32 array, same shape, C order;
+    a large array's elements are split across threads (each computed alone: no bit depends on it)."""
+    loop = _LOOPS.get(name)
+    if loop is None:
+        loop = _LOOPS[name] = _loop(FUNCTIONS[name])
+    words = np.ascontiguousarray(x, dtype=np.float32).reshape(-1).view(np.uint32)
+    out = np.empty_like(words)
+    run_ranges(lambda first, stop: loop(words, out, tables.TABLE, first, stop), words.size, words.size)
+    return out.view(np.float32).reshape(np.shape(x))
