@@ -55,15 +55,21 @@ def _ctrl_c_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def kill_after(process: subprocess.Popen, condition, extra_seconds: float, timeout: float = 300) -> None:
+def kill_after(process: subprocess.Popen, condition, extra_seconds: float, timeout: float = 300,
+               poll: float = 0.05) -> None:
     """SIGKILL `process` `extra_seconds` after `condition()` first holds (or when it ends)."""
     deadline = time.monotonic() + timeout
     while not condition() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(poll)
     time.sleep(extra_seconds)
     if process.poll() is None:
         process.send_signal(signal.SIGKILL)
     process.wait()
+
+
+def steps_logged(run_dir: Path) -> int:
+    log = run_dir / "metrics.jsonl"
+    return log.read_bytes().count(b'"loss_bits"') if log.exists() else 0  # training records alone
 
 
 def final_tensors(root: str) -> dict:
@@ -77,8 +83,11 @@ def committed_steps(run_dir: Path) -> list[int]:
 def crash_and_resume(file: Path, run_dir: Path, has_checkpoint, crash_points, extra=()) -> None:
     rng = random.Random(20261129)
     base = ["run", str(file), "--device", "cpu", "--run-dir", str(run_dir), *extra]
-    # 1. A fresh start, killed at a random moment after its first checkpoint.
-    kill_after(start(base), has_checkpoint, rng.uniform(0.0, 1.5))
+    # 1. A fresh start, killed at a random step after its first checkpoint: a random step, not a
+    # random time, so that however fast the steps go, two checkpoints are left for 2. and 3.
+    at = rng.randint(EVERY + 1, STEPS - 2 * EVERY - 5)
+    kill_after(start(base), lambda: has_checkpoint() and steps_logged(run_dir) >= at, 0.0, poll=0.002)
+    assert max(committed_steps(run_dir), default=0) <= STEPS - 2 * EVERY
     # 2. and 3. Resumes killed in the middle of writing a checkpoint, and just before its commit.
     for point in crash_points:
         process = start(base + ["--resume", "latest"], env={"SEXPGPU_TEST_CHECKPOINT_KILL_AT": point})
