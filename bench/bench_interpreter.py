@@ -11,7 +11,8 @@ times `steps` steps each, and each side's best round counts (short rounds, many 
 the best is the round the other load on the machine disturbed least). Wall time per step (best
 round) is printed too. The ratio is interpreter time / PyTorch time (goals: char-lm within
 2.0x and tiny-adam within 1.5x, with --torch-threads 1 and 2). --smoke: one step, one round
-(bench/smoke.py)."""
+(bench/smoke.py). Written: bench/results/bench_interpreter-T-threads.json and .md
+(bench/harness.py's writer; --results DIR elsewhere)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,14 @@ from sexpgpu.lang.forms import load_experiment
 from sexpgpu.run.loop import Trainer
 from sexpgpu.run.setup import build_run
 
+import harness
 import smoke
 import torch_models
 
 ROOT = Path(__file__).resolve().parents[1]
+GOALS = {"tiny-adam": 1.5, "char-lm": 2.0}  # interpreter CPU time / PyTorch CPU time, at most
+COLUMNS = ["model", "interpreter CPU ms", "in graph runs", "PyTorch CPU ms", "ratio", "goal", "interpreter wall ms",
+           "PyTorch wall ms", "wall ratio"]
 
 
 class GraphClock:
@@ -128,6 +133,8 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch.set_num_threads; 0 keeps torch's own (default 1: its least CPU time per step)")
     parser.add_argument("--only", choices=("tiny-adam", "char-lm"), default=None)
+    parser.add_argument("--results", type=Path, default=None,
+                        help="where to write the results (default bench/results/; --smoke: a temporary folder)")
     smoke.add_option(parser)
     args = parser.parse_args()
     if args.smoke:
@@ -142,15 +149,28 @@ def main() -> None:
     print(f"{'model':<11}{'interp cpu ms':>14}{'(graphs)':>10}{'torch cpu ms':>14}{'ratio':>7}   "
           f"{'interp wall ms':>15}{'torch wall ms':>14}{'ratio':>7}")
     models = (("tiny-adam", "tiny-adam.sexp", torch_tiny, 10, 30), ("char-lm", "char-lm.sexp", torch_char_lm, 1, 6))
+    rows, table = [], []
     for name, example, peer, steps, rounds in models:
         if args.only and args.only != name:
             continue
+        started = time.perf_counter()
         (our_cpu, our_wall), (their_cpu, their_wall), graphs = compare(interpreter_stepper(example), peer(),
                                                                        args.steps or steps, args.rounds or rounds)
         print(f"{name:<11}{our_cpu * 1e3:>14.2f}{graphs * 1e3:>10.2f}{their_cpu * 1e3:>14.2f}{our_cpu / their_cpu:>7.2f}   "
               f"{our_wall * 1e3:>15.2f}{their_wall * 1e3:>14.2f}{our_wall / their_wall:>7.2f}")
+        found = {"interpreter_cpu_ms": our_cpu * 1e3, "graphs_cpu_ms": graphs * 1e3, "torch_cpu_ms": their_cpu * 1e3,
+                 "interpreter_wall_ms": our_wall * 1e3, "torch_wall_ms": their_wall * 1e3}
+        rows.append(harness.RowResult(name, time.perf_counter() - started, found))
+        table.append([name, f"{our_cpu * 1e3:.2f}", f"{graphs * 1e3:.2f}", f"{their_cpu * 1e3:.2f}",
+                      f"{our_cpu / their_cpu:.2f}", f"<= {GOALS[name]}", f"{our_wall * 1e3:.2f}",
+                      f"{their_wall * 1e3:.2f}", f"{our_wall / their_wall:.2f}"])
     print("(graphs): CPU time in the interpreter's graph runs; the rest of a step is the run loop's "
           "data feed, learning-rate schedule and digest")
+    title = f"bench_interpreter: the CPU interpreter against PyTorch CPU eager, {threads} threads"
+    label = threads if threads.isdigit() else "default"
+    report = harness.Report(f"bench_interpreter-{label}-threads", title, rows, COLUMNS, table,
+                            settings={"torch threads": torch.get_num_threads(), "interpreter threads": threads})
+    harness.write_results(report, harness.results_folder(args.results, args.smoke), args.smoke)
 
 
 if __name__ == "__main__":
