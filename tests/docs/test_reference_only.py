@@ -3,7 +3,7 @@ measurements are the benchmarks' own output), the largest reference pages stay r
 reference, every link of a page leads to a file that is there, and every citation of a page's
 section (`docs/cuda.md, "Attention"` in a comment, a docstring or a page) names a heading or
 a paragraph's bold title of that page. A generated report is
-linked, not pasted: the ladder's committed reports lie in docs/ladder/<machine>/ with their
+linked, not pasted: the ladder's committed reports lie in bench/results/ladder/<machine>/ with their
 plots."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from docs_markdown import ROOT, code_blocks, shown
 
 PAGES = sorted((ROOT / "docs").glob("*.md"))
-REPORTS = sorted((ROOT / "docs" / "ladder").glob("*/report.md"))  # generated: they carry their date
+REPORTS = sorted((ROOT / "bench" / "results" / "ladder").glob("*/report.md"))  # generated: they carry their date
 
 # What a run log writes and a reference page does not: a date, and the words of a diary.
 DIARY = {
@@ -100,7 +100,7 @@ def test_the_checker_finds_a_citation_of_a_section_that_is_gone(tmp_path):
 
 def test_the_ladder_page_links_its_generated_reports_with_their_plots():
     page = ROOT / "docs" / "ladder.md"
-    linked = {page.parent / match.group(1) for match in LINK.finditer(prose(page))}
+    linked = {(page.parent / match.group(1)).resolve() for match in LINK.finditer(prose(page))}
     assert set(REPORTS) <= linked and len(REPORTS) >= 2
     for report in REPORTS:
         plots = [match.group(1) for match in LINK.finditer(report.read_text()) if match.group(1).endswith(".png")]

@@ -70,7 +70,7 @@ SKIPPED = {
         "needs a GPU; tests/run/test_ladder.py runs the same code on the CPU and with a device that makes choices",
     Snippet("ladder.md", "sexpgpu ladder --device cpu --run-dir runs/ladder-cpu"):
         "the whole CPU ladder, five minutes of CPU: its quick tiers are tests/run/test_ladder.py's, its other tiers' "
-        "envelopes are checked current there, and its report is the one docs/ladder/cpu/report.md holds",
+        "envelopes are checked current there, and its report is the one bench/results/ladder/cpu/report.md holds",
     Snippet("ladder.md", "sexpgpu ladder --envelopes --device cuda\nsexpgpu ladder --device cuda"):
         "needs a GPU (an H200); tests/run/test_ladder.py runs the same code on the CPU",
     Snippet("distributed.md", "torchrun --standalone --nproc-per-node 2"):

@@ -288,5 +288,5 @@ def test_docs_ladder_md_lists_the_tiers_of_tiers_json_and_links_its_reports():
     documented = [(row[0].strip("`"), row[3], row[4]) for row in rows]
     assert documented == [(tier.name, ", ".join(tier.devices), "yes" if tier.quick else "no")
                           for tier in read_tiers(str(LADDER))]
-    reports = re.findall(r"\]\((ladder/[^)]+/report\.md)\)", (ROOT / "docs/ladder.md").read_text())
+    reports = re.findall(r"\]\((\.\./bench/results/ladder/[^)]+/report\.md)\)", (ROOT / "docs/ladder.md").read_text())
     assert len(reports) >= 2  # tests/docs checks that each is there, with its plots
