@@ -225,7 +225,7 @@ def add_output(launch: FlatLaunch, shape, key: str, dtype: str, value) -> FlatLa
 
 @dataclass(frozen=True)
 class Decision:
-    """One decision of the fusion pass, as plain data: the value or kernel node it is about,
+    """One decision of the fusion pass, as plain data: the value or launch it is about,
     the named rule that decided it, and whether it fused (inlined, or joined the kernel
     before it) or stayed apart (written out, or a kernel of its own)."""
 
