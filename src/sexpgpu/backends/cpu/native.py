@@ -31,7 +31,14 @@ def _fold_one_row(a_row, b, out_row, depth, width):  # pragma: no cover - compil
     x = a_row[0]
     for j in range(width):
         out_row[j] = x * b[0, j]
-    for k in range(1, depth):
+    k = 1
+    while k + 2 <= depth:  # two k's per pass over the row (_fold_four_rows says why)
+        x, z = a_row[k], a_row[k + 1]
+        b_k, b_next = b[k], b[k + 1]
+        for j in range(width):
+            out_row[j] = (out_row[j] + x * b_k[j]) + z * b_next[j]
+        k += 2
+    if k < depth:
         x = a_row[k]
         for j in range(width):
             out_row[j] = out_row[j] + x * b[k, j]
@@ -56,7 +63,22 @@ def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
         o1[j] = x1 * y
         o2[j] = x2 * y
         o3[j] = x3 * y
-    for k in range(1, depth):
+    # two k's per pass over the rows: each output is loaded and stored once for two of its
+    # additions (the loads and stores of the running sums bound this loop), which stay two
+    # additions in the fold's order, each rounded
+    k = 1
+    while k + 2 <= depth:
+        x0, x1, x2, x3 = a0[k], a1[k], a2[k], a3[k]
+        z0, z1, z2, z3 = a0[k + 1], a1[k + 1], a2[k + 1], a3[k + 1]
+        b_k, b_next = b[k], b[k + 1]
+        for j in range(width):
+            y, w = b_k[j], b_next[j]
+            o0[j] = (o0[j] + x0 * y) + z0 * w
+            o1[j] = (o1[j] + x1 * y) + z1 * w
+            o2[j] = (o2[j] + x2 * y) + z2 * w
+            o3[j] = (o3[j] + x3 * y) + z3 * w
+        k += 2
+    if k < depth:
         x0, x1, x2, x3 = a0[k], a1[k], a2[k], a3[k]
         for j in range(width):
             y = b[k, j]
