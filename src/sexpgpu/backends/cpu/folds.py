@@ -27,9 +27,10 @@ How they are computed (every form gives the same bits; the choice is only speed)
   sum: for a single output element (W = 1), where a reduce would run along the fast axis.
 - A float sum over the trailing axes (a softmax's, a layernorm's, a whole array's) folds
   each output's contiguous terms in a compiled loop (native.fold_last_axis), no transpose.
-- A product is folded by a compiled kernel (native.py): for each output row, the products
-  of k = 0 are stored, then each later k's are added to the row of running sums, each
-  multiply and each add rounded on its own, vectorised across the row's outputs. Rows go
+- A product is folded by a compiled kernel (native.py): for each output row, p0 + p1 (the
+  fold's first sum) is stored, then the later k's products are added to the row of running
+  sums, two k's per pass over the row, in order, each multiply and each add rounded on its
+  own, vectorised across the row's outputs. Rows go
   to threads (parallel.py) in groups; each output is folded by one thread, so neither the
   split nor the thread count changes a bit. A product whose rows are short folds its
   transpose, b^T a^T, the same terms in the same order.

@@ -28,10 +28,23 @@ OPTIONS = {"fastmath": False, "error_model": "numpy", "nogil": True}
 
 @numba.njit(cache=True, inline="always", **OPTIONS)
 def _fold_one_row(a_row, b, out_row, depth, width):  # pragma: no cover - compiled
-    x = a_row[0]
-    for j in range(width):
-        out_row[j] = x * b[0, j]
-    for k in range(1, depth):
+    k = 2 if depth >= 2 else 1  # two k's per pass over the row (_fold_four_rows says why)
+    if k == 2:
+        x, z = a_row[0], a_row[1]
+        b_k, b_next = b[0], b[1]
+        for j in range(width):
+            out_row[j] = x * b_k[j] + z * b_next[j]
+    else:
+        x = a_row[0]
+        for j in range(width):
+            out_row[j] = x * b[0, j]
+    while k + 2 <= depth:
+        x, z = a_row[k], a_row[k + 1]
+        b_k, b_next = b[k], b[k + 1]
+        for j in range(width):
+            out_row[j] = (out_row[j] + x * b_k[j]) + z * b_next[j]
+        k += 2
+    if k < depth:
         x = a_row[k]
         for j in range(width):
             out_row[j] = out_row[j] + x * b[k, j]
@@ -49,14 +62,41 @@ def _quiet_nans(out_row, width):  # pragma: no cover - compiled
 def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
     o0, o1, o2, o3 = out[i], out[i + 1], out[i + 2], out[i + 3]
     a0, a1, a2, a3 = a[i], a[i + 1], a[i + 2], a[i + 3]
-    x0, x1, x2, x3 = a0[0], a1[0], a2[0], a3[0]
-    for j in range(width):
-        y = b[0, j]
-        o0[j] = x0 * y
-        o1[j] = x1 * y
-        o2[j] = x2 * y
-        o3[j] = x3 * y
-    for k in range(1, depth):
+    # two k's per pass over the rows: each output is loaded and stored once for two of its
+    # additions (the loads and stores of the running sums bound this loop), which stay two
+    # additions in the fold's order, each rounded. The first pass stores p0 + p1, the first
+    # sum of the fold (acc = p0, then acc + p1: the same rounding)
+    k = 2 if depth >= 2 else 1
+    if k == 2:
+        x0, x1, x2, x3 = a0[0], a1[0], a2[0], a3[0]
+        z0, z1, z2, z3 = a0[1], a1[1], a2[1], a3[1]
+        b_k, b_next = b[0], b[1]
+        for j in range(width):
+            y, w = b_k[j], b_next[j]
+            o0[j] = x0 * y + z0 * w
+            o1[j] = x1 * y + z1 * w
+            o2[j] = x2 * y + z2 * w
+            o3[j] = x3 * y + z3 * w
+    else:
+        x0, x1, x2, x3 = a0[0], a1[0], a2[0], a3[0]
+        for j in range(width):
+            y = b[0, j]
+            o0[j] = x0 * y
+            o1[j] = x1 * y
+            o2[j] = x2 * y
+            o3[j] = x3 * y
+    while k + 2 <= depth:
+        x0, x1, x2, x3 = a0[k], a1[k], a2[k], a3[k]
+        z0, z1, z2, z3 = a0[k + 1], a1[k + 1], a2[k + 1], a3[k + 1]
+        b_k, b_next = b[k], b[k + 1]
+        for j in range(width):
+            y, w = b_k[j], b_next[j]
+            o0[j] = (o0[j] + x0 * y) + z0 * w
+            o1[j] = (o1[j] + x1 * y) + z1 * w
+            o2[j] = (o2[j] + x2 * y) + z2 * w
+            o3[j] = (o3[j] + x3 * y) + z3 * w
+        k += 2
+    if k < depth:
         x0, x1, x2, x3 = a0[k], a1[k], a2[k], a3[k]
         for j in range(width):
             y = b[k, j]
