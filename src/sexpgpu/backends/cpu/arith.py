@@ -5,7 +5,7 @@ every other function from sexpgpu.numerics, whose results do not depend on the m
 (exp, log, tanh, sigmoid, erf and rsqrt its portable code compiled by numba:
 compiled_math.py).
 Nodes of dtype bf16 hold float32 arrays rounded to nearest even into bfloat16. Its results
-are remembered by the exact bits of their inputs (`_Memo`), which changes no bit and saves
+are remembered by the exact bits of their inputs (`_Memo`, which shares them read-only, no copy), which changes no bit and saves
 repeated calls; a small pow of whole-number exponents also computes the next exponents'
 results in the same call (Adam's bias corrections, step after step).
 
@@ -63,24 +63,34 @@ class _Memo:
             if found is None:
                 return None
             self.small.move_to_end(key)
-            return found.copy()
+            return found
         for entry_name, stored, result in self.large:
             if entry_name == name and all(_same_bits(a, b) for a, b in zip(stored, inputs)):
-                return result.copy()
+                return result
         return None
 
     def put(self, name: str, inputs: tuple, result: np.ndarray) -> None:
         size = inputs[0].size
         if size <= self.SMALL:
-            self.small[self._key(name, inputs)] = result.copy()
+            self.small[self._key(name, inputs)] = _frozen(result)
             if len(self.small) > self.SMALL_ENTRIES:
                 self.small.popitem(last=False)
         elif max(size, result.size) <= self.LARGEST:
-            self.large = [(name, tuple(a.copy() for a in inputs), result.copy())] + self.large[: self.LARGE - 1]
+            self.large = [(name, tuple(a.copy() for a in inputs), _frozen(result))] + self.large[: self.LARGE - 1]
 
     @staticmethod
     def _key(name: str, inputs: tuple) -> tuple:
         return (name, inputs[0].shape) + tuple(a.tobytes() for a in inputs)
+
+
+def _frozen(result: np.ndarray) -> np.ndarray:
+    """result made read-only, so that the memo and every caller can share it (no kernel writes
+    its inputs; the interpreter copies a read-only output before handing it out): in place when
+    it owns its memory, else a read-only copy, as a view's base may still be written."""
+    if not result.flags.owndata:
+        result = result.copy()
+    result.flags.writeable = False
+    return result
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:

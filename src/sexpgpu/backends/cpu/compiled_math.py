@@ -189,6 +189,7 @@ def apply(name: str, x: np.ndarray) -> np.ndarray:
     if loop is None:
         loop = _LOOPS[name] = _loop(FUNCTIONS[name])
     words = np.ascontiguousarray(x, dtype=np.float32).reshape(-1).view(np.uint32)
-    out = np.empty_like(words)
+    result = np.empty(np.shape(x), np.float32)  # owns its memory: the memo keeps it without a copy
+    out = result.reshape(-1).view(np.uint32)
     run_ranges(lambda first, stop: loop(words, out, first, stop), words.size, words.size)
-    return out.view(np.float32).reshape(np.shape(x))
+    return result
