@@ -5,9 +5,10 @@ every other function from sexpgpu.numerics, whose results do not depend on the m
 (exp, log, tanh, sigmoid, erf and rsqrt its portable code compiled by numba:
 compiled_math.py).
 Nodes of dtype bf16 hold float32 arrays rounded to nearest even into bfloat16. Its results
-are remembered by the exact bits of their inputs (`_Memo`, which shares them read-only, no copy), which changes no bit and saves
-repeated calls; a small pow of whole-number exponents also computes the next exponents'
-results in the same call (Adam's bias corrections, step after step).
+are remembered by the exact bits of their inputs (`_Memo`, which shares them read-only, with
+no copy), which changes no bit and saves repeated calls; a small pow of whole-number
+exponents also computes the next exponents' results in the same call (Adam's bias
+corrections, step after step).
 
 `ReferenceF64` is a test oracle only: the same kernels in float64 with numpy's own
 functions and no bf16 rounding, so that gradient rules can be checked against finite
