@@ -192,7 +192,9 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if b.ndim == 2 and a.ndim > 2:  # one weight for the whole batch: its rows are more output rows
         return matmul(a.reshape(-1, k), b).reshape(out_shape)
     if n < NARROW and m > n:  # short rows vectorise poorly: fold the transposed product, b^T a^T
-        return np.ascontiguousarray(matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2)).swapaxes(-1, -2))
+        # returned as a transposed view: every reader takes any strides (a product's left
+        # operand is read in place), and a copy to C order would cost a pass over it
+        return matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2)).swapaxes(-1, -2)
     left = _batched(a, batch, dtype)  # read in place, whatever its strides
     right = _read_only(np.ascontiguousarray(_batched(b, batch, dtype)))  # its rows are the vectorised loads
     out = np.empty((math.prod(batch), m, n), dtype)
