@@ -29,6 +29,13 @@ from sexpgpu.exact.residue_stage import MAX_K, MODULI, Moduli, residue_product, 
 
 
 pytestmark = pytest.mark.usefixtures("interpreted_device_paths")
+SHORTEST = residue_stage.MIN_K  # below it, the float64 product is faster
+
+
+@pytest.fixture(autouse=True)
+def residues_at_every_k(monkeypatch):
+    """The stage at the tests' short K, which it takes only from MIN_K on by default."""
+    monkeypatch.setattr(residue_stage, "MIN_K", 1)
 
 
 def test_the_moduli_are_coprime_and_bound_the_products():
@@ -176,6 +183,17 @@ def test_where_the_stage_applies():
         assert not residue_stage.applies(x, x, torch.float32)  # the CPU's own path: the float64 product
     wide = torch.ones((2, MAX_K + 16))
     assert not residue_stage.applies(wide, wide, torch.float32)
+
+
+def test_products_shorter_than_min_k_take_the_float64_product(monkeypatch):
+    monkeypatch.setattr(residue_stage, "MIN_K", SHORTEST)
+    short, long = torch.ones((2, SHORTEST - 1)), torch.ones((2, SHORTEST))
+    assert not residue_stage.applies(short, short, torch.float32)
+    assert residue_stage.applies(long, long, torch.float32)
+    generator = torch.Generator().manual_seed(8)
+    x, w = torch.randn((3, 40), generator=generator), torch.randn((4, 40), generator=generator)
+    det_gemm(x, w)
+    assert bounded_gemm.last_statistics.first_stage == "float64"
 
 
 def test_forcing_the_float64_product_gives_the_same_bits():

@@ -1,5 +1,6 @@
 """CUDA: det_gemm's fast path (its default, whose first stage is the residue product on int8
-tensor cores; the float64 product forced; int8 tensor-core tiers and fp64 tiers on cuBLAS)
+tensor cores from residue_stage.MIN_K on and the float64 product below; the residue product at
+every K; the float64 product forced; int8 tensor-core tiers and fp64 tiers on cuBLAS)
 gives the same bits as the exact accumulator (int8 planes) and the Triton Kulisch kernel, on
 millions of outputs of random and adversarial data, bf16 and f32, some with inf and NaN.
 Prints the counts.
@@ -10,6 +11,7 @@ Prints the counts.
 import contextlib
 import os
 from collections import Counter
+from unittest import mock
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ import torch
 from exact_oracle import same_bits
 from sexpgpu.exact import det_gemm
 from sexpgpu.exact import implementations
-from sexpgpu.exact import bounded_gemm
+from sexpgpu.exact import bounded_gemm, residue_stage
 from sexpgpu.exact.gemm import accumulate_planes
 from sexpgpu.exact.rounding import round_planes
 from test_exact_crosscheck_gpu import cases
@@ -25,7 +27,15 @@ from test_exact_crosscheck_gpu import cases
 pytestmark = pytest.mark.gpu
 
 OUTPUTS = int(os.environ.get("EXACT_ROUNDED_OUTPUTS", "4000000"))
-PATHS = ("default", "float64", "int8", "fp64")  # det_gemm unforced, and each forced path
+PATHS = ("default", "residues", "float64", "int8", "fp64")  # det_gemm unforced, residues at every K, each forced path
+
+
+def path(products):
+    if products == "default":
+        return contextlib.nullcontext()
+    if products == "residues":  # the cases' K are mostly below MIN_K
+        return mock.patch.object(residue_stage, "MIN_K", 1)
+    return bounded_gemm.forced(products)
 
 
 def exact_with(name, x, w):
@@ -44,7 +54,7 @@ def test_fast_path_equals_the_accumulators_on_millions_of_outputs():
         kulisch = exact_with("triton", x, w)
         assert same_bits(planes, kulisch)
         for products in PATHS:
-            with bounded_gemm.forced(products) if products != "default" else contextlib.nullcontext():
+            with path(products):
                 fast = det_gemm(x, w)
             stats = bounded_gemm.last_statistics
             mismatched[products] += int((~same_elementwise(fast, planes)).sum())

@@ -96,7 +96,7 @@ def queued_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = 
 def _by_residues(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """queued_product with the residue stage first (residue_stage.py): operands whose rows are
     not contiguous are copied first, since both the residues and the refine kernels walk rows."""
-    x, w = (t if t.stride(1) == 1 else t.contiguous() for t in (x, w))
+    x, w = residue_stage.along_rows(x), residue_stage.along_rows(w)
     settled = residue_stage.residue_product(x, w, out)  # bf16 operands take fewer moduli
     x, w = _float(x), _float(w)
     _refine(x, w, settled.x_norm, settled.w_norm, settled.result, settled.done.view(torch.int8), x.shape[0],

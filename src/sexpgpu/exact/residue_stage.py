@@ -52,6 +52,11 @@ from .float64_stage import SLACK, gamma, upward_float32
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211)  # pairwise coprime
 COUNT = {torch.float32: 12, torch.bfloat16: 10}  # moduli by the operands' dtype (measured: residue_stage in docs/exact.md)
 MAX_K = (1 << 17) - 16  # K * 128**2 < 2**31: the int32 sums cannot overflow
+# Below this K the float64 product is the faster first stage: the residues cost COUNT bytes
+# written and read per output whatever K is, the float64 product only its K flops. On an H200,
+# gpt-50m's products of K = 512 took 45.3 ms by residues against 39.0 by float64, K = 2048 9.8
+# against 10.2, K = 16384 (a weight's gradient over every token) is the residues' (docs/exact.md)
+MIN_K = 4096
 PLANE_BYTES = 1 << 31  # the products (an int8 a modulus and output) of at most this many bytes live at once
 BLOCK_COLUMNS = 128  # a residue program's columns: its lanes for the norm's sum (its bits: one tile for all)
 GROUP_M = 8  # row tiles of the products that share their operands in L2
@@ -135,9 +140,9 @@ def _words(value: int) -> list[float]:
 
 
 def applies(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether det_gemm's first stage is this one: float32 results of operands of K <= MAX_K
+    """Whether det_gemm's first stage is this one: float32 results of operands of MIN_K <= K <= MAX_K
     on the device paths of a device with int8 tensor cores."""
-    return (dtype == torch.float32 and 0 < x.shape[1] <= MAX_K and implementations.on_device(x.device)
+    return (dtype == torch.float32 and MIN_K <= x.shape[1] <= MAX_K and implementations.on_device(x.device)
             and implementations.int8_tensor_cores(x.device))
 
 
@@ -167,6 +172,7 @@ def residue_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None =
     No output of a row holding a NaN or an infinity is settled (its norm's bound is not
     finite). out: a contiguous float32 tensor of M * N elements to write the result into, or None."""
     moduli = Moduli.first(COUNT[x.dtype])
+    x, w = along_rows(x), along_rows(w)
     (m, k), n = x.shape, w.shape[0]
     shape = product_shape(m, n, x.device)
     xs, ws = residues(x, moduli, shape.block_m, shape.block_k), residues(w, moduli, shape.block_n, shape.block_k)
@@ -179,6 +185,13 @@ def residue_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None =
         products = _products(xs, ws, r0, round_up(rows, shape.block_m), moduli, shape)
         _reconstruct(products, xs, ws, r0, rows, n, moduli, result[r0 : r0 + rows], done[r0 : r0 + rows])
     return Settled(done.view(torch.bool), result, xs.norm, ws.norm)
+
+
+def along_rows(t: torch.Tensor) -> torch.Tensor:
+    """`t` with contiguous rows, copied if they are not: the residues read a row at a time, and
+    a transposed operand (a weight's gradient reads its activations so) read in place cost 30
+    times the copy."""
+    return t if t.stride(1) == 1 else t.contiguous()
 
 
 def _products(xs: Residues, ws: Residues, r0: int, rows: int, moduli: Moduli, shape: ProductShape) -> torch.Tensor:
