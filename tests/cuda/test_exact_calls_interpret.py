@@ -31,7 +31,8 @@ def test_each_exact_call_is_a_group_with_its_kernels(on_device_paths, capsys, mo
     import sexpgpu.exact as exact
     from sexpgpu.exact import residue_stage
 
-    monkeypatch.setattr(residue_stage, "MIN_K", 1)  # the residue stage at this short K too
+    monkeypatch.setattr(residue_stage, "MIN_K", 1)  # the residue stage at this small shape too
+    monkeypatch.setattr(residue_stage, "MIN_ROWS", 1)
 
     generator = torch.Generator().manual_seed(3)
     x, w = torch.randn(4, 40, generator=generator), torch.randn(5, 40, generator=generator)

@@ -29,13 +29,14 @@ from sexpgpu.exact.residue_stage import MAX_K, MODULI, Moduli, residue_product, 
 
 
 pytestmark = pytest.mark.usefixtures("interpreted_device_paths")
-SHORTEST = residue_stage.MIN_K  # below it, the float64 product is faster
+SHORTEST, FEWEST = residue_stage.MIN_K, residue_stage.MIN_ROWS  # below them, the float64 product is faster
 
 
 @pytest.fixture(autouse=True)
-def residues_at_every_k(monkeypatch):
-    """The stage at the tests' short K, which it takes only from MIN_K on by default."""
+def residues_at_every_shape(monkeypatch):
+    """The stage at the tests' small shapes, which it takes only from MIN_K and MIN_ROWS on by default."""
     monkeypatch.setattr(residue_stage, "MIN_K", 1)
+    monkeypatch.setattr(residue_stage, "MIN_ROWS", 1)
 
 
 def test_the_moduli_are_coprime_and_bound_the_products():
@@ -185,11 +186,14 @@ def test_where_the_stage_applies():
     assert not residue_stage.applies(wide, wide, torch.float32)
 
 
-def test_products_shorter_than_min_k_take_the_float64_product(monkeypatch):
+def test_short_products_and_operands_of_few_rows_take_the_float64_product(monkeypatch):
     monkeypatch.setattr(residue_stage, "MIN_K", SHORTEST)
-    short, long = torch.ones((2, SHORTEST - 1)), torch.ones((2, SHORTEST))
+    monkeypatch.setattr(residue_stage, "MIN_ROWS", FEWEST)
+    short, long = torch.empty((FEWEST, SHORTEST - 1)), torch.empty((FEWEST, SHORTEST))
     assert not residue_stage.applies(short, short, torch.float32)
     assert residue_stage.applies(long, long, torch.float32)
+    assert not residue_stage.applies(long, long[: FEWEST - 1], torch.float32)
+    assert not residue_stage.applies(long[: FEWEST - 1], long, torch.float32)
     generator = torch.Generator().manual_seed(8)
     x, w = torch.randn((3, 40), generator=generator), torch.randn((4, 40), generator=generator)
     det_gemm(x, w)

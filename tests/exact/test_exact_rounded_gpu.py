@@ -1,6 +1,6 @@
 """CUDA: det_gemm's fast path (its default, whose first stage is the residue product on int8
-tensor cores from residue_stage.MIN_K on and the float64 product below; the residue product at
-every K; the float64 product forced; int8 tensor-core tiers and fp64 tiers on cuBLAS)
+tensor cores from residue_stage.MIN_K and MIN_ROWS on, the float64 product below; the residue
+product at every shape; the float64 product forced; int8 tensor-core tiers and fp64 tiers on cuBLAS)
 gives the same bits as the exact accumulator (int8 planes) and the Triton Kulisch kernel, on
 millions of outputs of random and adversarial data, bf16 and f32, some with inf and NaN.
 Prints the counts.
@@ -33,8 +33,8 @@ PATHS = ("default", "residues", "float64", "int8", "fp64")  # det_gemm unforced,
 def path(products):
     if products == "default":
         return contextlib.nullcontext()
-    if products == "residues":  # the cases' K are mostly below MIN_K
-        return mock.patch.object(residue_stage, "MIN_K", 1)
+    if products == "residues":  # the cases' shapes are mostly below MIN_K and MIN_ROWS
+        return mock.patch.multiple(residue_stage, MIN_K=1, MIN_ROWS=1)
     return bounded_gemm.forced(products)
 
 

@@ -55,8 +55,12 @@ MAX_K = (1 << 17) - 16  # K * 128**2 < 2**31: the int32 sums cannot overflow
 # Below this K the float64 product is the faster first stage: the residues cost COUNT bytes
 # written and read per output whatever K is, the float64 product only its K flops. On an H200,
 # gpt-50m's products of K = 512 took 45.3 ms by residues against 39.0 by float64, K = 2048 9.8
-# against 10.2, K = 16384 (a weight's gradient over every token) is the residues' (docs/exact.md)
+# against 10.2 (docs/exact.md, "How many moduli")
 MIN_K = 4096
+# ... and an operand of fewer rows leaves the residues' pass (a program per BLOCK_R rows, each
+# walking all of K twice) too few programs: gpt-50m's weight gradients (512 to 2048 rows of
+# 16384 tokens) spent 60.0 of their 94.3 ms of kernels there
+MIN_ROWS = 4096
 PLANE_BYTES = 1 << 31  # the products (an int8 a modulus and output) of at most this many bytes live at once
 BLOCK_COLUMNS = 128  # a residue program's columns: its lanes for the norm's sum (its bits: one tile for all)
 GROUP_M = 8  # row tiles of the products that share their operands in L2
@@ -141,9 +145,9 @@ def _words(value: int) -> list[float]:
 
 def applies(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether det_gemm's first stage is this one: float32 results of operands of MIN_K <= K <= MAX_K
-    on the device paths of a device with int8 tensor cores."""
-    return (dtype == torch.float32 and MIN_K <= x.shape[1] <= MAX_K and implementations.on_device(x.device)
-            and implementations.int8_tensor_cores(x.device))
+    and at least MIN_ROWS rows each, on the device paths of a device with int8 tensor cores."""
+    return (dtype == torch.float32 and MIN_K <= x.shape[1] <= MAX_K and min(x.shape[0], w.shape[0]) >= MIN_ROWS
+            and implementations.on_device(x.device) and implementations.int8_tensor_cores(x.device))
 
 
 @dataclass
