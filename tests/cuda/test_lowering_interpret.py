@@ -104,6 +104,29 @@ def test_fusion_on_and_off_give_the_same_bits():
     compare(fused, graph, values)
 
 
+@pytest.mark.parametrize("rows", [6, 300])  # one chunk of rows, and partial sums of three
+def test_an_elementwise_store_after_a_column_sum_of_its_space_joins_its_kernel(backend, rows, monkeypatch):
+    """A bias gradient's sum and the cast of the same gradient: one kernel reads the operands
+    once and gives both, with the bits of each kernel alone and the interpreter's."""
+    from dataclasses import replace
+
+    from sexpgpu.backends.cuda.codegen import columns
+
+    monkeypatch.setattr(columns, "COLUMN_TILES", tuple(replace(tile, chunk_tiles=1) for tile in columns.COLUMN_TILES))
+    e = Emitter()
+    x = e.input("x", "f32", (rows, 24))
+    gradient = e("mul", e("exp", x), x)
+    graph = e.graph({"x": x}, {"bias": e("sum", gradient, axes=(0,)), "cast": e("neg", gradient)})
+    values = {"x": random_array(np.random.default_rng(rows), "f32", (rows, 24), "normal")}
+    lowered = backend.lowered(graph)
+    assert [launch.kind for launch in lowered.launches] == ["elementwise", "columns"]
+    assert len(lowered.launches[1].writes) == 2 and lowered.launches[1].kernel.parts == (1 if rows < 128 else 3)
+    joined = compare(backend, graph, values)
+    apart = CudaBackend(device="cpu", policy=FusionPolicy("off")).run(graph, values)
+    for name in apart:
+        assert torch.equal(joined[name], apart[name]), name
+
+
 def test_an_elementwise_chain_is_one_kernel(backend):
     e = Emitter()
     x, b = e.input("x", "f32", (4, 6)), e.input("b", "f32", (6,))

@@ -96,6 +96,13 @@ found["other_rows"] = decided(e.graph({"x": x, "y": y}, {"a": e("sum", x, axes=(
 found["row_merge"] = decided(e.graph({"x": x}, {"top": e("max", x, axes=(1,)), "m": e("mul", total, total)}))
 
 e = Emitter()
+x = e.input("x", "f32", (8, 32))
+gradient = e("mul", e("exp", x), x)
+found["tile_store"] = decided(e.graph({"x": x}, {"c": e("sum", gradient, axes=(0,)), "h": e("neg", gradient)}))
+y = e.input("y", "f32", (8, 32))
+found["tile_store_unrelated"] = decided(e.graph({"x": x, "y": y}, {"c": e("sum", x, axes=(0,)), "h": e("neg", y)}))
+
+e = Emitter()
 logits = e.input("z", "f32", (4, 10))
 labels = e.input("y", "i32", (4,))
 found["beside"] = decided(e.graph({"z": logits, "y": labels},
@@ -185,6 +192,17 @@ def test_row_kernels_over_the_same_rows_and_a_store_reading_them_join_by_named_r
     assert found_all["other_rows"]["kernels"] == ["rows", "rows"]  # rows of another length: a kernel each
     assert found_all["other_rows"]["decisions"][-1] == \
         "apart launch 1 rows -> b3: refused by: a row kernel joins the row kernel over the same rows before it"
+
+
+def test_a_store_of_a_column_kernels_space_that_reads_its_operands_joins_it(found):
+    joined = found["tile_store"]
+    assert joined["unfused"] == ["elementwise", "columns", "elementwise"] and joined["kernels"] == ["elementwise", "columns"]
+    rule = "a store joins the open column kernel of its space, reading its operands"
+    assert any(decision.startswith("fuse launch 2 elementwise") and decision.endswith(rule)
+               for decision in joined["decisions"])
+    # a store that reads none of the column kernel's operands gains nothing there
+    assert found["tile_store_unrelated"]["kernels"] == ["columns", "elementwise"]
+    assert f"refused by: {rule}" in found["tile_store_unrelated"]["decisions"][-1]
 
 
 def test_a_layout_a_lowering_rule_chooses_is_a_named_decision_too(found):

@@ -29,7 +29,7 @@ from sexpgpu.backends.cuda import rowmerge
 from sexpgpu.backends.cuda.views import VIEW_OPS
 from sexpgpu.backends.cuda.codegen.expr import flops, map_leaves, nodes_in_order
 from sexpgpu.backends.cuda.codegen.space import contiguous
-from sexpgpu.backends.cuda.launches import ITEM_BYTES, FlatLaunch
+from sexpgpu.backends.cuda.launches import ITEM_BYTES, ColumnLaunch, FlatLaunch, loads_of
 
 MAX_FLAT_OUTPUTS = 8
 # A fused expression deeper than this is written out: a chain of thousands of elementwise ops
@@ -245,6 +245,22 @@ def _store(launch):
     return None
 
 
+def add_tile_output(launch: ColumnLaunch, store: FlatLaunch) -> ColumnLaunch | None:
+    """The open column kernel with the elementwise kernel `store` (one value) stored tile by
+    tile, where the value is of the kernel's space and reads what the kernel reads (so its
+    operands are read once for both), and reads nothing the kernel writes; else None."""
+    (key, view, dtype, value), = store.outputs
+    spec = launch.spec
+    loads = set(loads_of([value]))
+    if (tuple(store.shape) != spec.space or not view.over(spec.space) or len(spec.tile_outputs) >= MAX_FLAT_OUTPUTS
+            or not loads & set(launch.reads) or loads & set(launch.writes) or value.depth > MAX_FUSED_DEPTH):
+        return None
+    number = len(spec.tile_outputs)
+    joined = replace(spec, tile_outputs=spec.tile_outputs + ((view, dtype),),
+                     tile_stores=spec.tile_stores + ((number, value),))
+    return ColumnLaunch(joined, launch.writes + (key,), launch.kind)
+
+
 class Join(NamedTuple):
     """A rule by which a launch joins the open kernel before it."""
 
@@ -252,8 +268,8 @@ class Join(NamedTuple):
     join: object  # join(last, launch): the joined kernel, or None where joining would change a bit
 
 
-# The rules, tried in order (their conditions are rowmerge.add_store's, add_output's and
-# rowmerge.merged's).
+# The rules, tried in order (their conditions are rowmerge.add_store's, add_output's,
+# add_tile_output's and rowmerge.merged's).
 JOINS = {
     "a store joins the open row kernel":
         Join(lambda last, launch: _store(launch) and rowmerge.joinable(last),
@@ -261,6 +277,8 @@ JOINS = {
     "a store joins the open elementwise kernel of its space":
         Join(lambda last, launch: _store(launch) and isinstance(last, FlatLaunch),
              lambda last, launch: add_output(last, *_store(launch))),
+    "a store joins the open column kernel of its space, reading its operands":
+        Join(lambda last, launch: _store(launch) and isinstance(last, ColumnLaunch), add_tile_output),
     "a row kernel joins the row kernel over the same rows before it":
         Join(lambda last, launch: rowmerge.joinable(last) and rowmerge.joinable(launch), rowmerge.merged),
 }

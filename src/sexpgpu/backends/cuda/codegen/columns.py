@@ -54,6 +54,11 @@ class ColumnSpec:
     reductions: tuple[Reduction, ...]
     outputs: tuple[tuple[View, str], ...]
     stores: tuple[tuple[int, Expr], ...]
+    # elementwise values over `space` (views over it, storage dtypes), each stored by the tile
+    # that reads its operands for the reductions: an elementwise kernel joined, that no longer
+    # reads them again (fusion.JOINS)
+    tile_outputs: tuple[tuple[View, str], ...] = ()
+    tile_stores: tuple[tuple[int, Expr], ...] = ()
 
     @property
     def space(self) -> tuple[int, ...]:
@@ -64,14 +69,17 @@ def with_roots(spec: ColumnSpec, roots, inputs) -> ColumnSpec:
     """The spec with its expressions (reductions, then stores) replaced, and the operands'
     storage dtypes `inputs`."""
     values = list(roots)
-    count = len(spec.reductions)
+    count, stored = len(spec.reductions), len(spec.reductions) + len(spec.stores)
     reductions = tuple(Reduction(reduction.kind, value) for reduction, value in zip(spec.reductions, values[:count]))
-    stores = tuple((output, value) for (output, _), value in zip(spec.stores, values[count:]))
-    return ColumnSpec(spec.reduced, spec.kept, tuple(inputs), reductions, spec.outputs, stores)
+    stores = tuple((output, value) for (output, _), value in zip(spec.stores, values[count:stored]))
+    tile_stores = tuple((output, value) for (output, _), value in zip(spec.tile_stores, values[stored:]))
+    return ColumnSpec(spec.reduced, spec.kept, tuple(inputs), reductions, spec.outputs, stores, spec.tile_outputs,
+                      tile_stores)
 
 
 def roots_of(spec: ColumnSpec) -> list:
-    return [reduction.value for reduction in spec.reductions] + [value for _, value in spec.stores]
+    return ([reduction.value for reduction in spec.reductions] + [value for _, value in spec.stores]
+            + [value for _, value in spec.tile_stores])
 
 
 def tile_for(kept_count: int) -> tuple[int, int]:
@@ -90,7 +98,8 @@ class _ColumnSource:
         self.chunk = self.block_r * column_tile(numel(spec.kept)).chunk_tiles if parts > 1 else numel(spec.reduced)
         self.rank = len(spec.reduced)
         output_count = len(spec.reductions) if parts > 1 else len(spec.outputs)
-        self.pointers = [f"p{index}" for index in range(len(spec.inputs) + output_count)]
+        self.tiles_base = len(spec.inputs) + output_count
+        self.pointers = [f"p{index}" for index in range(self.tiles_base + len(spec.tile_outputs))]
         self.renderer = Renderer(self._leaf, "        ")
 
     def _tile_offset(self, view: View) -> tuple[str, str]:
@@ -122,8 +131,8 @@ class _ColumnSource:
     def source(self) -> str:
         spec = self.spec
         kept_count, reduced_count = numel(spec.kept), numel(spec.reduced)
-        roots = [reduction.value for reduction in spec.reductions]
-        wide = needs_wide_index(spec.space, operand_views(roots))
+        roots = [reduction.value for reduction in spec.reductions] + [value for _, value in spec.tile_stores]
+        wide = needs_wide_index(spec.space, operand_views(roots) + [view for view, _ in spec.tile_outputs])
         lines = [
             "@triton.jit",
             "",  # the signature, once the body says whether it reads the numerics table
@@ -147,12 +156,19 @@ class _ColumnSource:
             value = self.renderer.value(reduction.value)
             masked = f"tl.where(mask, {value}, {INITIAL[reduction.kind]})"
             updates.append(f"        a{number} = {COMBINE[reduction.kind]}(a{number}, {masked})")
-        lines += self.renderer.lines + updates
+        tile_stores = [self._tile_store(output, value) for output, value in spec.tile_stores]
+        lines += self.renderer.lines + updates + tile_stores
         for number, reduction in enumerate(spec.reductions):
             lines += combine_lanes(f"a{number}", f"s{number}", reduction.kind, [self.block_r, self.block_k])
         lines += self._stores(kept_count)
         lines[1] = signature(self.pointers, self.renderer.uses_table or self._epilogue_table)
         return module_source(self.renderer.imports, lines)
+
+    def _tile_store(self, output: int, value: Expr) -> str:
+        view, dtype = self.spec.tile_outputs[output]
+        offset, mask = self._tile_offset(view)
+        return "        " + store_source(self.pointers[self.tiles_base + output], dtype, offset,
+                                         self.renderer.value(value), mask)
 
     def _stores(self, kept_count: int) -> list[str]:
         base = len(self.spec.inputs)
@@ -199,15 +215,16 @@ class ColumnKernel:
                                                 combine, spec.outputs, stores))
 
     def __call__(self, *operands) -> None:
+        """operands: the inputs, the outputs, then the tile outputs."""
         if self.rest is None:
             self.first(*operands)
             return
         import torch
 
-        inputs = operands[:len(self.spec.inputs)]
-        outputs = operands[len(self.spec.inputs):]
+        inputs, ends = operands[:len(self.spec.inputs)], len(self.spec.inputs) + len(self.spec.outputs)
+        outputs, tiles = operands[len(self.spec.inputs):ends], operands[ends:]
         partials = [torch.empty((self.parts, numel(self.spec.kept)), dtype=torch.float32, device=outputs[0].device)
                     for _ in self.spec.reductions]
-        self.first(*inputs, *partials)
+        self.first(*inputs, *partials, *tiles)
         self.rest(*partials, *inputs, *outputs)
 
