@@ -151,6 +151,13 @@ class PortableF32:
             self.ahead.put("pow", (xs[index], ys[index]), results[index])
         return results[0].copy()
 
+    @staticmethod
+    def softmax_rows(x: np.ndarray, causal: bool) -> np.ndarray:
+        """compiled_math.softmax_rows: a row's softmax (of an attention's masked scores) in one pass."""
+        from sexpgpu.backends.cpu import compiled_math  # numba: imported at the first call (folds._native says why)
+
+        return compiled_math.softmax_rows(x, causal)
+
     def _unary(self, name: str, x) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32, order="C")
         found = self.memo.get(name, (x,))
@@ -187,6 +194,7 @@ class ReferenceF64:
     name = "f64"
     float_dtype = np.float64
     rounds_bf16 = False
+    softmax_rows = None  # no compiled softmax: the kernels run a softmax's numpy steps
 
     @staticmethod
     def numpy_dtype(dtype: str):

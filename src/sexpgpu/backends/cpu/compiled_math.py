@@ -56,6 +56,22 @@ def _float_of(typingctx, i):
     return nbtypes.float64(nbtypes.int64), codegen
 
 
+@intrinsic
+def _f32_bits(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(nbtypes.uint32))
+
+    return nbtypes.uint32(nbtypes.float32), codegen
+
+
+@intrinsic
+def _f32_of(typingctx, w):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(nbtypes.float32))
+
+    return nbtypes.float32(nbtypes.uint32), codegen
+
+
 def _scalar(function):
     return numba.njit(inline="always", **native.OPTIONS)(function)
 
@@ -162,20 +178,24 @@ def _loop(name: str):
     The table is a global of the loop, which numba compiles in as constant data: LLVM then
     knows that no store to `out` changes it, and vectorises the loop (its lookups become
     gathers); passed as an argument it might alias `out`, and the loop stayed scalar, at
-    half the speed. Each element's operations are the same either way.
+    half the speed. Each element's operations are the same either way."""
+    return _compiled(_loop_template, name, f"{name}_loop", FUNCTION=_namespace()[name])
 
-    One code object serves every function, so numba's cache would key them alike: the key
-    gets the function's name, and the hash of the sources it compiles (the table's among them)."""
-    namespace = _namespace()
-    bound = {**namespace, "FUNCTION": namespace[name], "TABLE": tables.TABLE}
-    run = types.FunctionType(_loop_template.__code__, bound, f"{name}_loop")
-    run.__qualname__ = f"{name}_loop"
+
+def _compiled(template, key: str, label: str, **bindings):
+    """`template` compiled with the portable functions, tables.TABLE and `bindings` as its globals.
+
+    One code object serves several compiled functions, so numba's cache would key them
+    alike: the key gets `key`, and the hash of the sources it compiles (the table's among them)."""
+    bound = {**_namespace(), "TABLE": tables.TABLE, **bindings}
+    run = types.FunctionType(template.__code__, bound, label)
+    run.__qualname__ = label
     compiled = numba.njit(cache=True, **native.OPTIONS)(run)
     cache = getattr(compiled, "_cache", None)
     if cache is None or not hasattr(cache, "_index_key"):  # a numba whose cache this does not know: never stale
         return numba.njit(**native.OPTIONS)(run)
     numba_key = cache._index_key
-    cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (sources_hash(), name)
+    cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (sources_hash(), key)
     return compiled
 
 
@@ -193,3 +213,56 @@ def apply(name: str, x: np.ndarray) -> np.ndarray:
     out = result.reshape(-1).view(np.uint32)
     run_ranges(lambda first, stop: loop(words, out, first, stop), words.size, words.size)
     return result
+
+
+def _softmax_template(x, out, causal, first, stop):  # pragma: no cover - compiled, with EXP and TABLE bound
+    """Rows first .. stop-1 of x's softmax, as op_kernels' softmax computes it: the IEEE
+    maximum m of the row, e = exp(x - m) each, their left fold s (a NaN fold the quiet NaN),
+    e / s. `causal`: row r's entries from r % W + 1 on are -inf, not read from x."""
+    width = x.shape[1]
+    for row in range(first, stop):
+        valid = row % width + 1 if causal else width
+        top = x[row, 0]
+        for j in range(1, valid):
+            v = x[row, j]
+            # NaN wins, and +0 > -0 (the -inf of masked entries never changes the maximum)
+            if top == top and (v != v or v > top or (v == top and _f32_bits(top) > _f32_bits(v))):
+                top = v
+        for j in range(valid):
+            out[row, j] = _f32_of(EXP(_f32_bits(x[row, j] - top), TABLE))  # noqa: F821 (bound by _kernel)
+        total = out[row, 0]
+        for j in range(1, valid):
+            total = total + out[row, j]
+        if valid < width:
+            masked = _f32_of(EXP(_f32_bits(np.float32(-np.inf) - top), TABLE))  # noqa: F821
+            for j in range(valid, width):
+                out[row, j] = masked
+            if _f32_bits(masked) != 0 or _f32_bits(total) == 0x80000000:  # else adding +0 changes no bit
+                for j in range(valid, width):
+                    total = total + masked
+        if total != total:
+            total = np.float32(np.nan)
+        for j in range(width):
+            out[row, j] = out[row, j] / total
+
+
+_KERNELS: dict = {}
+
+
+def _kernel(name: str):
+    kernel = _KERNELS.get(name)
+    if kernel is None:
+        kernel = _KERNELS[name] = _compiled(_softmax_template, name, name, EXP=_namespace()["exp_f32"],
+                                                  _f32_bits=_f32_bits, _f32_of=_f32_of, np=np)
+    return kernel
+
+
+def softmax_rows(x: np.ndarray, causal: bool) -> np.ndarray:
+    """The softmax of each row of a 2-D float32 array with sexpgpu.numerics' exp, in the order
+    and with the bits of op_kernels' softmax; `causal`: row r's entries after column r % W are
+    -inf (an attention's causal mask, rows of W queries over W keys)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty(x.shape, np.float32)
+    kernel = _kernel("softmax_rows")
+    run_ranges(lambda first, stop: kernel(x, out, causal, first, stop), x.shape[0], x.size)
+    return out
