@@ -248,6 +248,18 @@ def test_remembered_attention_probabilities_are_the_computed_ones_per_scale_and_
     assert sum(key[0].startswith("attention_probabilities") for key in math.memo.small) == 3
 
 
+
+def test_the_score_gradient_remembered_by_one_backward_kernel_serves_the_other_with_its_bits():
+    from types import SimpleNamespace
+
+    args = tuple(_ill_conditioned((2, 3, 40, 16), seed) for seed in range(20, 25))
+    node = SimpleNamespace(attrs={"scale": 0.25, "causal": True}, dtype="f32")
+    math = PortableF32()
+    op_kernels._attention_grad_q(node, args, math)
+    assert any(key[0].startswith("attention_score_grad") for key in math.memo.small)
+    got = op_kernels._attention_grad_kv(node, tuple(a.copy() for a in args), math)
+    assert _same_bits(got, op_kernels._attention_grad_kv(node, args, PortableF32()))
+
 # --- compiled kernels and the interpreter's arrays --------------------------------------------------------
 
 

@@ -50,7 +50,7 @@ class _Memo:
 
     SMALL = 1 << 12
     SMALL_ENTRIES = 256
-    LARGE = 12  # a step of char-lm remembers about 9 large results (exp, erf, attention probabilities)
+    LARGE = 12  # a step of char-lm remembers 12 large results (exp, erf, attention probabilities and score gradients)
     LARGEST = 1 << 19  # elements: larger inputs or results are never kept (a memo holds 12 x 3 x 2 MB at most)
 
     def __init__(self):

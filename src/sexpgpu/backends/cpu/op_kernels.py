@@ -201,11 +201,17 @@ def _attention_core(node, args, m):
 
 
 def _attention_score_cotangent(node, args, m):
-    """(P, dS) of the formula above."""
+    """(P, dS) of the formula above; dS remembered by the bits of q, k, v, o and g, for the
+    other backward kernel."""
     q, k, v, o, g = args
     probabilities = _attention_probabilities(node, q, k, m)
-    delta = folds.reduce_sum(g * o, (g.ndim - 1,), keep=True)
-    return probabilities, probabilities * (folds.matmul(g, _swap(v)) - delta)
+
+    def score_grad():
+        delta = folds.reduce_sum(g * o, (g.ndim - 1,), keep=True)
+        return probabilities * (folds.matmul(g, _swap(v)) - delta)
+
+    name = f"attention_score_grad {node.attrs['scale']!r} {node.attrs['causal']} {_rounds(node, m)}"
+    return probabilities, m.remembered(name, tuple(args), score_grad)
 
 
 def _attention_grad_q(node, args, m):
