@@ -116,7 +116,8 @@ def test_matmul_is_the_fold_over_k(a_shape, b_shape):
 def test_products_keep_subnormals_infinities_and_nan_as_the_fold_does():
     rng = np.random.default_rng(13)
     specials = np.array([0.0, -0.0, 1e-45, -3e-39, 1e-38, np.inf, -np.inf, np.nan, 3e38, -1.0], np.float32)
-    for a_shape, b_shape in [((9, 40), (40, 70)), ((70, 40), (40, 5)), ((2, 6, 12), (2, 12, 33))]:
+    for a_shape, b_shape in [((9, 40), (40, 70)), ((70, 40), (40, 5)), ((2, 6, 12), (2, 12, 33)),
+                             ((13, 40), (40, 150))]:
         a, b = _ill_conditioned(a_shape, 14), _ill_conditioned(b_shape, 15)
         a.reshape(-1)[rng.integers(0, a.size, a.size // 30)] = rng.choice(specials, a.size // 30)
         b.reshape(-1)[rng.integers(0, b.size, b.size // 30)] = rng.choice(specials, b.size // 30)
@@ -136,22 +137,37 @@ def test_products_are_not_fused_into_multiply_adds():
     assert not folds.matmul(b.T.copy(), a.T.copy()).any()
 
 
-def test_row_splits_and_layouts_do_not_change_bits(monkeypatch):
+@pytest.mark.parametrize("width", [9, 83])
+@pytest.mark.parametrize("kernel", ["fold_products", "fold_product_tiles"])
+def test_row_splits_and_layouts_do_not_change_bits(monkeypatch, kernel, width):
     """Any split of the rows between calls of the kernel (the threads' pieces) and either
     layout of a product (its transpose folded when rows are short) give the same bits."""
-    a, b = _ill_conditioned((2, 11, 30), 16), _ill_conditioned((30, 9), 17)
-    left, right = a.copy(), b.reshape(1, 30, 9).copy()
-    whole = np.empty((2, 11, 9), np.float32)
-    native.fold_products(left, right, whole, 0, 22)
+    fold = getattr(native, kernel)
+    a, b = _ill_conditioned((2, 11, 30), 16), _ill_conditioned((30, width), 17)
+    left, right = a.copy(), b.reshape(1, 30, width).copy()
+    whole = np.empty((2, 11, width), np.float32)
+    fold(left, right, whole, 0, 22)
     for cuts in [(0, 1, 22), (0, 3, 5, 6, 13, 22), tuple(range(23))]:
         pieces = np.empty_like(whole)
         for first, stop in zip(cuts, cuts[1:]):
-            native.fold_products(left, right, pieces, first, stop)
+            fold(left, right, pieces, first, stop)
         assert _same_bits(pieces, whole), cuts
     assert _same_bits(whole, _matmul_oracle(a, b))
     for narrow in (0, 10**6):
         monkeypatch.setattr(folds, "NARROW", narrow)
         assert _same_bits(folds.matmul(a, b), whole)
+
+
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 64, 83, 150])
+def test_product_tiles_read_a_strided_left_operand_in_place(width):
+    """The register tiles (64 and 16 columns, rows of four or one, the columns left over one
+    by one) on a left operand of any strides: transposed, reversed, broadcast."""
+    x, b = _ill_conditioned((2, 19, 7), 26), _ill_conditioned((2, 19, width), 27)
+    right = b.copy()
+    for left in (x.swapaxes(1, 2), x.swapaxes(1, 2)[:, ::-1], np.broadcast_to(x[:1].swapaxes(1, 2), (2, 7, 19))):
+        out = np.empty((2, 7, width), np.float32)
+        native.fold_product_tiles(folds._read_only(left), folds._read_only(right), out, 0, 14)
+        assert _same_bits(out, _matmul_oracle(np.ascontiguousarray(left), b))
 
 
 def test_products_of_negative_zero_fold_to_negative_zero():

@@ -27,10 +27,12 @@ How they are computed (every form gives the same bits; the choice is only speed)
   sum: for a single output element (W = 1), where a reduce would run along the fast axis.
 - A float sum over the trailing axes (a softmax's, a layernorm's, a whole array's) folds
   each output's contiguous terms in a compiled loop (native.fold_last_axis), no transpose.
-- A product is folded by a compiled kernel (native.py): for each output row, p0 + p1 (the
-  fold's first sum) is stored, then the later k's products are added to the row of running
-  sums, two k's per pass over the row, in order, each multiply and each add rounded on its
-  own, vectorised across the row's outputs. Rows go
+- A product is folded by a compiled kernel (native.py), each multiply and each add rounded
+  on its own, vectorised across a row's outputs. float32: in register tiles, 4 rows by 64
+  (or 16) columns of running sums held in vector registers for the whole fold over k, in
+  order (a single row, and columns left over, where no tile fits). float64 (the test
+  oracle): for each output row p0 + p1 (the fold's first sum) is stored, then the later k's
+  products are added to the row of running sums, two k's per pass over the row. Rows go
   to threads (parallel.py) in groups; each output is folded by one thread, so neither the
   split nor the thread count changes a bit. A product whose rows are short folds its
   transpose, b^T a^T, the same terms in the same order.
@@ -201,9 +203,11 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     native = _native()
     groups = -(-out.shape[0] * m // native.ROW_GROUP)
 
+    fold = native.fold_product_tiles if dtype == np.float32 else native.fold_products
+
     def work(first: int, last: int) -> None:
         stop = min(last * native.ROW_GROUP, out.shape[0] * m)
-        native.fold_products(left, right, out, first * native.ROW_GROUP, stop)
+        fold(left, right, out, first * native.ROW_GROUP, stop)
 
     run_ranges(work, groups, out.size * k if out.size * k >= THREADED else 0)
     return out.reshape(out_shape)
