@@ -153,7 +153,8 @@ class PortableF32:
 
     @staticmethod
     def softmax_rows(x: np.ndarray, causal: bool) -> np.ndarray:
-        """compiled_math.softmax_rows: a row's softmax (of an attention's masked scores) in one pass."""
+        """compiled_math.softmax_rows: the softmax along x's last axis (an attention's, masked or
+        not) in one pass over each row."""
         from sexpgpu.backends.cpu import compiled_math  # numba: imported at the first call (folds._native says why)
 
         return compiled_math.softmax_rows(x, causal)

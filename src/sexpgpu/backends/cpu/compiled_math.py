@@ -258,11 +258,12 @@ def _kernel(name: str):
 
 
 def softmax_rows(x: np.ndarray, causal: bool) -> np.ndarray:
-    """The softmax of each row of a 2-D float32 array with sexpgpu.numerics' exp, in the order
-    and with the bits of op_kernels' softmax; `causal`: row r's entries after column r % W are
-    -inf (an attention's causal mask, rows of W queries over W keys)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty(x.shape, np.float32)
+    """The softmax along the last axis of a float32 array with sexpgpu.numerics' exp, in the
+    order and with the bits of op_kernels' softmax; `causal`: in each W x W block of the last
+    two axes, row i's entries after column i are -inf (an attention's causal mask)."""
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    result = np.empty(x.shape, np.float32)  # owns its memory: the memo keeps it without a copy
+    out = result.reshape(rows.shape)
     kernel = _kernel("softmax_rows")
-    run_ranges(lambda first, stop: kernel(x, out, causal, first, stop), x.shape[0], x.size)
-    return out
+    run_ranges(lambda first, stop: kernel(rows, out, causal, first, stop), rows.shape[0], rows.size)
+    return result

@@ -46,7 +46,7 @@ import numpy as np
 
 from sexpgpu.backends.cpu.parallel import run_ranges
 
-NARROW = 32  # output rows shorter than this (and than the columns) fold the transposed product
+NARROW = 16  # output rows shorter than a float32 register tile (and than the columns) fold the transposed product
 # work from which a kernel's outputs go to threads: a split costs each thread tens of
 # microseconds (waking it, waiting for it), so each piece should take a few hundred
 THREADED = 1 << 22  # products (M * N * K)

@@ -188,7 +188,7 @@ def _probabilities_of(node, q, k, m):
     scores = _as_operand(folds.matmul(q, _swap(k)), node, m)
     scores = scores * scores.dtype.type(node.attrs["scale"])
     if m.softmax_rows is not None:  # one compiled pass per row: the same bits as the steps below
-        return m.softmax_rows(scores.reshape(-1, scores.shape[-1]), node.attrs["causal"]).reshape(scores.shape)
+        return m.softmax_rows(scores, node.attrs["causal"])
     if node.attrs["causal"]:
         size = scores.shape[-1]
         scores = np.where(np.tril(np.ones((size, size), dtype=bool)), scores, scores.dtype.type(-np.inf))
