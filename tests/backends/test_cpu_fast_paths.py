@@ -276,6 +276,36 @@ def test_the_score_gradient_remembered_by_one_backward_kernel_serves_the_other_w
     got = op_kernels._attention_grad_kv(node, tuple(a.copy() for a in args), math)
     assert _same_bits(got, op_kernels._attention_grad_kv(node, args, PortableF32()))
 
+
+def _logits_with_specials(shape, seed) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = _ill_conditioned(shape, seed) * np.float32(1e-30)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 3.4028235e38], np.float32)
+    x[0] = rng.choice(specials, shape[1:])  # rows of special values
+    x[1] = rng.choice(np.array([0.0, -0.0], np.float32), shape[1:])
+    x[2, :, ::2] = -np.inf
+    return x
+
+
+def test_cross_entropy_and_softmax_from_the_compiled_rows_give_the_numpy_steps_bits():
+    """The cross-entropy from one compiled pass (its rows' maxima and sums), and the softmax of
+    the same logits, which the memo hands over, against the numpy steps they replace."""
+    from types import SimpleNamespace
+
+    logits = _logits_with_specials((3, 5, 37), 30)
+    labels = np.random.default_rng(31).integers(0, 37, (3, 5)).astype(np.int32)
+    node = SimpleNamespace(attrs={"axis": 2}, loc=None)
+    steps = PortableF32()
+    steps.softmax_rows = None  # the numpy steps, as the f64 oracle runs them
+    compiled = PortableF32()
+    with np.errstate(all="ignore"):
+        assert _same_bits(op_kernels._cross_entropy(node, (logits, labels), compiled),
+                          op_kernels._cross_entropy(node, (logits, labels), steps))
+        assert _same_bits(op_kernels._softmax(node, (logits.copy(),), compiled),
+                          op_kernels._softmax(node, (logits,), steps))
+        assert _same_bits(op_kernels._softmax(node, (logits[::-1].copy(),), compiled),
+                          op_kernels._softmax(node, (logits[::-1],), steps))
+
 # --- compiled kernels and the interpreter's arrays --------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ import inspect
 import numbers
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -215,10 +216,11 @@ def apply(name: str, x: np.ndarray) -> np.ndarray:
     return result
 
 
-def _softmax_template(x, out, causal, first, stop):  # pragma: no cover - compiled, with EXP and TABLE bound
+def _softmax_template(x, out, tops, totals, causal, first, stop):  # pragma: no cover - compiled, EXP bound
     """Rows first .. stop-1 of x's softmax, as op_kernels' softmax computes it: the IEEE
-    maximum m of the row, e = exp(x - m) each, their left fold s (a NaN fold the quiet NaN),
-    e / s. `causal`: row r's entries from r % W + 1 on are -inf, not read from x."""
+    maximum m of the row (into tops), e = exp(x - m) each, their left fold s (a NaN fold the
+    quiet NaN; into totals), e / s. `causal`: row r's entries from r % W + 1 on are -inf,
+    not read from x."""
     width = x.shape[1]
     for row in range(first, stop):
         valid = row % width + 1 if causal else width
@@ -229,7 +231,7 @@ def _softmax_template(x, out, causal, first, stop):  # pragma: no cover - compil
             if top == top and (v != v or v > top or (v == top and _f32_bits(top) > _f32_bits(v))):
                 top = v
         for j in range(valid):
-            out[row, j] = _f32_of(EXP(_f32_bits(x[row, j] - top), TABLE))  # noqa: F821 (bound by _kernel)
+            out[row, j] = _f32_of(EXP(_f32_bits(x[row, j] - top), TABLE))  # noqa: F821 (bound by _softmax_kernel)
         total = out[row, 0]
         for j in range(1, valid):
             total = total + out[row, j]
@@ -244,26 +246,31 @@ def _softmax_template(x, out, causal, first, stop):  # pragma: no cover - compil
             total = np.float32(np.nan)
         for j in range(width):
             out[row, j] = out[row, j] / total
+        tops[row], totals[row] = top, total
 
 
-_KERNELS: dict = {}
+@functools.cache
+def _softmax_kernel():
+    return _compiled(_softmax_template, "softmax_rows", "softmax_rows", EXP=_namespace()["exp_f32"],
+                     _f32_bits=_f32_bits, _f32_of=_f32_of, np=np)
 
 
-def _kernel(name: str):
-    kernel = _KERNELS.get(name)
-    if kernel is None:
-        kernel = _KERNELS[name] = _compiled(_softmax_template, name, name, EXP=_namespace()["exp_f32"],
-                                                  _f32_bits=_f32_bits, _f32_of=_f32_of, np=np)
-    return kernel
+class Softmax(NamedTuple):
+    """A softmax along the last axis, and the two values per row it was computed from."""
+
+    probabilities: np.ndarray  # exp(x - maxima) / sums, x's shape
+    maxima: np.ndarray  # x.shape[:-1]: each row's IEEE maximum
+    sums: np.ndarray  # x.shape[:-1]: each row's left fold of exp(x - maxima)
 
 
-def softmax_rows(x: np.ndarray, causal: bool) -> np.ndarray:
+def softmax_rows(x: np.ndarray, causal: bool) -> Softmax:
     """The softmax along the last axis of a float32 array with sexpgpu.numerics' exp, in the
     order and with the bits of op_kernels' softmax; `causal`: in each W x W block of the last
     two axes, row i's entries after column i are -inf (an attention's causal mask)."""
     rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    result = np.empty(x.shape, np.float32)  # owns its memory: the memo keeps it without a copy
-    out = result.reshape(rows.shape)
-    kernel = _kernel("softmax_rows")
-    run_ranges(lambda first, stop: kernel(rows, out, causal, first, stop), rows.shape[0], rows.size)
-    return result
+    found = Softmax(np.empty(x.shape, np.float32), np.empty(x.shape[:-1], np.float32),  # each owns its memory:
+                    np.empty(x.shape[:-1], np.float32))  # the memo keeps them without a copy
+    out, tops, totals = found.probabilities.reshape(rows.shape), found.maxima.reshape(-1), found.sums.reshape(-1)
+    kernel = _softmax_kernel()
+    run_ranges(lambda first, stop: kernel(rows, out, tops, totals, causal, first, stop), rows.shape[0], rows.size)
+    return found

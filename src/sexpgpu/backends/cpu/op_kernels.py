@@ -119,7 +119,12 @@ def _exp_of_shifted(x, m):
 
 
 def _softmax(node, args, m):
-    return _softmax_along(args[0], node.attrs["axis"], m)
+    x, axis = args[0], node.attrs["axis"]
+    if m.softmax_rows is None or axis != x.ndim - 1:
+        return _softmax_along(x, axis, m)
+    # one compiled pass per row, remembered: a cross-entropy's gradient is the softmax of
+    # logits whose cross-entropy (the forward) has already computed it
+    return m.remembered("softmax", (x,), lambda: m.softmax_rows(x, False).probabilities)
 
 
 def _softmax_along(x, axis: int, m):
@@ -149,8 +154,15 @@ def _layernorm(node, args, m):
 def _cross_entropy(node, args, m):
     logits, labels = args
     check_ids(labels, logits.shape[-1], "cross-entropy label", node)
-    picked = np.take_along_axis(_log_softmax_over(logits, logits.ndim - 1, m), labels[..., None].astype(np.intp), -1)
-    return -picked[..., 0]
+    index = labels[..., None].astype(np.intp)
+    if m.softmax_rows is None:
+        return -np.take_along_axis(_log_softmax_over(logits, logits.ndim - 1, m), index, -1)[..., 0]
+    # the log-softmax's steps at the labels only, from the maxima and sums of one compiled
+    # pass, whose probabilities the memo keeps for the gradient's softmax
+    found = m.softmax_rows(logits, False)
+    m.remembered("softmax", (logits,), lambda: found.probabilities)
+    picked = np.take_along_axis(logits, index, -1)[..., 0]
+    return -((picked - found.maxima) - m.log(found.sums))
 
 
 # --- attention ---------------------------------------------------------------------------------
@@ -188,7 +200,7 @@ def _probabilities_of(node, q, k, m):
     scores = _as_operand(folds.matmul(q, _swap(k)), node, m)
     scores = scores * scores.dtype.type(node.attrs["scale"])
     if m.softmax_rows is not None:  # one compiled pass per row: the same bits as the steps below
-        return m.softmax_rows(scores, node.attrs["causal"])
+        return m.softmax_rows(scores, node.attrs["causal"]).probabilities
     if node.attrs["causal"]:
         size = scores.shape[-1]
         scores = np.where(np.tril(np.ones((size, size), dtype=bool)), scores, scores.dtype.type(-np.inf))
