@@ -22,7 +22,8 @@ def _inputs(name: str) -> np.ndarray:
     nan_payloads = np.array([0x7F800001, 0xFFC00001, 0x7FFFFFFF], np.uint32)
     words = np.concatenate([keys, keys ^ np.uint32(0x80000000), random, nan_payloads])
     normal = np.random.default_rng(1).standard_normal(1 << 14).astype(np.float32) * np.float32(8)
-    return np.concatenate([words.view(np.float32), SPECIAL, normal])
+    underflowing = np.linspace(-104, -87, 1 << 12, dtype=np.float32)  # exp's subnormal results, rounded
+    return np.concatenate([words.view(np.float32), SPECIAL, normal, underflowing, -underflowing])
 
 
 @pytest.mark.parametrize("name", sorted(compiled_math.FUNCTIONS))

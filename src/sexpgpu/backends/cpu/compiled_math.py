@@ -6,7 +6,9 @@ other globals, in which `K` is Triton's primitive set; this module does the same
 with `K` the scalar primitives below, and compiles a loop over a float32 array's elements
 around each function. Every operation is the portable one: IEEE float64 + - * / and sqrt
 (numba without fast-math neither reassociates nor fuses a multiply-add; native.py says
-more; a division by zero is IEEE's, as in numpy), and integer operations on bit patterns. Integers differ in one way: numba computes
+more; a division by zero is IEEE's, as in numpy), and integer operations on bit patterns,
+but for the conversions between float32 and float64, which are the processor's (CONVERSIONS
+says why that gives the same bits). Integers differ in one way: numba computes
 them in 64 bits where numpy keeps uint32, which gives the same values everywhere but in
 the hard-case table's hash, whose product is taken modulo 2^32; `hard_case` below is that
 function with the modulus written out. tests/backends/test_cpu_compiled_math.py checks the
@@ -132,6 +134,31 @@ def hard_case(bits, result, near, tab, spec):
     return K.where(near & (stored_key == key), answer ^ (bits & spec[4]), result)  # noqa: F821
 
 
+# --- conversions by the processor's own instructions --------------------------------------------------
+# The portable conversions build a float64 from a float32's bits, and round a float64 to
+# float32, in integer arithmetic, so that no device's flush-to-zero changes a subnormal. On
+# the CPU the interpreter's numpy arithmetic already runs on the processor's IEEE operations
+# with subnormals kept (no flush-to-zero, no denormals-are-zero), and under them its own
+# conversions give the same values at a fraction of the cost: float32 -> float64 is exact,
+# float64 -> float32 rounds to nearest even, overflowing to infinity and underflowing
+# gradually. They differ only in a NaN's bits, which the functions never return (an invalid
+# input's answer is the quiet NaN, chosen from its bits), and round_f32 keeps the portable
+# quiet NaN. Sums hi + lo with lo != 0 round as the portable code does.
+
+
+def f32_to_f64(bits):
+    return np.float64(_f32_of(np.uint32(bits)))
+
+
+def round_f32(hi, lo):
+    if lo != 0.0:
+        return portable_round_f32(hi, lo)  # noqa: F821 (in the namespace)
+    return np.uint32(0x7FC00000) if hi != hi else _f32_bits(np.float32(hi))
+
+
+CONVERSIONS = {"f32_to_f64": f32_to_f64, "round_f32": round_f32}
+
+
 def _is_constant(value) -> bool:
     if isinstance(value, tuple):
         return all(_is_constant(item) for item in value)
@@ -155,6 +182,9 @@ def _namespace() -> dict:
                           if inspect.isfunction(value) and value.__module__ == module.__name__
                           and not name.startswith("_")})
     functions["hard_case"] = hard_case
+    functions["portable_round_f32"] = functions["round_f32"]
+    functions.update(CONVERSIONS)
+    shared.update(_f32_bits=_f32_bits, _f32_of=_f32_of, np=np)
     for name, function in functions.items():
         shared[name] = _scalar(types.FunctionType(function.__code__, shared, name, function.__defaults__))
     return shared
