@@ -48,9 +48,10 @@ from sexpgpu.backends.cpu.parallel import run_ranges
 
 NARROW = 16  # output rows shorter than a float32 register tile (and than the columns) fold the transposed product
 # work from which a kernel's outputs go to threads: a split costs each thread tens of
-# microseconds (waking it, waiting for it), so each piece should take a few hundred
-THREADED = 1 << 22  # products (M * N * K)
-SUM_THREADED = 1 << 21  # terms of a trailing sum
+# microseconds of CPU time (waking it, waiting for it, moving the data to its core), so
+# each piece should take a few hundred
+THREADED = 1 << 24  # products (M * N * K): a few hundred microseconds in register tiles
+SUM_THREADED = 1 << 22  # terms of a trailing sum
 
 
 def _native():
