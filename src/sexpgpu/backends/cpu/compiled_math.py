@@ -281,8 +281,7 @@ def _softmax_template(x, out, tops, totals, causal, first, stop):  # pragma: no 
 
 @functools.cache
 def _softmax_kernel():
-    return _compiled(_softmax_template, "softmax_rows", "softmax_rows", EXP=_namespace()["exp_f32"],
-                     _f32_bits=_f32_bits, _f32_of=_f32_of, np=np)
+    return _compiled(_softmax_template, "softmax_rows", "softmax_rows", EXP=_namespace()["exp_f32"])
 
 
 class Softmax(NamedTuple):

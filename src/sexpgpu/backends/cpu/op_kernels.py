@@ -174,7 +174,8 @@ def _cross_entropy(node, args, m):
 # The cotangent ops recompute the probabilities the same way and follow ops.py's formula:
 # dP = g @ v^T, D = rowsum(g * o) (a fold over the output's width), dS = P * (dP - D), all in
 # float32; a bf16 node rounds dS and P where they enter a product (dS @ k, dS^T @ q, P^T @ g),
-# and the scale multiplies the folded products of dS.
+# and the scale multiplies the folded products of dS. The memo hands the forward's
+# probabilities to both cotangent ops, and the first one's dS to the second.
 
 
 def _rounds(node, m) -> bool:
