@@ -43,36 +43,23 @@ FUNCTIONS = {"exp": "exp_f32", "log": "log_f32", "tanh": "tanh_f32", "sigmoid": 
              "rsqrt": "rsqrt_f32"}
 
 
-@intrinsic
-def _bits_of(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(nbtypes.int64))
+def _bitcast(source, target):
+    """A function that reinterprets a numba scalar of type `source` as one of `target`, bit for bit."""
 
-    return nbtypes.int64(nbtypes.float64), codegen
+    @intrinsic
+    def bitcast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
 
+        return target(source), codegen
 
-@intrinsic
-def _float_of(typingctx, i):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(nbtypes.float64))
-
-    return nbtypes.float64(nbtypes.int64), codegen
+    return bitcast
 
 
-@intrinsic
-def _f32_bits(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(nbtypes.uint32))
-
-    return nbtypes.uint32(nbtypes.float32), codegen
-
-
-@intrinsic
-def _f32_of(typingctx, w):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(nbtypes.float32))
-
-    return nbtypes.float32(nbtypes.uint32), codegen
+_bits_of = _bitcast(nbtypes.float64, nbtypes.int64)
+_float_of = _bitcast(nbtypes.int64, nbtypes.float64)
+_f32_bits = _bitcast(nbtypes.float32, nbtypes.uint32)
+_f32_of = _bitcast(nbtypes.uint32, nbtypes.float32)
 
 
 def _scalar(function):

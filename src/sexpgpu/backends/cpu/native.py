@@ -113,6 +113,13 @@ def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
         _quiet_nans(row, width)
 
 
+@numba.njit(cache=True, inline="always", **OPTIONS)
+def _operands_of_row(a, b, out, row):  # pragma: no cover - compiled
+    """(a's, b's and out's matrices, the row's index in them) for a flattened output row."""
+    batch = row // out.shape[1]
+    return a[batch if a.shape[0] > 1 else 0], b[batch if b.shape[0] > 1 else 0], out[batch], row - batch * out.shape[1]
+
+
 def _product_signature(dtype):
     """a may be strided (a transposed operand is read in place), b and out are C-contiguous."""
     scalar = numba.from_dtype(np.dtype(dtype))
@@ -133,16 +140,14 @@ def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the t
     rows, depth, width = out.shape[1], a.shape[2], out.shape[2]
     row = first
     while row < stop:
-        batch = row // rows
-        i = row - batch * rows
-        left = a[batch if a.shape[0] > 1 else 0]
-        right = b[batch if b.shape[0] > 1 else 0]
+        left, right, dest, i = _operands_of_row(a, b, out, row)
         if i + ROW_GROUP <= rows and row + ROW_GROUP <= stop:
-            _fold_four_rows(left, right, out[batch], i, depth, width)
+            _fold_four_rows(left, right, dest, i, depth, width)
             row += ROW_GROUP
         else:
-            _fold_one_row(left[i], right, out[batch, i], depth, width)
+            _fold_one_row(left[i], right, dest[i], depth, width)
             row += 1
+
 
 
 # --- float32 products in register tiles ---------------------------------------------------------------
@@ -242,11 +247,7 @@ def fold_product_tiles(a, b, out, first, stop):  # pragma: no cover - compiled; 
     item = out.itemsize
     row = first
     while row < stop:
-        batch = row // rows
-        i = row - batch * rows
-        left = a[batch if a.shape[0] > 1 else 0]
-        right = b[batch if b.shape[0] > 1 else 0]
-        dest = out[batch]
+        left, right, dest, i = _operands_of_row(a, b, out, row)
         group = TILE_ROWS if i + TILE_ROWS <= rows and row + TILE_ROWS <= stop else 1
         strides = (left.strides[0] // item, left.strides[1] // item, right.strides[0] // item, dest.strides[0] // item)
         a_at = left.ctypes.data + i * left.strides[0]
