@@ -306,6 +306,23 @@ def test_cross_entropy_and_softmax_from_the_compiled_rows_give_the_numpy_steps_b
         assert _same_bits(op_kernels._softmax(node, (logits[::-1].copy(),), compiled),
                           op_kernels._softmax(node, (logits[::-1],), steps))
 
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ids_shape, row_shape", [((3, 7), (5,)), ((11,), (2, 3)), ((0,), (4,)), ((6,), ())])
+def test_scatter_add_adds_rows_in_order_as_np_add_at_does(dtype, ids_shape, row_shape):
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(40)
+    ids = rng.integers(0, 4, ids_shape).astype(np.int32)
+    values = _ill_conditioned(ids_shape + row_shape, 41).astype(dtype)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45], dtype)
+    values.reshape(-1)[:: 3] = rng.choice(specials, values.reshape(-1)[:: 3].size)
+    expected = np.zeros((5,) + row_shape, dtype)
+    with np.errstate(all="ignore"):
+        np.add.at(expected, ids.reshape(-1).astype(np.intp), values.reshape((-1,) + row_shape))
+        got = op_kernels._scatter_add(SimpleNamespace(attrs={"rows": 5}, loc=None), (ids, values), PortableF32())
+    assert _same_bits(got, expected)
+
 # --- compiled kernels and the interpreter's arrays --------------------------------------------------------
 
 

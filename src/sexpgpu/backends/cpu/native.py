@@ -298,6 +298,17 @@ def fold_last_axis(x, out, first, stop):  # pragma: no cover - compiled; the tes
 
 
 @numba.njit(cache=True, **OPTIONS)
+def add_rows_at(ids, values, out):  # pragma: no cover - compiled; the tests call it through the scatter_add kernel
+    """out[ids[i]] += values[i] for i = 0, 1, ... in order, each addition rounded on its own (as
+    np.add.at adds, one row at a time); values (N, W) and out (R, W) are C-contiguous."""
+    for i in range(ids.size):
+        row = out[ids[i]]
+        value = values[i]
+        for j in range(row.size):
+            row[j] = row[j] + value[j]
+
+
+@numba.njit(cache=True, **OPTIONS)
 def mixed_sum(words, mix_1, mix_2):  # pragma: no cover - compiled; test_fingerprint.py checks it against the formula
     """fingerprint.py's sum modulo 2^64 of mix((i << 32) | w_i) over uint32 words; unsigned
     64-bit arithmetic wraps."""

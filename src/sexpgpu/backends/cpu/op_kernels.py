@@ -264,7 +264,9 @@ def _scatter_add(node, args, m):
     check_ids(ids, rows, "embedding id", node)
     row_shape = values.shape[ids.ndim :]
     out = np.zeros((rows,) + row_shape, values.dtype)
-    np.add.at(out, ids.reshape(-1).astype(np.intp), values.reshape((-1,) + row_shape))
+    width = out[0].size
+    if width:
+        folds.add_rows_at(ids.reshape(-1), np.ascontiguousarray(values).reshape(-1, width), out.reshape(rows, width))
     return out
 
 
