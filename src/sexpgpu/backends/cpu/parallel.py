@@ -59,7 +59,9 @@ def run_ranges(work, count: int, elements: int) -> None:
     if threads == 1:
         work(0, count)
         return
-    futures = [_submit(work, start, stop) for start, stop in ranges(count, threads)]
+    *others, last = ranges(count, threads)
+    futures = [_submit(work, start, stop) for start, stop in others]
+    work(*last)  # the calling thread takes a piece too, rather than wait idle for the others
     for future in futures:
         future.result()
 
