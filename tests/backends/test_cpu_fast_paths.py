@@ -170,6 +170,16 @@ def test_product_tiles_read_a_strided_left_operand_in_place(width):
         assert _same_bits(out, _matmul_oracle(np.ascontiguousarray(left), b))
 
 
+def test_a_left_operand_whose_strides_split_elements_is_read_as_its_values():
+    """Strides that are no multiple of 4 bytes (a view of a byte buffer): the kernels step by
+    whole elements, so the product reads a copy. Each 4-byte window of bytes 0x3F and 0x40 is
+    a finite float32 of its own."""
+    buffer = np.random.default_rng(28).choice(np.array([0x3F, 0x40], np.uint8), 600)
+    a = np.ndarray((6, 20), np.float32, buffer, offset=1, strides=(81, 4))
+    b = _ill_conditioned((20, 70), 29)
+    assert _same_bits(folds.matmul(a, b), _matmul_oracle(np.ascontiguousarray(a), b))
+
+
 def test_products_of_negative_zero_fold_to_negative_zero():
     a = np.array([[-0.0, 0.0, 1.0], [0.0, -0.0, -1.0]], np.float32)
     b = np.array([[1.0, -1.0], [-1.0, 1.0], [0.0, -0.0]], np.float32)

@@ -206,6 +206,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         # operand is read in place), and a copy to C order would cost a pass over it
         return matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2)).swapaxes(-1, -2)
     left = _batched(a, batch, dtype)  # read in place, whatever its strides
+    if any(stride % left.itemsize for stride in left.strides):  # the kernels step by whole elements
+        left = _read_only(np.ascontiguousarray(left))
     right = _read_only(np.ascontiguousarray(_batched(b, batch, dtype)))  # its rows are the vectorised loads
     out = np.empty((math.prod(batch), m, n), dtype)
     native = _native()
