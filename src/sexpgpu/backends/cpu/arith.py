@@ -50,7 +50,7 @@ class _Memo:
 
     SMALL = 1 << 12
     SMALL_ENTRIES = 256
-    LARGE = 12  # a step of char-lm remembers 12 large results (exp, erf, attention probabilities and score gradients)
+    LARGE = 12  # a step of char-lm remembers 9 large results (exp, erf, softmax, attention's P and dS)
     LARGEST = 1 << 19  # elements: larger inputs or results are never kept (a memo holds 12 x 3 x 2 MB at most)
 
     def __init__(self):
@@ -152,9 +152,9 @@ class PortableF32:
         return results[0].copy()
 
     @staticmethod
-    def softmax_rows(x: np.ndarray, causal: bool) -> np.ndarray:
+    def softmax_rows(x: np.ndarray, causal: bool) -> tuple:
         """compiled_math.softmax_rows: the softmax along x's last axis (an attention's, masked or
-        not) in one pass over each row."""
+        not) in one pass over each row, with its rows' maxima and sums (a `Softmax`)."""
         from sexpgpu.backends.cpu import compiled_math  # numba: imported at the first call (folds._native says why)
 
         return compiled_math.softmax_rows(x, causal)

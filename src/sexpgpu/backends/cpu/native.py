@@ -149,7 +149,6 @@ def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the t
             row += 1
 
 
-
 # --- float32 products in register tiles ---------------------------------------------------------------
 # A tile of TILE_ROWS output rows by `vectors` x LANES columns stays in vector registers for the
 # whole fold over k (the loops above load and store each running sum once per pass), written
