@@ -22,7 +22,8 @@ def _inputs(name: str) -> np.ndarray:
     nan_payloads = np.array([0x7F800001, 0xFFC00001, 0x7FFFFFFF], np.uint32)
     words = np.concatenate([keys, keys ^ np.uint32(0x80000000), random, nan_payloads])
     normal = np.random.default_rng(1).standard_normal(1 << 14).astype(np.float32) * np.float32(8)
-    return np.concatenate([words.view(np.float32), SPECIAL, normal])
+    underflowing = np.linspace(-104, -87, 1 << 12, dtype=np.float32)  # exp's subnormal results, rounded
+    return np.concatenate([words.view(np.float32), SPECIAL, normal, underflowing, -underflowing])
 
 
 @pytest.mark.parametrize("name", sorted(compiled_math.FUNCTIONS))
@@ -54,3 +55,29 @@ def test_a_large_array_split_across_threads_keeps_its_bits(monkeypatch):
         monkeypatch.setenv("SEXPGPU_CPU_THREADS", threads)
         results.append(compiled_math.apply("erf", x).tobytes())
     assert results[0] == results[1] == nx.erf(x).tobytes()
+
+
+def _softmax_rows_cases(width: int) -> np.ndarray:
+    """(5, width, width) scores: random of many magnitudes, then rows of special values."""
+    rng = np.random.default_rng(width)
+    x = (rng.standard_normal((5, width, width)) * 10.0 ** rng.integers(-3, 3, (5, width, 1))).astype(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 3.4028235e38], np.float32)
+    x[1] = rng.choice(specials, (width, width))  # rows of special values, masked or not
+    x[2] = rng.choice(np.array([0.0, -0.0], np.float32), (width, width))  # the maximum of signed zeros
+    x[3, :, : width // 2 + 1] = -np.inf  # rows whose every kept entry is -inf
+    x[4] = np.repeat(x[0, :1], width, axis=0)
+    return x
+
+
+@pytest.mark.parametrize("width", [1, 2, 7, 64, 67])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softmax_rows_give_the_bits_of_the_softmax_steps(width, causal):
+    from sexpgpu.backends.cpu import op_kernels
+    from sexpgpu.backends.cpu.arith import PortableF32
+
+    x = _softmax_rows_cases(width)
+    masked = np.where(np.tril(np.ones((width, width), bool)), x, np.float32(-np.inf)) if causal else x
+    with np.errstate(all="ignore"):
+        expected = op_kernels._softmax_along(masked, 2, PortableF32())
+    got = compiled_math.softmax_rows(x, causal).probabilities
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))

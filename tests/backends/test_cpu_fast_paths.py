@@ -116,7 +116,8 @@ def test_matmul_is_the_fold_over_k(a_shape, b_shape):
 def test_products_keep_subnormals_infinities_and_nan_as_the_fold_does():
     rng = np.random.default_rng(13)
     specials = np.array([0.0, -0.0, 1e-45, -3e-39, 1e-38, np.inf, -np.inf, np.nan, 3e38, -1.0], np.float32)
-    for a_shape, b_shape in [((9, 40), (40, 70)), ((70, 40), (40, 5)), ((2, 6, 12), (2, 12, 33))]:
+    for a_shape, b_shape in [((9, 40), (40, 70)), ((70, 40), (40, 5)), ((2, 6, 12), (2, 12, 33)),
+                             ((13, 40), (40, 150))]:
         a, b = _ill_conditioned(a_shape, 14), _ill_conditioned(b_shape, 15)
         a.reshape(-1)[rng.integers(0, a.size, a.size // 30)] = rng.choice(specials, a.size // 30)
         b.reshape(-1)[rng.integers(0, b.size, b.size // 30)] = rng.choice(specials, b.size // 30)
@@ -136,22 +137,47 @@ def test_products_are_not_fused_into_multiply_adds():
     assert not folds.matmul(b.T.copy(), a.T.copy()).any()
 
 
-def test_row_splits_and_layouts_do_not_change_bits(monkeypatch):
+@pytest.mark.parametrize("width", [9, 83])
+@pytest.mark.parametrize("kernel", ["fold_products", "fold_product_tiles"])
+def test_row_splits_and_layouts_do_not_change_bits(monkeypatch, kernel, width):
     """Any split of the rows between calls of the kernel (the threads' pieces) and either
     layout of a product (its transpose folded when rows are short) give the same bits."""
-    a, b = _ill_conditioned((2, 11, 30), 16), _ill_conditioned((30, 9), 17)
-    left, right = a.copy(), b.reshape(1, 30, 9).copy()
-    whole = np.empty((2, 11, 9), np.float32)
-    native.fold_products(left, right, whole, 0, 22)
+    fold = getattr(native, kernel)
+    a, b = _ill_conditioned((2, 11, 30), 16), _ill_conditioned((30, width), 17)
+    left, right = a.copy(), b.reshape(1, 30, width).copy()
+    whole = np.empty((2, 11, width), np.float32)
+    fold(left, right, whole, 0, 22)
     for cuts in [(0, 1, 22), (0, 3, 5, 6, 13, 22), tuple(range(23))]:
         pieces = np.empty_like(whole)
         for first, stop in zip(cuts, cuts[1:]):
-            native.fold_products(left, right, pieces, first, stop)
+            fold(left, right, pieces, first, stop)
         assert _same_bits(pieces, whole), cuts
     assert _same_bits(whole, _matmul_oracle(a, b))
     for narrow in (0, 10**6):
         monkeypatch.setattr(folds, "NARROW", narrow)
         assert _same_bits(folds.matmul(a, b), whole)
+
+
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 64, 83, 150])
+def test_product_tiles_read_a_strided_left_operand_in_place(width):
+    """The register tiles (64 and 16 columns, rows of four or one, the columns left over one
+    by one) on a left operand of any strides: transposed, reversed, broadcast."""
+    x, b = _ill_conditioned((2, 19, 7), 26), _ill_conditioned((2, 19, width), 27)
+    right = b.copy()
+    for left in (x.swapaxes(1, 2), x.swapaxes(1, 2)[:, ::-1], np.broadcast_to(x[:1].swapaxes(1, 2), (2, 7, 19))):
+        out = np.empty((2, 7, width), np.float32)
+        native.fold_product_tiles(folds._read_only(left), folds._read_only(right), out, 0, 14)
+        assert _same_bits(out, _matmul_oracle(np.ascontiguousarray(left), b))
+
+
+def test_a_left_operand_whose_strides_split_elements_is_read_as_its_values():
+    """Strides that are no multiple of 4 bytes (a view of a byte buffer): the kernels step by
+    whole elements, so the product reads a copy. Each 4-byte window of bytes 0x3F and 0x40 is
+    a finite float32 of its own."""
+    buffer = np.random.default_rng(28).choice(np.array([0x3F, 0x40], np.uint8), 600)
+    a = np.ndarray((6, 20), np.float32, buffer, offset=1, strides=(81, 4))
+    b = _ill_conditioned((20, 70), 29)
+    assert _same_bits(folds.matmul(a, b), _matmul_oracle(np.ascontiguousarray(a), b))
 
 
 def test_products_of_negative_zero_fold_to_negative_zero():
@@ -245,8 +271,67 @@ def test_remembered_attention_probabilities_are_the_computed_ones_per_scale_and_
     for attrs in [(0.25, True), (0.25, False), (0.5, True), (0.25, True)]:
         got = op_kernels._attention_probabilities(node(*attrs), q.copy(), k.copy(), math)
         assert _same_bits(got, op_kernels._probabilities_of(node(*attrs), q, k, PortableF32())), attrs
-    assert len(math.memo.large) >= 3
+    assert sum(key[0].startswith("attention_probabilities") for key in math.memo.small) == 3
 
+
+
+def test_the_score_gradient_remembered_by_one_backward_kernel_serves_the_other_with_its_bits():
+    from types import SimpleNamespace
+
+    args = tuple(_ill_conditioned((2, 3, 40, 16), seed) for seed in range(20, 25))
+    node = SimpleNamespace(attrs={"scale": 0.25, "causal": True}, dtype="f32")
+    math = PortableF32()
+    op_kernels._attention_grad_q(node, args, math)
+    assert any(key[0].startswith("attention_score_grad") for key in math.memo.small)
+    got = op_kernels._attention_grad_kv(node, tuple(a.copy() for a in args), math)
+    assert _same_bits(got, op_kernels._attention_grad_kv(node, args, PortableF32()))
+
+
+def _logits_with_specials(shape, seed) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = _ill_conditioned(shape, seed) * np.float32(1e-30)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 3.4028235e38], np.float32)
+    x[0] = rng.choice(specials, shape[1:])  # rows of special values
+    x[1] = rng.choice(np.array([0.0, -0.0], np.float32), shape[1:])
+    x[2, :, ::2] = -np.inf
+    return x
+
+
+def test_cross_entropy_and_softmax_from_the_compiled_rows_give_the_numpy_steps_bits():
+    """The cross-entropy from one compiled pass (its rows' maxima and sums), and the softmax of
+    the same logits, which the memo hands over, against the numpy steps they replace."""
+    from types import SimpleNamespace
+
+    logits = _logits_with_specials((3, 5, 37), 30)
+    labels = np.random.default_rng(31).integers(0, 37, (3, 5)).astype(np.int32)
+    node = SimpleNamespace(attrs={"axis": 2}, loc=None)
+    steps = PortableF32()
+    steps.softmax_rows = None  # the numpy steps, as the f64 oracle runs them
+    compiled = PortableF32()
+    with np.errstate(all="ignore"):
+        assert _same_bits(op_kernels._cross_entropy(node, (logits, labels), compiled),
+                          op_kernels._cross_entropy(node, (logits, labels), steps))
+        assert _same_bits(op_kernels._softmax(node, (logits.copy(),), compiled),
+                          op_kernels._softmax(node, (logits,), steps))
+        assert _same_bits(op_kernels._softmax(node, (logits[::-1].copy(),), compiled),
+                          op_kernels._softmax(node, (logits[::-1],), steps))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ids_shape, row_shape", [((3, 7), (5,)), ((11,), (2, 3)), ((0,), (4,)), ((6,), ())])
+def test_scatter_add_adds_rows_in_order_as_np_add_at_does(dtype, ids_shape, row_shape):
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(40)
+    ids = rng.integers(0, 4, ids_shape).astype(np.int32)
+    values = _ill_conditioned(ids_shape + row_shape, 41).astype(dtype)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45], dtype)
+    values.reshape(-1)[:: 3] = rng.choice(specials, values.reshape(-1)[:: 3].size)
+    expected = np.zeros((5,) + row_shape, dtype)
+    with np.errstate(all="ignore"):
+        np.add.at(expected, ids.reshape(-1).astype(np.intp), values.reshape((-1,) + row_shape))
+        got = op_kernels._scatter_add(SimpleNamespace(attrs={"rows": 5}, loc=None), (ids, values), PortableF32())
+    assert _same_bits(got, expected)
 
 # --- compiled kernels and the interpreter's arrays --------------------------------------------------------
 

@@ -50,7 +50,7 @@ class _Memo:
 
     SMALL = 1 << 12
     SMALL_ENTRIES = 256
-    LARGE = 12  # a step of char-lm remembers about 9 large results (exp, erf, attention probabilities)
+    LARGE = 12  # a step of char-lm remembers 9 large results (exp, erf, softmax, attention's P and dS)
     LARGEST = 1 << 19  # elements: larger inputs or results are never kept (a memo holds 12 x 3 x 2 MB at most)
 
     def __init__(self):
@@ -151,6 +151,14 @@ class PortableF32:
             self.ahead.put("pow", (xs[index], ys[index]), results[index])
         return results[0].copy()
 
+    @staticmethod
+    def softmax_rows(x: np.ndarray, causal: bool) -> tuple:
+        """compiled_math.softmax_rows: the softmax along x's last axis (an attention's, masked or
+        not) in one pass over each row, with its rows' maxima and sums (a `Softmax`)."""
+        from sexpgpu.backends.cpu import compiled_math  # numba: imported at the first call (folds._native says why)
+
+        return compiled_math.softmax_rows(x, causal)
+
     def _unary(self, name: str, x) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32, order="C")
         found = self.memo.get(name, (x,))
@@ -187,6 +195,7 @@ class ReferenceF64:
     name = "f64"
     float_dtype = np.float64
     rounds_bf16 = False
+    softmax_rows = None  # no compiled softmax: the kernels run a softmax's numpy steps
 
     @staticmethod
     def numpy_dtype(dtype: str):

@@ -6,7 +6,9 @@ other globals, in which `K` is Triton's primitive set; this module does the same
 with `K` the scalar primitives below, and compiles a loop over a float32 array's elements
 around each function. Every operation is the portable one: IEEE float64 + - * / and sqrt
 (numba without fast-math neither reassociates nor fuses a multiply-add; native.py says
-more; a division by zero is IEEE's, as in numpy), and integer operations on bit patterns. Integers differ in one way: numba computes
+more; a division by zero is IEEE's, as in numpy), and integer operations on bit patterns,
+but for the conversions between float32 and float64, which are the processor's (CONVERSIONS
+says why that gives the same bits). Integers differ in one way: numba computes
 them in 64 bits where numpy keeps uint32, which gives the same values everywhere but in
 the hard-case table's hash, whose product is taken modulo 2^32; `hard_case` below is that
 function with the modulus written out. tests/backends/test_cpu_compiled_math.py checks the
@@ -25,6 +27,7 @@ import inspect
 import numbers
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -40,20 +43,23 @@ FUNCTIONS = {"exp": "exp_f32", "log": "log_f32", "tanh": "tanh_f32", "sigmoid": 
              "rsqrt": "rsqrt_f32"}
 
 
-@intrinsic
-def _bits_of(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(nbtypes.int64))
+def _bitcast(source, target):
+    """A function that reinterprets a numba scalar of type `source` as one of `target`, bit for bit."""
 
-    return nbtypes.int64(nbtypes.float64), codegen
+    @intrinsic
+    def bitcast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+
+        return target(source), codegen
+
+    return bitcast
 
 
-@intrinsic
-def _float_of(typingctx, i):
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(nbtypes.float64))
-
-    return nbtypes.float64(nbtypes.int64), codegen
+_bits_of = _bitcast(nbtypes.float64, nbtypes.int64)
+_float_of = _bitcast(nbtypes.int64, nbtypes.float64)
+_f32_bits = _bitcast(nbtypes.float32, nbtypes.uint32)
+_f32_of = _bitcast(nbtypes.uint32, nbtypes.float32)
 
 
 def _scalar(function):
@@ -115,6 +121,31 @@ def hard_case(bits, result, near, tab, spec):
     return K.where(near & (stored_key == key), answer ^ (bits & spec[4]), result)  # noqa: F821
 
 
+# --- conversions by the processor's own instructions --------------------------------------------------
+# The portable conversions build a float64 from a float32's bits, and round a float64 to
+# float32, in integer arithmetic, so that no device's flush-to-zero changes a subnormal. On
+# the CPU the interpreter's numpy arithmetic already runs on the processor's IEEE operations
+# with subnormals kept (no flush-to-zero, no denormals-are-zero), and under them its own
+# conversions give the same values at a fraction of the cost: float32 -> float64 is exact,
+# float64 -> float32 rounds to nearest even, overflowing to infinity and underflowing
+# gradually. They differ only in a NaN's bits, which the functions never return (an invalid
+# input's answer is the quiet NaN, chosen from its bits), and round_f32 keeps the portable
+# quiet NaN. Sums hi + lo with lo != 0 round as the portable code does.
+
+
+def f32_to_f64(bits):
+    return np.float64(_f32_of(np.uint32(bits)))
+
+
+def round_f32(hi, lo):
+    if lo != 0.0:
+        return portable_round_f32(hi, lo)  # noqa: F821 (in the namespace)
+    return np.uint32(0x7FC00000) if hi != hi else _f32_bits(np.float32(hi))
+
+
+CONVERSIONS = {"f32_to_f64": f32_to_f64, "round_f32": round_f32}
+
+
 def _is_constant(value) -> bool:
     if isinstance(value, tuple):
         return all(_is_constant(item) for item in value)
@@ -138,6 +169,9 @@ def _namespace() -> dict:
                           if inspect.isfunction(value) and value.__module__ == module.__name__
                           and not name.startswith("_")})
     functions["hard_case"] = hard_case
+    functions["portable_round_f32"] = functions["round_f32"]
+    functions.update(CONVERSIONS)
+    shared.update(_f32_bits=_f32_bits, _f32_of=_f32_of, np=np)
     for name, function in functions.items():
         shared[name] = _scalar(types.FunctionType(function.__code__, shared, name, function.__defaults__))
     return shared
@@ -162,20 +196,24 @@ def _loop(name: str):
     The table is a global of the loop, which numba compiles in as constant data: LLVM then
     knows that no store to `out` changes it, and vectorises the loop (its lookups become
     gathers); passed as an argument it might alias `out`, and the loop stayed scalar, at
-    half the speed. Each element's operations are the same either way.
+    half the speed. Each element's operations are the same either way."""
+    return _compiled(_loop_template, name, f"{name}_loop", FUNCTION=_namespace()[name])
 
-    One code object serves every function, so numba's cache would key them alike: the key
-    gets the function's name, and the hash of the sources it compiles (the table's among them)."""
-    namespace = _namespace()
-    bound = {**namespace, "FUNCTION": namespace[name], "TABLE": tables.TABLE}
-    run = types.FunctionType(_loop_template.__code__, bound, f"{name}_loop")
-    run.__qualname__ = f"{name}_loop"
+
+def _compiled(template, key: str, label: str, **bindings):
+    """`template` compiled with the portable functions, tables.TABLE and `bindings` as its globals.
+
+    One code object serves several compiled functions, so numba's cache would key them
+    alike: the key gets `key`, and the hash of the sources it compiles (the table's among them)."""
+    bound = {**_namespace(), "TABLE": tables.TABLE, **bindings}
+    run = types.FunctionType(template.__code__, bound, label)
+    run.__qualname__ = label
     compiled = numba.njit(cache=True, **native.OPTIONS)(run)
     cache = getattr(compiled, "_cache", None)
     if cache is None or not hasattr(cache, "_index_key"):  # a numba whose cache this does not know: never stale
         return numba.njit(**native.OPTIONS)(run)
     numba_key = cache._index_key
-    cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (sources_hash(), name)
+    cache._index_key = lambda sig, codegen: numba_key(sig, codegen) + (sources_hash(), key)
     return compiled
 
 
@@ -193,3 +231,62 @@ def apply(name: str, x: np.ndarray) -> np.ndarray:
     out = result.reshape(-1).view(np.uint32)
     run_ranges(lambda first, stop: loop(words, out, first, stop), words.size, words.size)
     return result
+
+
+def _softmax_template(x, out, tops, totals, causal, first, stop):  # pragma: no cover - compiled, EXP bound
+    """Rows first .. stop-1 of x's softmax, as op_kernels' softmax computes it: the IEEE
+    maximum m of the row (into tops), e = exp(x - m) each, their left fold s (a NaN fold the
+    quiet NaN; into totals), e / s. `causal`: row r's entries from r % W + 1 on are -inf,
+    not read from x."""
+    width = x.shape[1]
+    for row in range(first, stop):
+        valid = row % width + 1 if causal else width
+        top = x[row, 0]
+        for j in range(1, valid):
+            v = x[row, j]
+            # NaN wins, and +0 > -0 (the -inf of masked entries never changes the maximum)
+            if top == top and (v != v or v > top or (v == top and _f32_bits(top) > _f32_bits(v))):
+                top = v
+        for j in range(valid):
+            out[row, j] = _f32_of(EXP(_f32_bits(x[row, j] - top), TABLE))  # noqa: F821 (bound by _softmax_kernel)
+        total = out[row, 0]
+        for j in range(1, valid):
+            total = total + out[row, j]
+        if valid < width:
+            masked = _f32_of(EXP(_f32_bits(np.float32(-np.inf) - top), TABLE))  # noqa: F821
+            for j in range(valid, width):
+                out[row, j] = masked
+            if _f32_bits(masked) != 0 or _f32_bits(total) == 0x80000000:  # else adding +0 changes no bit
+                for j in range(valid, width):
+                    total = total + masked
+        if total != total:
+            total = np.float32(np.nan)
+        for j in range(width):
+            out[row, j] = out[row, j] / total
+        tops[row], totals[row] = top, total
+
+
+@functools.cache
+def _softmax_kernel():
+    return _compiled(_softmax_template, "softmax_rows", "softmax_rows", EXP=_namespace()["exp_f32"])
+
+
+class Softmax(NamedTuple):
+    """A softmax along the last axis, and the two values per row it was computed from."""
+
+    probabilities: np.ndarray  # exp(x - maxima) / sums, x's shape
+    maxima: np.ndarray  # x.shape[:-1]: each row's IEEE maximum
+    sums: np.ndarray  # x.shape[:-1]: each row's left fold of exp(x - maxima)
+
+
+def softmax_rows(x: np.ndarray, causal: bool) -> Softmax:
+    """The softmax along the last axis of a float32 array with sexpgpu.numerics' exp, in the
+    order and with the bits of op_kernels' softmax; `causal`: in each W x W block of the last
+    two axes, row i's entries after column i are -inf (an attention's causal mask)."""
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    found = Softmax(np.empty(x.shape, np.float32), np.empty(x.shape[:-1], np.float32),  # each owns its memory:
+                    np.empty(x.shape[:-1], np.float32))  # the memo keeps them without a copy
+    out, tops, totals = found.probabilities.reshape(rows.shape), found.maxima.reshape(-1), found.sums.reshape(-1)
+    kernel = _softmax_kernel()
+    run_ranges(lambda first, stop: kernel(rows, out, tops, totals, causal, first, stop), rows.shape[0], rows.size)
+    return found

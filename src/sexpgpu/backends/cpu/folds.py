@@ -27,10 +27,12 @@ How they are computed (every form gives the same bits; the choice is only speed)
   sum: for a single output element (W = 1), where a reduce would run along the fast axis.
 - A float sum over the trailing axes (a softmax's, a layernorm's, a whole array's) folds
   each output's contiguous terms in a compiled loop (native.fold_last_axis), no transpose.
-- A product is folded by a compiled kernel (native.py): for each output row, p0 + p1 (the
-  fold's first sum) is stored, then the later k's products are added to the row of running
-  sums, two k's per pass over the row, in order, each multiply and each add rounded on its
-  own, vectorised across the row's outputs. Rows go
+- A product is folded by a compiled kernel (native.py), each multiply and each add rounded
+  on its own, vectorised across a row's outputs. float32: in register tiles, 4 rows by 64
+  (or 16) columns of running sums held in vector registers for the whole fold over k, in
+  order (a single row, and columns left over, where no tile fits). float64 (the test
+  oracle): for each output row p0 + p1 (the fold's first sum) is stored, then the later k's
+  products are added to the row of running sums, two k's per pass over the row. Rows go
   to threads (parallel.py) in groups; each output is folded by one thread, so neither the
   split nor the thread count changes a bit. A product whose rows are short folds its
   transpose, b^T a^T, the same terms in the same order.
@@ -44,11 +46,12 @@ import numpy as np
 
 from sexpgpu.backends.cpu.parallel import run_ranges
 
-NARROW = 32  # output rows shorter than this (and than the columns) fold the transposed product
+NARROW = 16  # output rows shorter than a float32 register tile (and than the columns) fold the transposed product
 # work from which a kernel's outputs go to threads: a split costs each thread tens of
-# microseconds (waking it, waiting for it), so each piece should take a few hundred
-THREADED = 1 << 22  # products (M * N * K)
-SUM_THREADED = 1 << 21  # terms of a trailing sum
+# microseconds of CPU time (waking it, waiting for it, moving the data to its core), so
+# each piece should take a few hundred
+THREADED = 1 << 24  # products (M * N * K): a few hundred microseconds in register tiles
+SUM_THREADED = 1 << 22  # terms of a trailing sum
 
 
 def _native():
@@ -131,6 +134,13 @@ def reduce_sum(x: np.ndarray, axes: tuple, keep: bool = False) -> np.ndarray:
     return fold_rows(rows).reshape(_shape_out(x, axes, keep))
 
 
+def add_rows_at(ids: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
+    """out[ids[i]] += values[i] for i = 0, 1, ... in order: each row of out folds, from the value
+    it holds, the rows of values whose id names it, in their order (a compiled loop: np.add.at's
+    order, at a fraction of its cost). values (N, W) and out (R, W) C-contiguous, ids in range."""
+    _native().add_rows_at(ids, values, out)
+
+
 def _fold_trailing(x: np.ndarray, count: int) -> np.ndarray:
     """The folds over x's last `count` axes, each output's terms contiguous in memory."""
     width = math.prod(x.shape[x.ndim - count:])
@@ -196,14 +206,18 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         # operand is read in place), and a copy to C order would cost a pass over it
         return matmul(b.swapaxes(-1, -2), a.swapaxes(-1, -2)).swapaxes(-1, -2)
     left = _batched(a, batch, dtype)  # read in place, whatever its strides
+    if any(stride % left.itemsize for stride in left.strides):  # the kernels step by whole elements
+        left = _read_only(np.ascontiguousarray(left))
     right = _read_only(np.ascontiguousarray(_batched(b, batch, dtype)))  # its rows are the vectorised loads
     out = np.empty((math.prod(batch), m, n), dtype)
     native = _native()
     groups = -(-out.shape[0] * m // native.ROW_GROUP)
 
+    fold = native.fold_product_tiles if dtype == np.float32 else native.fold_products
+
     def work(first: int, last: int) -> None:
         stop = min(last * native.ROW_GROUP, out.shape[0] * m)
-        native.fold_products(left, right, out, first * native.ROW_GROUP, stop)
+        fold(left, right, out, first * native.ROW_GROUP, stop)
 
     run_ranges(work, groups, out.size * k if out.size * k >= THREADED else 0)
     return out.reshape(out_shape)

@@ -5,12 +5,14 @@ multiply and add is its own IEEE operation, rounded in the array's dtype; nothin
 reassociated or contracted into a fused multiply-add (fast-math is off, and LLVM fuses only
 when told it may). LLVM vectorises the innermost loop across output elements, whose
 operations are independent, so the vector width (SSE, AVX2, AVX-512) changes the speed on
-a machine, never a bit. tests/backends/test_cpu_fast_paths.py checks the bits against numpy's
-operations, one rounded step at a time, including signed zeros, subnormals, infinities and
-NaN.
+a machine, never a bit. The float32 product's register tiles are written in LLVM's vector
+operations directly (fold_product_tiles), with the same IEEE semantics.
+tests/backends/test_cpu_fast_paths.py checks the bits against numpy's operations, one
+rounded step at a time, including signed zeros, subnormals, infinities and NaN.
 
 Compiled once per machine and cached next to this file (cache=True); each kernel has one
-specialisation per float dtype (float32 for runs, float64 for the test oracle). Every kernel
+specialisation per float dtype (float32 for runs, float64 for the test oracle; the register
+tiles are for float32 only). Every kernel
 releases the GIL, so parallel.py's threads run them side by side.
 """
 
@@ -18,6 +20,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 ROW_GROUP = 4  # output rows folded together: each k reads a row of b once for all four
 # every kernel: no fast-math (numba's default, said here so that no one adds it), IEEE
@@ -108,6 +113,13 @@ def _fold_four_rows(a, b, out, i, depth, width):  # pragma: no cover - compiled
         _quiet_nans(row, width)
 
 
+@numba.njit(cache=True, inline="always", **OPTIONS)
+def _operands_of_row(a, b, out, row):  # pragma: no cover - compiled
+    """(a's, b's and out's matrices, the row's index in them) for a flattened output row."""
+    batch = row // out.shape[1]
+    return a[batch if a.shape[0] > 1 else 0], b[batch if b.shape[0] > 1 else 0], out[batch], row - batch * out.shape[1]
+
+
 def _product_signature(dtype):
     """a may be strided (a transposed operand is read in place), b and out are C-contiguous."""
     scalar = numba.from_dtype(np.dtype(dtype))
@@ -128,16 +140,136 @@ def fold_products(a, b, out, first, stop):  # pragma: no cover - compiled; the t
     rows, depth, width = out.shape[1], a.shape[2], out.shape[2]
     row = first
     while row < stop:
-        batch = row // rows
-        i = row - batch * rows
-        left = a[batch if a.shape[0] > 1 else 0]
-        right = b[batch if b.shape[0] > 1 else 0]
+        left, right, dest, i = _operands_of_row(a, b, out, row)
         if i + ROW_GROUP <= rows and row + ROW_GROUP <= stop:
-            _fold_four_rows(left, right, out[batch], i, depth, width)
+            _fold_four_rows(left, right, dest, i, depth, width)
             row += ROW_GROUP
         else:
-            _fold_one_row(left[i], right, out[batch, i], depth, width)
+            _fold_one_row(left[i], right, dest[i], depth, width)
             row += 1
+
+
+# --- float32 products in register tiles ---------------------------------------------------------------
+# A tile of TILE_ROWS output rows by `vectors` x LANES columns stays in vector registers for the
+# whole fold over k (the loops above load and store each running sum once per pass), written
+# in LLVM's vector operations: fmul and fadd without fast-math flags, each lane an IEEE
+# float32 operation rounded on its own, never fused (LLVM contracts only when told it may).
+# On a machine with narrower vectors LLVM splits each operation into narrower ones: the same
+# lanes, the same operations, other speed.
+
+LANES = 16  # float32 lanes of one vector: an AVX-512 register
+TILE_ROWS = ROW_GROUP
+TILE_VECTORS = 4  # vectors across a tile: 4 x 4 running sums and 4 rows of b in registers
+
+
+def _tile_codegen(rows: int, vectors: int):
+    """LLVM code for one tile: out[r, c] = fold over k of a[r, k] * b[k, c], acc = p0, then acc +
+    p_k for k = 1 .. depth-1, for r < rows and c < vectors * LANES; element strides; b and out
+    rows contiguous."""
+
+    def codegen(context, builder, signature, args):
+        a_at, a_row, a_k, b_at, b_row, out_at, out_row, depth = args
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        vector = ir.VectorType(f32, LANES)
+        a, b, out = (builder.inttoptr(at, f32.as_pointer()) for at in (a_at, b_at, out_at))
+
+        def at(pointer, index):
+            return builder.bitcast(builder.gep(pointer, [index]), vector.as_pointer())
+
+        def a_broadcast(r, k):  # a[r, k] in every lane
+            index = builder.add(builder.mul(ir.Constant(i64, r), a_row), builder.mul(k, a_k))
+            one = builder.insert_element(ir.Constant(vector, ir.Undefined), builder.load(builder.gep(a, [index])),
+                                         ir.Constant(i64, 0))
+            return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
+                                          ir.Constant(ir.VectorType(ir.IntType(32), LANES), None))
+
+        def b_rows(k):
+            return [builder.load(at(b, builder.add(builder.mul(k, b_row), ir.Constant(i64, c * LANES))), align=4)
+                    for c in range(vectors)]
+
+        # running sums in stack slots, which LLVM promotes to registers
+        sums = [[cgutils.alloca_once(builder, vector) for _ in range(vectors)] for _ in range(rows)]
+        first = b_rows(ir.Constant(i64, 0))
+        for r in range(rows):
+            x = a_broadcast(r, ir.Constant(i64, 0))
+            for c in range(vectors):
+                builder.store(builder.fmul(x, first[c]), sums[r][c])
+        with cgutils.for_range_slice(builder, ir.Constant(i64, 1), depth, ir.Constant(i64, 1)) as (k, _):
+            row_k = b_rows(k)
+            for r in range(rows):
+                x = a_broadcast(r, k)
+                for c in range(vectors):
+                    builder.store(builder.fadd(builder.load(sums[r][c]), builder.fmul(x, row_k[c])), sums[r][c])
+        for r in range(rows):
+            for c in range(vectors):
+                index = builder.add(builder.mul(ir.Constant(i64, r), out_row), ir.Constant(i64, c * LANES))
+                builder.store(builder.load(sums[r][c]), at(out, index), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _tile(rows: int, vectors: int):
+    """The tile as a function of (a, a's row and k strides, b, b's row stride, out, out's row
+    stride, depth): addresses of float32 elements and strides in elements."""
+
+    @intrinsic
+    def tile(typingctx, a_at, a_row, a_k, b_at, b_row, out_at, out_row, depth):
+        intp = numba.types.intp
+        return numba.types.void(*([intp] * 8)), _tile_codegen(rows, vectors)
+
+    return tile
+
+
+_tile_wide = _tile(TILE_ROWS, TILE_VECTORS)
+_tile_narrow = _tile(TILE_ROWS, 1)
+_tile_one_row = _tile(1, 1)
+
+
+@numba.njit(cache=True, inline="always", **OPTIONS)
+def _fold_columns(a, b, out, i, rows, first_column, depth, width):  # pragma: no cover - compiled
+    """The fold of _tile_codegen for out[i:i + rows, first_column:width], one element at a time."""
+    for r in range(i, i + rows):
+        for j in range(first_column, width):
+            acc = a[r, 0] * b[0, j]
+            for k in range(1, depth):
+                acc = acc + a[r, k] * b[k, j]
+            out[r, j] = acc
+
+
+@numba.njit([_product_signature(np.float32)], cache=True, **OPTIONS)
+def fold_product_tiles(a, b, out, first, stop):  # pragma: no cover - compiled; the tests call it through folds.matmul
+    """fold_products for float32, in register tiles: the same operations in the same order
+    (each output acc = a0 * b0, then acc + ak * bk; a NaN output the quiet NaN), other loops.
+    b's and out's rows are contiguous, a has any strides (element strides: each a multiple of 4 bytes)."""
+    rows, depth, width = out.shape[1], a.shape[2], out.shape[2]
+    item = out.itemsize
+    row = first
+    while row < stop:
+        left, right, dest, i = _operands_of_row(a, b, out, row)
+        group = TILE_ROWS if i + TILE_ROWS <= rows and row + TILE_ROWS <= stop else 1
+        strides = (left.strides[0] // item, left.strides[1] // item, right.strides[0] // item, dest.strides[0] // item)
+        a_at = left.ctypes.data + i * left.strides[0]
+        out_at = dest.ctypes.data + i * dest.strides[0]
+        j = 0
+        if group == TILE_ROWS:
+            while j + TILE_VECTORS * LANES <= width:
+                _tile_wide(a_at, strides[0], strides[1], right.ctypes.data + j * item, strides[2], out_at + j * item,
+                           strides[3], depth)
+                j += TILE_VECTORS * LANES
+            while j + LANES <= width:
+                _tile_narrow(a_at, strides[0], strides[1], right.ctypes.data + j * item, strides[2], out_at + j * item,
+                             strides[3], depth)
+                j += LANES
+        else:
+            while j + LANES <= width:
+                _tile_one_row(a_at, strides[0], strides[1], right.ctypes.data + j * item, strides[2],
+                              out_at + j * item, strides[3], depth)
+                j += LANES
+        _fold_columns(left, right, dest, i, group, j, depth, width)
+        for r in range(i, i + group):
+            _quiet_nans(dest[r], width)
+        row += group
 
 
 @numba.njit(cache=True, **OPTIONS)
@@ -162,6 +294,17 @@ def fold_last_axis(x, out, first, stop):  # pragma: no cover - compiled; the tes
             acc = acc + x[rest, j]
         out[rest] = acc
     _quiet_nans(out[first:stop], stop - first)
+
+
+@numba.njit(cache=True, **OPTIONS)
+def add_rows_at(ids, values, out):  # pragma: no cover - compiled; the tests call it through the scatter_add kernel
+    """out[ids[i]] += values[i] for i = 0, 1, ... in order, each addition rounded on its own (as
+    np.add.at adds, one row at a time); values (N, W) and out (R, W) are C-contiguous."""
+    for i in range(ids.size):
+        row = out[ids[i]]
+        value = values[i]
+        for j in range(row.size):
+            row[j] = row[j] + value[j]
 
 
 @numba.njit(cache=True, **OPTIONS)

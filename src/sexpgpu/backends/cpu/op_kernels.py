@@ -119,7 +119,12 @@ def _exp_of_shifted(x, m):
 
 
 def _softmax(node, args, m):
-    return _softmax_along(args[0], node.attrs["axis"], m)
+    x, axis = args[0], node.attrs["axis"]
+    if m.softmax_rows is None or axis != x.ndim - 1:
+        return _softmax_along(x, axis, m)
+    # one compiled pass per row, remembered: a cross-entropy's gradient is the softmax of
+    # logits whose cross-entropy (the forward) has already computed it
+    return m.remembered("softmax", (x,), lambda: m.softmax_rows(x, False).probabilities)
 
 
 def _softmax_along(x, axis: int, m):
@@ -149,8 +154,15 @@ def _layernorm(node, args, m):
 def _cross_entropy(node, args, m):
     logits, labels = args
     check_ids(labels, logits.shape[-1], "cross-entropy label", node)
-    picked = np.take_along_axis(_log_softmax_over(logits, logits.ndim - 1, m), labels[..., None].astype(np.intp), -1)
-    return -picked[..., 0]
+    index = labels[..., None].astype(np.intp)
+    if m.softmax_rows is None:
+        return -np.take_along_axis(_log_softmax_over(logits, logits.ndim - 1, m), index, -1)[..., 0]
+    # the log-softmax's steps at the labels only, from the maxima and sums of one compiled
+    # pass, whose probabilities the memo keeps for the gradient's softmax
+    found = m.softmax_rows(logits, False)
+    m.remembered("softmax", (logits,), lambda: found.probabilities)
+    picked = np.take_along_axis(logits, index, -1)[..., 0]
+    return -((picked - found.maxima) - m.log(found.sums))
 
 
 # --- attention ---------------------------------------------------------------------------------
@@ -162,7 +174,8 @@ def _cross_entropy(node, args, m):
 # The cotangent ops recompute the probabilities the same way and follow ops.py's formula:
 # dP = g @ v^T, D = rowsum(g * o) (a fold over the output's width), dS = P * (dP - D), all in
 # float32; a bf16 node rounds dS and P where they enter a product (dS @ k, dS^T @ q, P^T @ g),
-# and the scale multiplies the folded products of dS.
+# and the scale multiplies the folded products of dS. The memo hands the forward's
+# probabilities to both cotangent ops, and the first one's dS to the second.
 
 
 def _rounds(node, m) -> bool:
@@ -187,6 +200,8 @@ def _attention_probabilities(node, q, k, m):
 def _probabilities_of(node, q, k, m):
     scores = _as_operand(folds.matmul(q, _swap(k)), node, m)
     scores = scores * scores.dtype.type(node.attrs["scale"])
+    if m.softmax_rows is not None:  # one compiled pass per row: the same bits as the steps below
+        return m.softmax_rows(scores, node.attrs["causal"]).probabilities
     if node.attrs["causal"]:
         size = scores.shape[-1]
         scores = np.where(np.tril(np.ones((size, size), dtype=bool)), scores, scores.dtype.type(-np.inf))
@@ -199,11 +214,17 @@ def _attention_core(node, args, m):
 
 
 def _attention_score_cotangent(node, args, m):
-    """(P, dS) of the formula above."""
+    """(P, dS) of the formula above; dS remembered by the bits of q, k, v, o and g, for the
+    other backward kernel."""
     q, k, v, o, g = args
     probabilities = _attention_probabilities(node, q, k, m)
-    delta = folds.reduce_sum(g * o, (g.ndim - 1,), keep=True)
-    return probabilities, probabilities * (folds.matmul(g, _swap(v)) - delta)
+
+    def score_grad():
+        delta = folds.reduce_sum(g * o, (g.ndim - 1,), keep=True)
+        return probabilities * (folds.matmul(g, _swap(v)) - delta)
+
+    name = f"attention_score_grad {node.attrs['scale']!r} {node.attrs['causal']} {_rounds(node, m)}"
+    return probabilities, m.remembered(name, tuple(args), score_grad)
 
 
 def _attention_grad_q(node, args, m):
@@ -243,7 +264,9 @@ def _scatter_add(node, args, m):
     check_ids(ids, rows, "embedding id", node)
     row_shape = values.shape[ids.ndim :]
     out = np.zeros((rows,) + row_shape, values.dtype)
-    np.add.at(out, ids.reshape(-1).astype(np.intp), values.reshape((-1,) + row_shape))
+    width = out[0].size
+    if width:
+        folds.add_rows_at(ids.reshape(-1), np.ascontiguousarray(values).reshape(-1, width), out.reshape(rows, width))
     return out
 
 
