@@ -16,7 +16,9 @@ of its own with an empty ~/.cache/sexpgpu (bench/harness.py):
   and step: the goal is deterministic/default at most 1.05;
 - `stacking-2`, `stacking-4`: --deterministic's products and budget at each stacking degree
   that divides 4, as ratios to the unstacked step; the one at the default's degree splits the
-  gap between the stacking and the rest.
+  gap between the stacking and the rest. On a GPU, that row and `deterministic` also profile
+  their step's microbatch calls by kind of launch (products, attention, ...): where the
+  stacking's gain lies.
 
 A row that fails (out of memory, say) is reported with its error and the next one runs.
 Written: bench/results/bench_choices-MODEL.json and .md. --smoke: char-lm cut to
@@ -64,7 +66,7 @@ class Run:
     def __init__(self, experiment, device: str = "cuda"):
         from sexpgpu.run.setup import build_run
 
-        self.experiment = experiment
+        self.experiment, self.device = experiment, device
         self.built = build_run(experiment, device)
         self.state = self.built.initial_state()
 
@@ -80,7 +82,9 @@ class Run:
         self.built.backend.take_choices(chosen.choices)
         return chosen, seconds
 
-    def step_seconds(self, degree: int, steps: int, warmup: int) -> float:
+    def step_seconds(self, degree: int, steps: int, warmup: int) -> tuple[float, dict]:
+        """(the median step's seconds, {kind of launch: seconds} of one step's microbatch calls,
+        profiled one call at the stacking degree; empty on the CPU interpreter)."""
         from sexpgpu.graph.training.stacking import stack_training
         from sexpgpu.run.loop import Stacking, Trainer
 
@@ -93,7 +97,12 @@ class Run:
             start = time.perf_counter()
             trainer.step(self.state)  # returns the step's loss: it waits for the GPU
             times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        profile = {}
+        if self.device == "cuda":
+            calls = MICROBATCHES // degree
+            one = self.built.backend.profile(stacking.training.micro, trainer.call_inputs(self.state))
+            profile = {kind: seconds * calls for kind, seconds in one.items()}
+        return statistics.median(times), profile
 
 
 def empty_cache_home():
@@ -128,10 +137,11 @@ def time_row(spec: dict) -> dict:
     run = Run(experiment, device)
     if spec["row"] != DEFAULT:
         run.choose(deterministic=True)
-        return {"seconds": run.step_seconds(spec["degree"], spec["steps"], spec["warmup"])}
+        seconds, profile = run.step_seconds(spec["degree"], spec["steps"], spec["warmup"])
+        return {"seconds": seconds, "profile": profile}
     chosen, measuring = run.choose()
     choices = chosen.choices
-    seconds = run.step_seconds(choices.stacking, spec["steps"], spec["warmup"])
+    seconds, _ = run.step_seconds(choices.stacking, spec["steps"], spec["warmup"])
     # the second choose finds every choice in the cache; after the steps, no kernel is new to it
     _, remembered = run.choose()
     return {"seconds": seconds, "measuring": measuring, "remembered": remembered, "report": chosen.report_lines(),
@@ -187,7 +197,21 @@ def comparison(default: dict, unstacked: float, results: dict) -> list[str]:
     if at_degree is not None and at_degree.ok:
         lines.append(f"  of which stacking: {unstacked / at_degree.found['seconds']:5.2f}; the products and the "
                      f"budget: {at_degree.found['seconds'] / step:5.2f}")
+        lines += stacking_by_kind(results[DETERMINISTIC].found["profile"], at_degree.found["profile"], degree)
     return lines
+
+
+def stacking_by_kind(unstacked: dict, stacked_: dict, degree: int) -> list[str]:
+    """Where stacking's gain lies: each kind of launch's milliseconds in a step's microbatch
+    calls, profiled, unstacked against stacked at `degree` (none on the CPU interpreter)."""
+    if not unstacked or not stacked_ or degree == 1:
+        return []
+    kinds = sorted(set(unstacked) | set(stacked_), key=lambda kind: stacked_.get(kind, 0.0) - unstacked.get(kind, 0.0))
+    parts = ", ".join(f"{kind} {unstacked.get(kind, 0.0) * 1e3:.2f} against {stacked_.get(kind, 0.0) * 1e3:.2f}"
+                      for kind in kinds)
+    total = sum(unstacked.values()) * 1e3, sum(stacked_.values()) * 1e3
+    return [f"  profiled microbatch calls of a step, unstacked against stacking {degree}: {total[0]:.2f} against "
+            f"{total[1]:.2f} ms; by kind, ms: {parts}"]
 
 
 def budget_text(recompute: float | None) -> str:

@@ -1,7 +1,7 @@
 """The CUDA backend's step time against the same models in plain PyTorch, on one GPU.
 
     PYTHONPATH=src python3 bench/bench_cuda.py [--models gpt-50m,gpt-124m] [--precisions f32,bf16]
-                                               [--rows ours,eager,compile,compile-deterministic]
+                                               [--rows ours,ours-patterns-off,eager,compile,compile-deterministic]
                                                [--steps N] [--warmup N] [--results DIR] [--smoke]
 
 For each model and precision, the step time (forward, loss, gradients, AdamW with clipping)
@@ -9,7 +9,10 @@ of each row, every row in a process of its own (bench/harness.py):
 
 - `ours`: `sexpgpu` on the CUDA backend, the experiment as written (`f32`) or with
   `:precision bf16` (bf16 products summed in float32), with the machine's choices made as
-  `sexpgpu run` makes them by default (run/choosing.py's `choose`);
+  `sexpgpu run` makes them by default (run/choosing.py's `choose`) and cuDNN's pattern graphs
+  on where the device has them (SEXPGPU_PATTERNS's default; nvidia-cudnn-frontend installed);
+- `ours-patterns-off`: the same with SEXPGPU_PATTERNS=off, so that one run measures what the
+  patterns bring (ours-patterns-off/ours, above 1 where they are faster); not a default row;
 - `eager`: the model as a PyTorch user writes it today (bench/torch_models.py with
   F.scaled_dot_product_attention(is_causal=True), torch.optim.AdamW(fused=True),
   clip_grad_norm_), float32 or under torch.autocast(bfloat16), with PyTorch's defaults: no
@@ -29,9 +32,9 @@ bench/results/bench_cuda-MODEL-PRECISION.json and .md, one pair for each model a
 
 Models: gpt-50m (bench/gpt-50m.sexp), gpt-124m (bench/gpt-124m.sexp: GPT-2 small's shape),
 char-lm (examples/char-lm.sexp), cnn (examples/cnn.sexp). --smoke: char-lm cut to
-milliseconds a step, one step after none, the ours and eager rows (bench/smoke.py); without
-a GPU the peers run on the CPU and the CPU interpreter stands in for the CUDA backend (no
-profile), so only the lines' shape means anything.
+milliseconds a step, one step after none, the ours, ours-patterns-off and eager rows
+(bench/smoke.py); without a GPU the peers run on the CPU and the CPU interpreter stands in
+for the CUDA backend (no profile), so only the lines' shape means anything.
 """
 
 from __future__ import annotations
@@ -86,7 +89,9 @@ class Peer:
 PEERS = {"eager": Peer(False, False, 1.0), "compile": Peer(True, False, 0.9),
          "compile-deterministic": Peer(True, True, 1.1)}
 OURS = "ours"
-ROWS = (OURS, *PEERS)
+OUR_ROWS = {OURS: {}, "ours-patterns-off": {"SEXPGPU_PATTERNS": "off"}}  # our rows and their settings
+ROWS = (*OUR_ROWS, *PEERS)
+DEFAULT_ROWS = (OURS, *PEERS)
 
 
 def every_model() -> dict:
@@ -274,7 +279,7 @@ def time_row(spec: dict) -> dict:
     device = row_device(spec["smoke"])
     model = every_model()[spec["model"]]
     started = time.perf_counter()
-    if spec["row"] == OURS:
+    if spec["row"] in OUR_ROWS:
         step = OurStep(model, spec["precision"], device)
     else:
         peer = PEERS[spec["row"]]
@@ -284,7 +289,7 @@ def time_row(spec: dict) -> dict:
     found = {"seconds": seconds, "set_up_and_first_steps": time.perf_counter() - started - seconds * spec["steps"],
              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
              "flags": harness.torch_flags()}
-    if spec["row"] == OURS:
+    if spec["row"] in OUR_ROWS:
         found.update(profile=step.profile(), products=step.chosen_products(), facts=step.facts(),
                      tflops=step.product_flops() / seconds / 1e12)
     return found
@@ -308,9 +313,9 @@ def planned_rows(model: str, precision: str, rows: list[str], args) -> list[harn
 
 def row_environment(row: str) -> dict:
     """cuBLAS's fixed workspace for the deterministic peer; none for the others, whatever the
-    shell had (ours sets its own in its device set-up)."""
-    if row == OURS:
-        return {}
+    shell had (ours sets its own in its device set-up); our rows' settings."""
+    if row in OUR_ROWS:
+        return OUR_ROWS[row]
     return {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_DETERMINISTIC if PEERS[row].deterministic else None}
 
 
@@ -325,7 +330,7 @@ def report(model: str, precision: str, results: dict, args) -> harness.Report:
         text = f"{result.found['seconds'] * 1e3:>10.2f} ms" if result.ok else f"FAILED: {result.error}"
         print(f"  {row:<24}{text}")
     for row, result in results.items():
-        if row in PEERS and result.ok and ours is not None and ours.ok:
+        if row != OURS and result.ok and ours is not None and ours.ok:
             lines.append(ratio_line(row, result.found["seconds"] / ours.found["seconds"]))
     if ours is not None and ours.ok:
         lines += our_lines(ours.found, args.warmup + args.steps)
@@ -345,7 +350,7 @@ def table_row(row: str, result, ours) -> list:
         return [row, "failed", "", "", "", "", result.error]
     found, flags = result.found, result.found["flags"]
     ratio = (f"{found['seconds'] / ours.found['seconds']:.2f}"
-             if row in PEERS and ours is not None and ours.ok else "")
+             if row != OURS and ours is not None and ours.ok else "")
     goal = PEERS[row].goal if row in PEERS else None
     return [row, f"{found['seconds'] * 1e3:.2f}", ratio, "" if goal is None else f">= {goal}",
             on_off(flags["deterministic_algorithms"]), on_off(flags["bf16_reduced_precision_reduction"]),
@@ -357,7 +362,7 @@ def on_off(flag: bool) -> str:
 
 
 def ratio_line(peer: str, ratio: float) -> str:
-    goal = PEERS[peer].goal
+    goal = PEERS[peer].goal if peer in PEERS else None
     verdict = "" if goal is None else f" (goal >= {goal}: {'met' if ratio >= goal else 'NOT met'})"
     return f"ours vs {peer}: {peer}/ours {ratio:.2f}{verdict}"
 
@@ -389,7 +394,8 @@ def main() -> None:
                         help="warm-up steps before them, compilation included (default 5)")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
-    parser.add_argument("--rows", default=None, help=f"default: {','.join(ROWS)} (--smoke: ours,eager)")
+    parser.add_argument("--rows", default=None, help=f"of {','.join(ROWS)}; default: {','.join(DEFAULT_ROWS)} "
+                                                    "(--smoke: ours,ours-patterns-off,eager)")
     harness.add_options(parser)
     smoke.add_option(parser)
     args = parser.parse_args()
@@ -398,7 +404,7 @@ def main() -> None:
         return
     if args.smoke:
         args.models, args.steps, args.warmup = SMOKE_MODEL, 1, 0
-        args.rows = args.rows or f"{OURS},eager"
+        args.rows = args.rows or f"{OURS},ours-patterns-off,eager"
         smoke.skipped("the torch.compile rows", "compiling takes a minute even for a tiny model")
         if not smoke.gpu():
             smoke.skipped("the CUDA backend (the CPU interpreter stands in for it; the peers run on the CPU)")
@@ -406,7 +412,7 @@ def main() -> None:
         parser.error("this benchmark runs on a GPU: no CUDA GPU here (--smoke runs it on the CPU)")
     models = chosen(parser, args.models, list(every_model()), "models")
     precisions = chosen(parser, args.precisions, PRECISIONS, "precisions")
-    rows = chosen(parser, args.rows or ",".join(ROWS), ROWS, "rows")
+    rows = chosen(parser, args.rows or ",".join(DEFAULT_ROWS), ROWS, "rows")
     folder = harness.results_folder(args.results, args.smoke)
     for model in models:  # each group written when it is timed: one that runs out of time loses only itself
         for precision in precisions:

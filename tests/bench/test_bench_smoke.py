@@ -26,7 +26,8 @@ PRINTED = {
     "bench_checkpoints.py": rf"ratio read / cp +{NUMBER}x[\s\S]*ratio write / upload_file +{NUMBER}x",
     "bench_choices.py": rf"deterministic/default +{NUMBER} \(goal at most 1.05\)",
     "bench_conv_engines.py": r"cnn.sexp in bf16\n  Forward Spec \{ batch: \d+",
-    "bench_cuda.py": rf"char-lm-tiny f32: [\s\S]*ours vs eager: eager/ours {NUMBER}[\s\S]*char-lm-tiny bf16: ",
+    "bench_cuda.py": rf"char-lm-tiny f32: [\s\S]*ours vs ours-patterns-off: ours-patterns-off/ours {NUMBER}\n"
+                     rf"  ours vs eager: eager/ours {NUMBER}[\s\S]*char-lm-tiny bf16: ",
     "bench_exact.py": rf"randn +{NUMBER} +{NUMBER}x[\s\S]*DetLinear is {NUMBER}x slower",
     "bench_exact_mode.py": rf"exact / float32: {NUMBER} \(goal <= 2.0\)",
     "bench_interpreter.py": rf"tiny-adam +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}[\s\S]*char-lm +{NUMBER}",

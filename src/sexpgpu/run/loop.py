@@ -186,6 +186,11 @@ class Trainer:
         gives each field's records in microbatch order; `microbatch` is the first one's index."""
         return _call_inputs(self.stacking.training.micro, state, self.feeder.train_batch(step, first, degree), step, first)
 
+    def call_inputs(self, state: TrainingState, first: int = 0) -> dict:
+        """The inputs of the next step's call that starts at microbatch `first`, at this
+        trainer's stacking degree: what a profile of one call runs."""
+        return self._stacked_inputs(state, state.step + 1, first, self.stacking.degree)
+
     def first_inputs(self, state: TrainingState) -> dict:
         """The inputs of step 1's first microbatch: what a measurement at the first step runs."""
         return self._micro_inputs(state, 1, 0)
