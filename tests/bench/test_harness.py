@@ -96,13 +96,15 @@ def test_a_copy_of_the_tree_without_git_is_named_by_its_caller_and_its_sources(t
 
 
 def test_the_peers_are_the_issues_and_only_the_deterministic_one_fixes_cublas():
-    assert bench_cuda.ROWS == ("ours", "eager", "compile", "compile-deterministic")
+    assert bench_cuda.DEFAULT_ROWS == ("ours", "eager", "compile", "compile-deterministic")
+    assert bench_cuda.ROWS == ("ours", "ours-patterns-off", *bench_cuda.DEFAULT_ROWS[1:])
     assert [(peer.compiled, peer.deterministic) for peer in bench_cuda.PEERS.values()] == [
         (False, False), (True, False), (True, True)]
     assert bench_cuda.row_environment("compile-deterministic") == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     for peer in ("eager", "compile"):  # whatever the shell had
         assert bench_cuda.row_environment(peer) == {"CUBLAS_WORKSPACE_CONFIG": None}
     assert bench_cuda.row_environment("ours") == {}  # its device set-up sets its own
+    assert bench_cuda.row_environment("ours-patterns-off") == {"SEXPGPU_PATTERNS": "off"}
     # GPT-2 small's shape, which the PyTorch peer takes as it is
     shape = dict(vocab=50304, context=1024, width=768, heads=12, ff=3072, layers=12)
     assert bench_cuda.MODELS["gpt-124m"].options == shape
@@ -121,7 +123,7 @@ def test_a_peer_row_runs_with_pytorchs_defaults_and_a_bad_invocation_writes_noth
     flags = row.found["flags"]
     assert row.found["seconds"] > 0 and flags["CUBLAS_WORKSPACE_CONFIG"] is None
     assert flags["deterministic_algorithms"] is False and flags["bf16_reduced_precision_reduction"] is True
-    for argv, said in ((["--smoke", "--rows", "ours-f16"], "unknown rows ours-f16: the rows are ours, eager"),
+    for argv, said in ((["--smoke", "--rows", "ours-f16"], "unknown rows ours-f16: the rows are ours, ours-patterns-off, eager"),
                        ([], "this benchmark runs on a GPU: no CUDA GPU here")):  # nothing written to bench/results
         done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and said in done.stderr, done.stderr
