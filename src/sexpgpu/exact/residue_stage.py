@@ -55,7 +55,7 @@ MAX_K = (1 << 17) - 16  # K * 128**2 < 2**31: the int32 sums cannot overflow
 # Below this K the float64 product is the faster first stage: the residues cost COUNT bytes
 # written and read per output whatever K is, the float64 product only its K flops. On an H200,
 # gpt-50m's products of K = 512 took 45.3 ms by residues against 39.0 by float64, K = 2048 9.8
-# against 10.2 (docs/exact.md, "How many moduli")
+# against 10.2 (docs/exact.md, the residue stage's "Cost")
 MIN_K = 4096
 # ... and an operand of fewer rows leaves the residues' pass (a program per BLOCK_R rows, each
 # walking all of K twice) too few programs: gpt-50m's weight gradients (512 to 2048 rows of
@@ -192,9 +192,9 @@ def residue_product(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None =
 
 
 def along_rows(t: torch.Tensor) -> torch.Tensor:
-    """`t` with contiguous rows, copied if they are not: the residues read a row at a time, and
-    a transposed operand (a weight's gradient reads its activations so) read in place cost 30
-    times the copy."""
+    """`t` with contiguous rows, copied if they are not: the residues read a row at a time. A
+    transposed operand (a weight's gradient reads its activations so) of 512 x 16384 took 1.16 ms
+    a call read in place on an H200, 0.6 ms after a copy of 0.08 ms."""
     return t if t.stride(1) == 1 else t.contiguous()
 
 
