@@ -66,6 +66,29 @@ def test_flat_kernel_writes_several_outputs_through_transposed_views():
     assert torch.equal(squared, a * a)
 
 
+def test_a_matrix_read_across_its_rows_is_walked_in_tiles_with_the_flat_walks_bits():
+    # a weight cast to bf16 into its transpose, plus a broadcast column vector, a row index
+    # and a scalar: tiles of TILE_ROWS x TILE_COLUMNS that the shape does not fill
+    weight, bias, scale = tensor((70, 37)), tensor((70,)), tensor((1,))
+    x = E.load(0, View((37, 70), (1, 37)))
+    b = E.load(1, View((37, 70), (0, 1)))
+    s = E.load(2, View((37, 70), (0, 0)))
+    row = E.cast(E.iota(unit_view((37, 70), 0)), "f32")
+    value = (x * s + b) * row
+    outputs = ((contiguous((37, 70)), "bf16", E.cast(value, "bf16")), (View((37, 70), (1, 37)), "f32", x + 1.0))
+    tiled = flat_kernel(FlatSpec((37, 70), ("f32", "f32", "f32"), outputs))
+    assert len(tiled.grid) == 2 and "rr" in tiled.source
+    cast, again = torch.empty(37, 70, dtype=torch.bfloat16), torch.empty(70, 37)
+    tiled(weight, bias, scale, cast, again)
+    rows = torch.arange(37, dtype=torch.float32)[:, None]
+    want = ((weight.T * scale + bias) * rows).to(torch.bfloat16)
+    assert torch.equal(cast.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(again, weight + 1.0)
+    # the same values read in row order stay a flat walk
+    flat = flat_kernel(FlatSpec((37, 70), ("f32",), ((contiguous((37, 70)), "f32", E.load(0, contiguous((37, 70))) + 1.0),)))
+    assert len(flat.grid) == 1 and "rr" not in flat.source
+
+
 def test_a_view_through_a_reshape_keeps_its_own_axes():
     # a (2, 3, 4) tensor's bias of length 4, read by a kernel whose space is (24,)
     bias = tensor((4,))
