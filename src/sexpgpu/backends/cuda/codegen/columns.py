@@ -25,17 +25,23 @@ NUM_WARPS = 8
 
 @dataclass(frozen=True)
 class ColumnTile:
-    """Elements in a tile and tiles of rows in a chunk, for kept extents up to `widest`."""
+    """Elements in a tile, the widest run of kept columns a tile takes, and tiles of rows in
+    a chunk, for kept extents up to `widest`."""
 
     widest: int | None  # None: any
     elements: int
     chunk_tiles: int
+    block_k: int
 
 
-# the fastest of 24 tilings timed on an H200 as replays of the column kernels alone, over
-# 16384 rows of 512 columns (one operand and the product of two), 2048 and 24576 columns
-# (docs/cuda.md, "Kernels"): narrow sums want more, shorter chunks to fill the GPU
-COLUMN_TILES = (ColumnTile(1024, 4096, 8), ColumnTile(None, 8192, 16))
+# Sums up to 4096 wide: the fastest of 9 tilings timed on an H200 as replays of the column
+# kernel alone over 8192 rows of 768 and 3072 columns and 16384 rows of 512 and 2048
+# (20 to 36% faster than the tiles before at 512 and 768 wide, 15 to 17% at 2048 and 3072).
+# Its chunks of 128 rows make a grid of thousands of programs at 8192 rows, where chunks of
+# 1024 made 192 at 3072 wide for 132 multiprocessors, also for a kernel that computes much per
+# element (gelu's gradient). Wider sums: the fastest of 24 tilings timed over 16384 rows of
+# 24576 columns.
+COLUMN_TILES = (ColumnTile(4096, 2048, 4, 64), ColumnTile(None, 8192, 16, 128))
 
 
 def column_tile(kept_count: int) -> ColumnTile:
@@ -83,10 +89,11 @@ def roots_of(spec: ColumnSpec) -> list:
 
 
 def tile_for(kept_count: int) -> tuple[int, int]:
+    tile = column_tile(kept_count)
     block_k = 1
-    while block_k < kept_count and block_k < 128:
+    while block_k < kept_count and block_k < tile.block_k:
         block_k *= 2
-    block_r = min(column_tile(kept_count).elements // block_k, 128)
+    block_r = min(tile.elements // block_k, 128)
     return block_r, block_k
 
 
