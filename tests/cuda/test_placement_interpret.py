@@ -22,6 +22,7 @@ from sexpgpu.backends.cuda.codegen.space import View, contiguous  # noqa: E402
 from sexpgpu.backends.cuda.launches import Buffer, FlatLaunch, TorchLaunch  # noqa: E402
 from sexpgpu.backends.cuda.placement import in_place, placements  # noqa: E402
 from sexpgpu.backends.cuda.runtime import Captured, _run_launches  # noqa: E402
+from sexpgpu.lang.experiment import OptimizerSpec  # noqa: E402
 from update_cases import adamw_update, swapped  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
@@ -194,6 +195,26 @@ def test_updates_made_in_place_and_given_back_lent_keep_the_bits_of_the_old_plan
     assert copied == [len(graph.inputs)] + [len(graph.inputs) - len(names)] * 3  # the gradients, step and lr
     want = _eager_steps(_not_in_place(monkeypatch)._entry(graph)[1], accepted, 4)
     _assert_same_bits(got, want)
+
+
+# (optimizer, the inputs it updates in place, how many flat buffers those lie in). Nesterov's
+# momentum writes each new parameter with a kernel of its own, not sliced from a flat result:
+# its parameters are copied out and in as before, its momentum is updated in place.
+OPTIMIZERS = [(OptimizerSpec("sgd", lr=0.1), ("param/",), 1),
+              (OptimizerSpec("momentum", lr=0.1, nesterov=True), ("state/",), 1),
+              (OptimizerSpec("adam", lr=0.1), ("param/", "state/"), 3)]
+
+
+@pytest.mark.parametrize("optimizer, updated, flat", OPTIMIZERS, ids=[case[0].kind for case in OPTIMIZERS])
+def test_every_optimizer_updates_in_place_with_the_old_bits(optimizer, updated, flat, monkeypatch):
+    graph, inputs = adamw_update(SHAPES, optimizer=optimizer)
+    backend = CudaBackend(device="cpu")
+    accepted = _accepted(backend, graph, inputs)
+    captured = _Replayed(backend._entry(graph)[1], accepted)
+    assert captured.updated.names == {name for name in graph.inputs if name.startswith(updated)}
+    assert len(captured.executable.lowered.in_place) == flat
+    got = _lent_steps(captured, accepted, 3)
+    _assert_same_bits(got, _eager_steps(_not_in_place(monkeypatch)._entry(graph)[1], accepted, 3))
 
 
 def test_outputs_given_back_under_each_others_names_are_copied_in_from_clones(monkeypatch):
