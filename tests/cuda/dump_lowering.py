@@ -58,6 +58,7 @@ def dump_lowered(name: str, lowered, out) -> None:
     for key, buffer in lowered.buffers.items():
         out.write(f"buffer {key} {buffer.dtype} {buffer.shape} {buffer.kind} {buffer.live_from_start}\n")
     out.write(f"arena_bytes {lowered.arena_bytes}\noffsets {sorted(lowered.offsets.items())}\n")
+    out.write(f"in_place {sorted(getattr(lowered, 'in_place', {}).items())}\n")
     for index, step in enumerate(lowered.launches if hasattr(lowered, "launches") else lowered.steps):
         extra = {field: getattr(step, field, None) for field in ("operands", "aliases", "product", "engine", "pattern")}
         out.write(f"step {index} {type(step).__name__} {step.kind} reads={step.reads} writes={step.writes} {extra}\n")

@@ -1,7 +1,9 @@
 """Lent outputs (runtime.py's Captured): a captured graph may hand out its own output
 buffers to a caller that takes them lent, as the run loop does, and a lent run keeps the
 bits of a run that copies every output. An output that shares memory with any input's
-buffer is never lent: the next call's copies in would write over what they read."""
+buffer is never lent, but for an update made in place: an output lying exactly in the slot of
+the input of its own name. Given back as that input it is not copied; any other tensor lying in
+such a slot is cloned before the copies in, which would write over what they read."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sexpgpu.backends.cuda.runtime import _lendable  # noqa: E402
+from sexpgpu.backends.cuda.runtime import InPlace, _lendable  # noqa: E402
+from update_cases import adamw_update, swapped  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +37,35 @@ def test_outputs_sharing_memory_with_an_input_buffer_are_not_lendable():
     lowered = _Lowered({"a": "in/a", "b": "in/b"},
                        {"x": "out/inside-a", "y": "out/after-a", "z": "out/own", "w": "out/touching", "echo": "in/b"})
     assert _lendable(lowered, env) == frozenset({"y", "z"})
+
+
+def _updated_in_place():
+    arena = torch.zeros(64)
+    env = {"in/a": arena[0:16], "in/b": arena[16:24], "out/a": arena[0:16].view(16), "out/b": arena[16:20],
+           "out/c": arena[0:16].view(16)}
+    return _Lowered({"a": "in/a", "b": "in/b"}, {"a": "out/a", "b": "out/b", "c": "out/c"}), env
+
+
+def test_an_output_lying_exactly_in_the_slot_of_its_own_name_is_lendable():
+    lowered, env = _updated_in_place()
+    assert env["out/a"] is not env["in/a"]
+    # b meets its own slot but is not that memory; c lies in a's slot, not one of its name
+    assert _lendable(lowered, env) == frozenset({"a"})
+    assert InPlace.of(lowered, env).names == frozenset({"a"})
+
+
+def test_only_an_output_given_back_as_its_own_input_is_left_in_place_and_others_in_the_slots_are_cloned():
+    lowered, env = _updated_in_place()
+    updated = InPlace.of(lowered, env)
+    fresh = torch.ones(8)
+    inputs = {"a": env["out/a"], "b": env["out/a"][8:16]}
+    assert updated.settled(inputs, env, lowered.outputs) == frozenset({"a"})
+    detached = updated.detached(inputs, frozenset({"a"}))
+    assert detached["a"] is env["out/a"] and detached["b"] is not inputs["b"] and torch.equal(detached["b"], inputs["b"])
+    returned_copies = {"a": env["in/a"].clone(), "b": fresh}  # not the lent buffer itself: copied in
+    assert updated.settled(returned_copies, env, lowered.outputs) == frozenset()
+    assert all(value is returned_copies[name] for name, value in updated.detached(returned_copies, frozenset()).items())
+    assert updated.detached({"a": env["out/a"]}, frozenset())["a"] is not env["out/a"]
 
 
 class _Copying:
@@ -120,3 +152,50 @@ def test_inputs_of_mixed_dtypes_are_copied_in_with_a_few_launches():
     launches = [event for event in recorded.events() if event.device_type == torch.autograd.DeviceType.CUDA]
     assert 1 <= len(launches) <= 4, [event.name for event in launches]
     assert all(torch.equal(target, source) for target, source in zip(targets, sources))
+
+
+def _given_back(backend, graph, inputs: dict, count: int, change, lent: bool) -> list:
+    """`count` calls, each given the last one's outputs back under their names, then `change`d."""
+    given, seen = dict(inputs), []
+    for _ in range(count):
+        outputs = backend.run(graph, given, lent=lent)
+        seen.append({name: backend.to_host(value) for name, value in outputs.items()})
+        given = change({**given, **{name: outputs[name] for name in given if name in outputs}})
+    return seen
+
+
+SAME_SHAPES = {"a/b": (300,), "c/b": (300,), "a/w": (64, 300), "head": (3, 64)}
+
+
+def _fresh_parameter(given):
+    return {**given, "param/a/w": torch.full((64, 300), 0.25, device="cuda")}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("change", [lambda given: given, swapped([("param/a/b", "state/m/c/b"), ("param/c/b", "state/m/a/b")]),
+                                    _fresh_parameter], ids=["as-they-came", "under-each-others-names", "a-fresh-tensor"])
+def test_a_captured_update_made_in_place_and_given_back_lent_has_the_eager_bits(change, monkeypatch):
+    # Captured from the second call: its lent parameters and moments lie in the slots of the
+    # inputs of their names (placement.in_place) and come back uncopied; swapped, they are
+    # cloned before the copies in; a fresh tensor is copied in. The eager reference lowers each
+    # result into memory of its own, as before updates were made in place.
+    from sexpgpu.backends.cuda import lowering
+    from sexpgpu.backends.cuda.backend import CudaBackend
+    from sexpgpu.backends.cuda.runtime import Captured
+
+    graph, inputs = adamw_update(SAME_SHAPES, seed=5)
+    captured = CudaBackend()
+    got = _given_back(captured, graph, inputs, 6, change, lent=True)
+    runner = captured._entry(graph)[2]
+    assert isinstance(runner, Captured) and runner.graph is not None
+    updated = {name for name in graph.inputs if name.startswith(("param/", "state/"))}
+    assert runner.updated.names == updated and updated <= runner.lendable
+    monkeypatch.setattr(lowering, "in_place", lambda schedule: {})
+    eager = CudaBackend()
+    eager.capture = False
+    want = _given_back(eager, graph, inputs, 6, change, lent=False)
+    assert eager._entry(graph)[1].lowered.in_place == {}
+    for step, (ours, theirs) in enumerate(zip(got, want)):
+        for name, value in theirs.items():
+            assert np.array_equal(np.asarray(ours[name]).view(np.uint32), np.asarray(value).view(np.uint32)), (step, name)

@@ -1,11 +1,13 @@
-"""The static memory plan: lifetimes, buffer reuse without overlap, peak bytes."""
+"""The static memory plan: lifetimes, buffer reuse without overlap, peak bytes, and a value
+taking over the block of one it updates in place."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sexpgpu.graph.core.emit import Emitter
-from sexpgpu.plan.memory import lifetimes, plan_memory
+from sexpgpu.plan.memory import Lifetime, lifetimes, liveness, plan_arena, plan_memory
 
 
 def _chain(length: int, shape=(256,)):
@@ -76,3 +78,38 @@ def test_bf16_values_count_two_bytes():
     x = e.input("x", "f32", (10,))
     graph = e.graph({"x": x}, {"y": e("cast", x, dtype="bf16")})
     assert plan_memory(graph).peak_bytes == 40 + 20
+
+
+def test_a_value_held_from_the_start_only_lives_to_its_last_use():
+    steps = [((), ("a",)), (("held",), ("b",)), (("b",), ("c",))]
+    lives = {life.key: life for life in liveness(steps, lambda key: 8, from_start={"held", "b"})}
+    assert (lives["b"].born, lives["b"].dies) == (0, 2) and (lives["c"].born, lives["c"].dies) == (2, 2)
+
+
+def _update_in_place(*after):
+    """`old`, held from step 0, is read for the last time at step 2, which makes `new` over it."""
+    return [Lifetime("old", 1000, 0, 2), Lifetime("other", 300, 1, 2), Lifetime("new", 1000, 2, 3), *after]
+
+
+def test_a_value_made_in_place_takes_the_block_of_the_value_it_updates():
+    plan = plan_arena(_update_in_place(), alignment=256, takes={"new": "old"})
+    assert plan.offsets["new"] == plan.offsets["old"] and plan.takes == {"new": "old"}
+    assert plan.arena_bytes == 1024 + 512  # without the takeover: another 1024
+    assert plan_arena(_update_in_place(), alignment=256).arena_bytes == 2 * 1024 + 512
+    assert "new takes old" in plan.dump()
+
+
+def test_a_block_taken_over_goes_back_once():
+    # the old value's death gives nothing back; the new one's gives the block back once, so two
+    # values made together after it cannot both be given it
+    after = [Lifetime("later", 1000, 4, 5), Lifetime("last", 1000, 4, 5)]
+    plan = plan_arena(_update_in_place(*after), alignment=256, takes={"new": "old"})
+    later, last = plan.offsets["later"], plan.offsets["last"]
+    assert abs(later - last) >= 1024 and plan.offsets["old"] in (later, last)
+
+
+@pytest.mark.parametrize("takes", [{"other": "old"}, {"later": "new"}, {"new": "other"}, {"new": "old", "later": "old"}],
+                         ids=["born-before-it-dies", "born-after-it-dies", "another-size", "taken-twice"])
+def test_a_takeover_of_a_value_that_does_not_die_where_the_new_is_born_is_refused(takes):
+    with pytest.raises(ValueError):
+        plan_arena(_update_in_place(Lifetime("later", 1000, 4, 5)), alignment=256, takes=takes)

@@ -9,13 +9,16 @@ Liveness, over a sequence of steps that each read and write values:
   still reads (no node writes over its own inputs);
 - a value held for the whole sequence (a graph input, which the caller holds; a CUDA buffer
   that inputs may be placed in) lives from the first step to the last, and an output from
-  the step that makes it to the last.
+  the step that makes it to the last; a value held from the start only (a CUDA buffer of
+  placed inputs that a kernel updates in place) lives from the first step to its last use.
 
 The arena: steps are taken in order; at each step the values it makes take the best-fitting
 free block (the smallest that fits, the lowest offset among equals), then the values it read
-for the last time give their blocks back, merged with free neighbours. The plan is fixed by
-the graph and the shapes, so every run of the graph uses the same addresses, which is also
-what lets a CUDA step be captured as a CUDA graph.
+for the last time give their blocks back, merged with free neighbours. A value may instead
+take over the block of one that dies at the very step it is born (`takes`: an update made in
+place, each element written where it was read); that block then passes to the new value
+instead of going back. The plan is fixed by the graph and the shapes, so every run of the
+graph uses the same addresses, which is also what lets a CUDA step be captured as a CUDA graph.
 
 `peak_bytes` is the most bytes live at any step, inputs included: what a backend that
 frees every value after its last reader needs at the least. `arena_bytes` is the arena's
@@ -25,7 +28,7 @@ size: what this plan's allocation needs for values besides the inputs.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,11 @@ class Lifetime:
 class ArenaPlan:
     offsets: dict  # key -> byte offset in the arena
     arena_bytes: int
+    takes: dict = field(default_factory=dict)  # key -> the key whose block it took over
 
     def dump(self) -> str:
-        return "\n".join([f"arena {self.arena_bytes} bytes"] + [f"{key} at {at}" for key, at in self.offsets.items()])
+        return "\n".join([f"arena {self.arena_bytes} bytes"] + [f"{key} at {at}" for key, at in self.offsets.items()]
+                         + [f"{key} takes {old}" for key, old in self.takes.items()])
 
 
 @dataclass(frozen=True)
@@ -59,16 +64,17 @@ def gib_text(count) -> str:
     return f"{(count or 0) / 2**30:,.1f} GiB"
 
 
-def liveness(steps, nbytes, whole=frozenset(), to_end=frozenset()) -> list[Lifetime]:
+def liveness(steps, nbytes, whole=frozenset(), to_end=frozenset(), from_start=frozenset()) -> list[Lifetime]:
     """The lifetime of every value a step writes, in the order they are first written.
     `steps`: (reads, writes) of each step, in order; `nbytes(key)`: a value's size; `whole`:
-    values held from the first step to the last; `to_end`: values held to the last step."""
+    values held from the first step to the last; `to_end`: values held to the last step;
+    `from_start`: values held from the first step."""
     born: dict = {}
     dies: dict = {}
     last = -1
     for last, (reads, writes) in enumerate(steps):
         for key in writes:
-            born.setdefault(key, 0 if key in whole else last)
+            born.setdefault(key, 0 if key in whole or key in from_start else last)
             dies[key] = last
         for key in reads:
             dies[key] = last
@@ -103,9 +109,14 @@ def plan_memory(graph) -> MemoryPlan:
     return MemoryPlan(max(live_bytes, default=0), input_bytes, arena.arena_bytes, arena.offsets, tuple(live_bytes))
 
 
-def plan_arena(lives: list[Lifetime], alignment: int) -> ArenaPlan:
+def plan_arena(lives: list[Lifetime], alignment: int, takes=None) -> ArenaPlan:
     """Offsets in one arena for values whose lifetimes are `lives`, each block a multiple of
-    `alignment` bytes (at least one)."""
+    `alignment` bytes (at least one). `takes`: {key: old key} for a value that takes over the
+    block of one dying at the step it is born, of the same aligned size."""
+    takes = dict(takes or {})
+    sizes = {life.key: _aligned(life.nbytes, alignment) for life in lives}
+    _check_takeovers(lives, sizes, takes)
+    given_over = set(takes.values())
     free = _FreeBlocks()
     top = 0
     offsets: dict = {}
@@ -116,14 +127,26 @@ def plan_arena(lives: list[Lifetime], alignment: int) -> ArenaPlan:
         deaths.setdefault(life.dies, []).append(life)
     for step in sorted(set(births) | set(deaths)):
         for life in births.get(step, []):
-            size = _aligned(life.nbytes, alignment)
-            offset = free.take(size)
+            offset = offsets[takes[life.key]] if life.key in takes else free.take(sizes[life.key])
             if offset is None:
-                offset, top = top, top + size
+                offset, top = top, top + sizes[life.key]
             offsets[life.key] = offset
         for life in deaths.get(step, []):
-            free.give_back(offsets[life.key], _aligned(life.nbytes, alignment))
-    return ArenaPlan(offsets, top)
+            if life.key not in given_over:  # its block now holds the value that took it over
+                free.give_back(offsets[life.key], sizes[life.key])
+    return ArenaPlan(offsets, top, takes)
+
+
+def _check_takeovers(lives: list[Lifetime], sizes: dict, takes: dict) -> None:
+    """A takeover hands a block from a value to one born at the step the old one dies, of its size."""
+    by_key = {life.key: life for life in lives}
+    if len(set(takes.values())) != len(takes):
+        raise ValueError(f"a block taken over twice: {takes}")
+    for key, old in takes.items():
+        new, held = by_key.get(key), by_key.get(old)
+        if new is None or held is None or held.dies != new.born or held.born >= new.born \
+                or sizes[key] != sizes[old]:
+            raise ValueError(f"{key} cannot take over the block of {old}: {new} and {held} do not meet")
 
 
 def _aligned(size: int, alignment: int) -> int:

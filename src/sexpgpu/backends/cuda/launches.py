@@ -37,8 +37,9 @@ class Buffer:
     # input, arena, output, accumulator (an exact graph's digits, held in the environment), or
     # constant (`values`, made once with the executable: a draw's key and parameters)
     kind: str
-    # held for the whole graph: inputs may be placed in it before the run (placement.py), and
-    # no output shares its memory, so every output may be lent and come back as an input
+    # held from the start: inputs may be placed in it before the run (placement.py); held to
+    # the end, so no output shares its memory and every output may be lent and come back as an
+    # input, unless a kernel updates it in place: then its result takes its memory there
     live_from_start: bool = False
     values: tuple = ()  # a constant buffer's elements, in C order
 

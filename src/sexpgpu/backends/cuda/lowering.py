@@ -41,6 +41,7 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, cast, load, scalar
 from sexpgpu.backends.cuda.codegen.space import View, contiguous
 from sexpgpu.backends.cuda.pads import PADS
 from sexpgpu.backends.cuda.pattern_launches import Patterns
+from sexpgpu.backends.cuda.placement import in_place
 from sexpgpu.backends.cuda.products import PRODUCTS
 from sexpgpu.backends.cuda.reductions import REDUCTIONS
 from sexpgpu.backends.cuda.windows import WINDOWS
@@ -81,6 +82,7 @@ class Lowered(Schedule):
 
     offsets: dict = field(default_factory=dict)  # arena buffer key -> byte offset
     arena_bytes: int = 0
+    in_place: dict = field(default_factory=dict)  # result key -> the arena buffer it updates in place (placement.py)
 
 
 # The tables whose rules `rule(lowerer, node)` emit launches of their own, one module per kind
@@ -355,11 +357,16 @@ def lowered_ops() -> frozenset:
 
 
 def arena_plan(schedule: Schedule) -> ArenaPlan:
-    """Stage (c): the arena buffers' offsets, from the one liveness analysis (plan/memory.py)."""
+    """Stage (c): the arena buffers' offsets, from the one liveness analysis (plan/memory.py).
+    A buffer of placed inputs is held from the start, and to the end unless a kernel updates
+    it in place (placement.in_place): then its result takes its memory at that kernel."""
     buffers = schedule.buffers
+    takes = in_place(schedule)
+    updated = set(takes.values())
     held = {key for key, buffer in buffers.items() if buffer.live_from_start}
-    lives = liveness([(launch.reads, launch.writes) for launch in schedule.launches], lambda key: buffers[key].nbytes, held)
-    return plan_arena([life for life in lives if buffers[life.key].kind == "arena"], ARENA_ALIGNMENT)
+    steps = [(launch.reads, launch.writes) for launch in schedule.launches]
+    lives = liveness(steps, lambda key: buffers[key].nbytes, held - updated, from_start=held & updated)
+    return plan_arena([life for life in lives if buffers[life.key].kind == "arena"], ARENA_ALIGNMENT, takes)
 
 
 def generate(schedule: Schedule, arena: ArenaPlan) -> Lowered:
@@ -369,7 +376,7 @@ def generate(schedule: Schedule, arena: ArenaPlan) -> Lowered:
     used = {key for launch in launches for key in launch.reads + launch.writes}
     buffers = {key: buffer for key, buffer in schedule.buffers.items() if key in used or buffer.kind != "arena"}
     return Lowered(**{**vars(schedule), "launches": launches, "buffers": buffers}, offsets=arena.offsets,
-                   arena_bytes=arena.arena_bytes)
+                   arena_bytes=arena.arena_bytes, in_place=arena.takes)
 
 
 def lower(graph, policy: FusionPolicy) -> Lowered:

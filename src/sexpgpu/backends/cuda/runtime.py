@@ -4,13 +4,16 @@
 records the same launches as one CUDA graph: its inputs and outputs are static buffers (some
 of them inside the arena, placement.py), each call copies the inputs in, replays, and
 returns copies of the outputs, or, to a caller that takes them lent, the output buffers
-themselves (`lendable`). Inputs that come back as the outputs of the last replay, lent, at
-the same places of another arena buffer (the optimizer's parameters and state: slices of its
-flat results, then slices of its flat inputs) come in with one copy of that whole buffer
-(`Returned`), not one copy each. Scalars such as the
-step and the learning rate are inputs like any other, read by the kernels from device
-memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the
-same configurations on the same addresses, so it gives the eager run's bits.
+themselves (`lendable`). The optimizer's update is made in place (placement.in_place): its new
+parameters and moments lie in the very slots of the inputs of their names, so those that come
+back lent as the inputs of their own names are where they must be and are not copied at all
+(`InPlace`); any other tensor lying in those slots is cloned first, as the copies in would write
+over it. Inputs that come back as the outputs of the last replay, lent, at the same places of
+another arena buffer (an update not made in place) come in with one copy of that whole buffer
+(`Returned`), not one copy each. Scalars such as the step and the learning rate are inputs like
+any other, read by the kernels from device memory, so a replay sees this call's values (a draw
+folds its salts into its key there). Replaying launches the same kernels with the same
+configurations on the same addresses, so it gives the eager run's bits.
 
 An exact graph is captured too: its sums on the device read nothing back (exact/queued.py).
 What must run on the host each call is split out (`host_split`): the id checks, which read
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from math import prod
 
 from sexpgpu.backends.cuda.placement import placements
-from sexpgpu.backends.cuda.launches import DEVICE, strided, torch_dtype
+from sexpgpu.backends.cuda.launches import DEVICE, same_memory, strided, torch_dtype
 from sexpgpu.backends.spans import byte_span, spans_meet
 from sexpgpu.errors import SexpgpuError
 
@@ -156,6 +159,7 @@ class Captured:
         self.env = None
         self.lendable = frozenset()  # outputs whose buffers may be handed out, not copied
         self.returned: tuple[Returned, ...] = ()
+        self.updated = InPlace(frozenset(), ())
         self.split = host_split(executable.lowered)
         self.eager = self.split is None
 
@@ -163,7 +167,7 @@ class Captured:
         """The outputs. `lent`: the caller takes the lendable outputs as the graph's own
         buffers, which the next replay writes over; it reads them before that, and gives
         them back only as inputs (the optimizer's parameters and state, step after step),
-        so a step does not copy them out."""
+        so a step does not copy them out, nor, where the update is made in place, in."""
         self.calls += 1
         if self.calls == 1 or self.eager:
             return self.executable(inputs)
@@ -171,9 +175,11 @@ class Captured:
             self.eager = True
             return self.executable(inputs)
         lowered = self.executable.lowered
-        whole = self._copy_returned(inputs)
-        _copy_all([self.env[key] for name, key in lowered.inputs.items() if name not in whole],
-                  [inputs[name] for name in lowered.inputs if name not in whole])
+        settled = self.updated.settled(inputs, self.env, lowered.outputs)
+        inputs = self.updated.detached(inputs, settled)
+        kept = settled | self._copy_returned(inputs)
+        _copy_all([self.env[key] for name, key in lowered.inputs.items() if name not in kept],
+                  [inputs[name] for name in lowered.inputs if name not in kept])
         _run_launches(self.split.before, self.env)
         self.replay()
         _run_launches(self.split.after, self.env)
@@ -193,10 +199,17 @@ class Captured:
         graph = self._recorded(env)
         if graph is None:
             return False
-        self.graph, self.env = graph, env
-        self.lendable = _lendable(self.executable.lowered, env)
-        self.returned = _returned(self.executable.lowered, placements(self.executable.lowered))
+        self.graph = graph
+        self.adopt(env)
         return True
+
+    def adopt(self, env: dict) -> None:
+        """`env` as the replays' static environment, and what its buffers' places allow."""
+        lowered = self.executable.lowered
+        self.env = env
+        self.lendable = _lendable(lowered, env)
+        self.returned = _returned(lowered, placements(lowered))
+        self.updated = InPlace.of(lowered, env)
 
     def _recorded(self, env: dict):
         """The device launches over `env` as a CUDA graph, or None if one waits for the device."""
@@ -265,7 +278,8 @@ def _returned(lowered, placed: dict) -> tuple[Returned, ...]:
     groups: dict = {}
     for name, key in lowered.inputs.items():
         output = lowered.outputs.get(name)
-        if key in placed and output in placed and placed[key][1] == placed[output][1]:
+        if key in placed and output in placed and placed[key][1] == placed[output][1] \
+                and lowered.in_place.get(placed[output][0]) != placed[key][0]:  # there already
             groups.setdefault((placed[key][0], placed[output][0]), []).append(name)
     found = []
     for (target, source), names in groups.items():
@@ -278,11 +292,61 @@ def _returned(lowered, placed: dict) -> tuple[Returned, ...]:
 
 
 def _lendable(lowered, env: dict) -> frozenset:
-    """The outputs whose memory no input's buffer shares. Lent, an output may come back as
-    any input of the next call; the copies in must not write over memory they read from."""
-    slots = [byte_span(env[key]) for key in lowered.inputs.values()]
-    return frozenset(name for name, key in lowered.outputs.items() if _is_buffer(lowered, key)
-                     and not any(spans_meet(byte_span(env[key]), slot) for slot in slots))
+    """The outputs whose memory meets no input's slot, or only the slot of the input of their
+    own name, being that very memory (an update made in place). Lent, an output may come back
+    as any input of the next call; the copies in must not write over memory they read from,
+    which `InPlace.detached` sees to for the outputs lying in slots."""
+    slots = {name: byte_span(env[key]) for name, key in lowered.inputs.items()}
+
+    def lendable(name: str, key: str) -> bool:
+        met = [other for other, slot in slots.items() if spans_meet(byte_span(env[key]), slot)]
+        return not met or (met == [name] and same_memory(env[key], env[lowered.inputs[name]]))
+
+    return frozenset(name for name, key in lowered.outputs.items() if _is_buffer(lowered, key) and lendable(name, key))
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """The inputs whose slots the replay updates in place: the outputs of their names lie in
+    those very slots. `spans`: the bytes of those slots, merged into runs (a few flat buffers)."""
+
+    names: frozenset
+    spans: tuple
+
+    @classmethod
+    def of(cls, lowered, env: dict) -> "InPlace":
+        names = frozenset(name for name, key in lowered.inputs.items() if name in lowered.outputs
+                          and _is_buffer(lowered, lowered.outputs[name])
+                          and same_memory(env[key], env[lowered.outputs[name]]))
+        return cls(names, _merged([byte_span(env[lowered.inputs[name]]) for name in names]))
+
+    def settled(self, inputs: dict, env: dict, outputs: dict) -> frozenset:
+        """The names whose input is the very output of that name the last replay lent: the
+        replay left it in its slot, so there is nothing to copy."""
+        return frozenset(name for name in self.names if inputs[name] is env[outputs[name]])
+
+    def detached(self, inputs: dict, settled: frozenset) -> dict:
+        """`inputs`, each other tensor lying in an updated slot cloned: the copies into the
+        slots would write over it (parameters given back under each other's names)."""
+        if not self.spans:
+            return inputs
+        return {name: value.clone() if name not in settled and self.meets(value) else value
+                for name, value in inputs.items()}
+
+    def meets(self, tensor) -> bool:
+        span = byte_span(tensor)
+        return any(spans_meet(span, run) for run in self.spans)
+
+
+def _merged(spans: list) -> tuple:
+    """Byte spans joined where they touch or overlap, in order."""
+    runs: list = []
+    for start, stop in sorted(spans):
+        if runs and start <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], stop))
+        else:
+            runs.append((start, stop))
+    return tuple(runs)
 
 
 def _constants(lowered, device) -> dict:
