@@ -154,6 +154,44 @@ def test_no_elementwise_kernel_writes_a_buffer_that_no_step_reads():
     assert not unread, unread
 
 
+def gelu_block(e, x, weight, b):
+    product = e("matmul", x, weight)
+    return e("gelu", e("add", product, e("broadcast", b, shape=product.shape)))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_a_bias_gradient_computes_gelus_gradient_where_it_sums_it(dtype):
+    """gelu(x W + b): the column kernel that sums the gradient at gelu's input over the rows
+    for db computes it from gelu's operands and stores it for the products, rather than
+    read it back from an elementwise kernel that wrote it."""
+    graph, values = differentiated(gelu_block, {"x": (96, 8), "weight": (8, 40), "b": (40,)}, dtype)
+    assert_same_bits(graph, values)
+    lowered = FUSED.lowered(graph)
+    summing, = [step for step in lowered.launches if step.kind == "columns" and lowered.outputs["db"] in step.writes]
+    assert "m_exp" in summing.kernel.first.source and len(summing.writes) == 2
+    assert kinds(graph) == ["matmul", "elementwise", "rows", "columns", "matmul", "matmul"]
+    rule = "an elementwise kernel's value joins the column kernel after it that reads it"
+    assert any(str(decision).endswith(rule) for decision in lowered.decisions)
+
+
+def test_a_value_only_its_column_kernel_reads_is_not_stored():
+    """gelu(float32(bf16(x) bf16(W)) + b): the gradient at gelu's input is summed in float32
+    for db and read by the products as its bf16 cast: the column kernel computes the float32
+    value and stores only the cast."""
+    def block(e, x, weight, b):
+        bf16 = [e("cast", operand, dtype="bf16") for operand in (x, weight)]
+        product = e("cast", e("matmul", *bf16), dtype="f32")
+        return e("gelu", e("add", product, e("broadcast", b, shape=product.shape)))
+
+    graph, values = differentiated(block, {"x": (96, 8), "weight": (8, 40), "b": (40,)}, "f32")
+    assert_same_bits(graph, values)
+    lowered = FUSED.lowered(graph)
+    summing, = [step for step in lowered.launches if step.kind == "columns" and lowered.outputs["db"] in step.writes]
+    stored = [lowered.buffers[key].dtype for key in summing.writes]
+    assert "m_exp" in summing.kernel.first.source and stored == ["f32", "bf16"], stored
+    assert any(str(decision).endswith("a store no kernel reads is dropped") for decision in lowered.decisions)
+
+
 # --- the recompute rule ---------------------------------------------------------------------
 
 

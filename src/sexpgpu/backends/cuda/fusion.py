@@ -27,6 +27,7 @@ from typing import NamedTuple
 from sexpgpu import settings
 from sexpgpu.backends.cuda import rowmerge
 from sexpgpu.backends.cuda.views import VIEW_OPS
+from sexpgpu.backends.cuda.codegen.columns import with_roots
 from sexpgpu.backends.cuda.codegen.expr import flops, map_leaves, nodes_in_order
 from sexpgpu.backends.cuda.codegen.space import contiguous
 from sexpgpu.backends.cuda.launches import ITEM_BYTES, ColumnLaunch, FlatLaunch, loads_of
@@ -196,6 +197,17 @@ def store_rule(policy: FusionPolicy, readers: KernelReaders, node, value, buffer
     return recompute_rule(policy, value, count, ITEM_BYTES[node.dtype], loads)
 
 
+def recomputing(value, written: dict):
+    """`value` with each load of a key of `written` {key: (view, expression)}, through the
+    view that key was written with, replaced by the expression written there."""
+    def own(leaf):
+        if leaf.op == "load" and leaf.attr[0] in written and leaf.attr[1] == written[leaf.attr[0]][0]:
+            return written[leaf.attr[0]][1]
+        return leaf
+
+    return map_leaves(value, own)
+
+
 def add_output(launch: FlatLaunch, shape, key: str, dtype: str, value) -> FlatLaunch | None:
     """The open elementwise kernel `launch` with `value` as one more output, or None when it
     cannot take it. Legal when it is of the same space, has fewer than MAX_FLAT_OUTPUTS outputs, and
@@ -210,11 +222,7 @@ def add_output(launch: FlatLaunch, shape, key: str, dtype: str, value) -> FlatLa
             return None
         if node.op == "scalar" and node.attr in written:
             return None
-
-    def own(leaf):
-        return written[leaf.attr[0]][1] if leaf.op == "load" and leaf.attr[0] in written else leaf
-
-    substituted = map_leaves(value, own)
+    substituted = recomputing(value, written)
     if substituted.depth > MAX_FUSED_DEPTH:
         return None
     return replace(launch, outputs=launch.outputs + [(key, contiguous(shape), dtype, substituted)])
@@ -250,6 +258,7 @@ def add_tile_output(launch: ColumnLaunch, store: FlatLaunch) -> ColumnLaunch | N
     tile, where the value is of the kernel's space and reads what the kernel reads (so its
     operands are read once for both), and reads nothing the kernel writes; else None."""
     (key, view, dtype, value), = store.outputs
+    value = recomputing(value, {key: (view, expression) for key, view, expression in launch.recomputed})
     spec = launch.spec
     loads = set(loads_of([value]))
     if (tuple(store.shape) != spec.space or not view.over(spec.space) or len(spec.tile_outputs) >= MAX_FLAT_OUTPUTS
@@ -258,7 +267,29 @@ def add_tile_output(launch: ColumnLaunch, store: FlatLaunch) -> ColumnLaunch | N
     number = len(spec.tile_outputs)
     joined = replace(spec, tile_outputs=spec.tile_outputs + ((view, dtype),),
                      tile_stores=spec.tile_stores + ((number, value),))
-    return ColumnLaunch(joined, launch.writes + (key,), launch.kind)
+    return replace(launch, spec=joined, writes=launch.writes + (key,))
+
+
+def take_producer(last: FlatLaunch, launch: ColumnLaunch) -> ColumnLaunch | None:
+    """The column kernel `launch` with the one value of the elementwise kernel `last` before
+    it as a tile store, computed where it would be read back: the value is of its space, read
+    through the view it was written with and never as a scalar, and reads nothing the column
+    kernel writes. The stores that join later read it so too (`ColumnLaunch.recomputed`);
+    a tile store no kernel reads is dropped (`without_dead_stores`)."""
+    (key, view, dtype, value), = last.outputs
+    spec = launch.spec
+    roots = launch.roots()
+    if (tuple(last.shape) != spec.space or not view.over(spec.space) or key not in launch.reads
+            or len(spec.tile_outputs) >= MAX_FLAT_OUTPUTS or set(loads_of([value])) & set(launch.writes)
+            or any(node.op == "scalar" and node.attr == key for node in nodes_in_order(roots))):
+        return None
+    changed = [recomputing(root, {key: (view, value)}) for root in roots]
+    if key in loads_of(changed) or max(root.depth for root in changed) > MAX_FUSED_DEPTH:
+        return None
+    spec = with_roots(spec, changed, spec.inputs)
+    joined = replace(spec, tile_outputs=spec.tile_outputs + ((view, dtype),),
+                     tile_stores=spec.tile_stores + ((len(spec.tile_outputs), value),))
+    return replace(launch, spec=joined, writes=launch.writes + (key,), recomputed=launch.recomputed + ((key, view, value),))
 
 
 class Join(NamedTuple):
@@ -281,6 +312,9 @@ JOINS = {
         Join(lambda last, launch: _store(launch) and isinstance(last, ColumnLaunch), add_tile_output),
     "a row kernel joins the row kernel over the same rows before it":
         Join(lambda last, launch: rowmerge.joinable(last) and rowmerge.joinable(launch), rowmerge.merged),
+    "an elementwise kernel's value joins the column kernel after it that reads it":
+        Join(lambda last, launch: isinstance(last, FlatLaunch) and len(last.outputs) == 1
+             and isinstance(launch, ColumnLaunch), take_producer),
 }
 
 
@@ -316,14 +350,34 @@ def without_dead_stores(kernels: list, buffers: dict, decisions: list) -> list:
     joined the same kernel (which recomputes it by substitution), the store is left with no
     reader. Dropping it changes no value, only the bytes written."""
     read = {key for kernel in kernels for key in kernel.reads}
+
+    def live(key) -> bool:
+        if key in read or buffers[key].kind != "arena":
+            return True
+        decisions.append(Decision(f"store {key}", "a store no kernel reads is dropped", True))
+        return False
+
     kept = []
     for kernel in kernels:
         if isinstance(kernel, FlatLaunch):
-            live = [output for output in kernel.outputs if output[0] in read or buffers[output[0]].kind != "arena"]
-            decisions += [Decision(f"store {output[0]}", "a store no kernel reads is dropped", True)
-                          for output in kernel.outputs if output not in live]
-            if not live:
+            kernel = replace(kernel, outputs=[output for output in kernel.outputs if live(output[0])])
+            if not kernel.outputs:
                 continue
-            kernel = replace(kernel, outputs=live)
+        elif isinstance(kernel, ColumnLaunch):
+            kernel = live_tile_stores(kernel, live)
         kept.append(kernel)
     return kept
+
+
+def live_tile_stores(kernel: ColumnLaunch, live) -> ColumnLaunch:
+    """The column kernel without the tile stores whose key is not `live(key)`."""
+    spec, first = kernel.spec, len(kernel.spec.outputs)
+    keys = kernel.writes[first:]
+    kept = [number for number, key in enumerate(keys) if live(key)]
+    if len(kept) == len(keys):
+        return kernel
+    renumbered = {number: place for place, number in enumerate(kept)}
+    spec = replace(spec, tile_outputs=tuple(spec.tile_outputs[number] for number in kept),
+                   tile_stores=tuple((renumbered[number], value) for number, value in spec.tile_stores
+                                     if number in renumbered))
+    return replace(kernel, spec=spec, writes=kernel.writes[:first] + tuple(keys[number] for number in kept))

@@ -124,6 +124,9 @@ class ColumnLaunch:
     spec: ColumnSpec
     writes: tuple[str, ...]
     kind: str = "columns"
+    # (key, view, value) of the elementwise kernels before it that it recomputes rather than
+    # reads: a store joining it later reads them so too (fusion.recompute_producer)
+    recomputed: tuple = ()
 
     def roots(self) -> list[Expr]:
         return roots_of(self.spec)
