@@ -7,9 +7,6 @@ the static environment (binding is a matter of which buffers the environment hol
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,13 +16,10 @@ from sexpgpu.backends.cuda import runtime  # noqa: E402
 from sexpgpu.backends.cuda.backend import CudaBackend  # noqa: E402
 from sexpgpu.backends.cuda.placement import placements  # noqa: E402
 from sexpgpu.backends.cuda.runtime import Captured, LentBuffers, _run_launches  # noqa: E402
-from sexpgpu.graph.core.emit import Emitter  # noqa: E402
+from bound_cases import SHAPES, assert_same_bits, copying_pair_steps, pair_steps, reader_graph, trained  # noqa: E402
 from update_cases import adamw_update  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("interpreted")  # tests/cuda/conftest.py
-
-ROOT = Path(__file__).resolve().parents[2]
-SHAPES = {"a/b": (5,), "a/w": (3, 5), "head": (2, 3)}
 
 
 class _Eagerly(Captured):
@@ -51,7 +45,7 @@ def _capturing(backend: CudaBackend) -> CudaBackend:
     made = backend._entry
 
     def entry(graph):
-        graph_, executable, runner = made(graph)
+        executable, runner = made(graph)[1:]
         if not isinstance(runner, Captured):
             backend._runners[id(graph)] = (graph, executable, _Eagerly(executable, backend.lent_buffers))
         return backend._runners[id(graph)]
@@ -60,51 +54,13 @@ def _capturing(backend: CudaBackend) -> CudaBackend:
     return backend
 
 
-def _reader(shapes: dict = SHAPES, own: bool = False):
-    """A graph reading the parameters: grad/<path> = param/<path> squared, or, `own`, its new
-    param/<path> (then its lent outputs come back as its own inputs, not placed anywhere)."""
-    emit = Emitter()
-    params = {f"param/{path}": emit.input(f"param/{path}", "f32", shape) for path, shape in shapes.items()}
-    outputs = {(name if own else "grad/" + name[len("param/"):]): emit("mul", node, emit("neg", node))
-               for name, node in params.items()}
-    return emit.graph(params, outputs)
-
-
-def _bits(value) -> np.ndarray:
-    return np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value).view(np.uint32)
-
-
-def _assert_same_bits(got: dict, want: dict) -> None:
-    for name in want:
-        assert np.array_equal(_bits(got[name]), _bits(want[name])), name
-
-
-def _pair_steps(backend, update, reader, inputs: dict, count: int, change=lambda step, given: given) -> list:
-    """`count` steps of a reader call and an update call, the update's lent parameters read by
-    the next reader call (through `change`), as the run loop does; each step's outputs on the host."""
-    given, seen = dict(inputs), []
-    for step in range(count):
-        read = backend.run(reader, change(step, {name: given[name] for name in reader.inputs}), lent=True)
-        outputs = backend.run(update, {**given, **read}, lent=True)
-        # copies: on the CPU, to_host gives a view of a lent buffer, which the next call writes over
-        seen.append({name: backend.to_host(value).copy() for name, value in {**read, **outputs}.items()})
-        given = {**given, **{name: value for name, value in outputs.items() if name in given}}
-    return seen
-
-
-def _eager_pair_steps(update, reader, inputs: dict, count: int, change=lambda step, given: given) -> list:
-    backend = CudaBackend(device="cpu")
-    backend.capture = False
-    return _pair_steps(backend, update, reader, inputs, count, change)
-
-
 def _runner(backend, graph) -> _Eagerly:
     return backend._entry(graph)[2]
 
 
 def _pair():
     update, inputs = adamw_update(SHAPES)
-    return update, _reader(), inputs
+    return update, reader_graph(), inputs
 
 
 def test_a_reader_binds_the_parameters_the_update_lends_and_keeps_the_copied_bits(monkeypatch):
@@ -113,9 +69,9 @@ def test_a_reader_binds_the_parameters_the_update_lends_and_keeps_the_copied_bit
     copied = []
     monkeypatch.setattr(runtime, "_copy_all", lambda targets, sources: copied.append(list(sources)) or
                         [target.copy_(source) for target, source in zip(targets, sources)])
-    got = _pair_steps(backend, update, reader, inputs, 5)
-    for ours, theirs in zip(got, _eager_pair_steps(update, reader, inputs, 5)):
-        _assert_same_bits(ours, theirs)
+    got = pair_steps(backend, update, reader, inputs, 5)
+    for ours, theirs in zip(got, copying_pair_steps(update, reader, inputs, 5, device="cpu")):
+        assert_same_bits(ours, theirs)
     reading, updating = _runner(backend, reader), _runner(backend, update)
     params = set(reader.inputs)
     # captured at its second call from the update's eager outputs, at its third from its lent ones
@@ -137,9 +93,9 @@ def test_another_tensor_for_a_bound_name_captures_once_more_and_copies_it_from_t
         return {**given, "param/a/w": fresh} if step == 3 else given
 
     backend = _capturing(CudaBackend(device="cpu"))
-    got = _pair_steps(backend, update, reader, inputs, 6, change)
-    for ours, theirs in zip(got, _eager_pair_steps(update, reader, inputs, 6, change)):
-        _assert_same_bits(ours, theirs)
+    got = pair_steps(backend, update, reader, inputs, 6, change)
+    for ours, theirs in zip(got, copying_pair_steps(update, reader, inputs, 6, change, device="cpu")):
+        assert_same_bits(ours, theirs)
     reading = _runner(backend, reader)
     assert reading.captures == 3 and reading.binding.barred == {"param/a/w"}
     assert reading.binding.names == set(reader.inputs) - {"param/a/w"}
@@ -153,7 +109,7 @@ class _Lender:
 def test_a_lent_tensor_the_slot_cannot_read_as_it_lies_is_copied():
     # called on the runner itself: the backend's checks hand it a contiguous copy of such a
     # tensor; its first, eager call (which reads its inputs as they lie) is given one too
-    reader = _reader({"w": (3, 5), "b": (5,)})
+    reader = reader_graph({"w": (3, 5), "b": (5,)})
     backend = _capturing(CudaBackend(device="cpu"))
     reading = _runner(backend, reader)
     crossed = torch.arange(15, dtype=torch.float32).reshape(5, 3).t()  # a transpose: not contiguous
@@ -169,7 +125,7 @@ def test_a_placed_input_is_never_bound():
     # the update's gradients come lent by the reader, but lie in the flat gradients' slots
     update, reader, inputs = _pair()
     backend = _capturing(CudaBackend(device="cpu"))
-    _pair_steps(backend, update, reader, inputs, 3)
+    pair_steps(backend, update, reader, inputs, 3)
     updating = _runner(backend, update)
     lowered = updating.executable.lowered
     placed = {name for name, key in lowered.inputs.items() if key in placements(lowered)}
@@ -178,7 +134,7 @@ def test_a_placed_input_is_never_bound():
 
 
 def test_a_graph_never_binds_the_outputs_it_lends_itself():
-    reader = _reader(own=True)
+    reader = reader_graph(own=True)
     _, inputs = adamw_update(SHAPES)
     start = {name: torch.from_numpy(inputs[name]) for name in reader.inputs}
     backend = _capturing(CudaBackend(device="cpu"))
@@ -188,7 +144,7 @@ def test_a_graph_never_binds_the_outputs_it_lends_itself():
     for _ in range(4):
         given = backend.run(reader, given, lent=True)
         want = eager.run(reader, want)
-        _assert_same_bits(given, want)
+        assert_same_bits(given, want)
     reading = _runner(backend, reader)
     # captured from the eager call's outputs: its own lent ones, which come next, never bind
     assert reading.binding.open == set(reader.inputs) and not reading.binding.bound and reading.captures == 1
@@ -203,36 +159,16 @@ def test_a_released_graph_lends_nothing_more():
     assert lent_buffers.lender(tensor) is None
 
 
-def _trained(backend, folder: Path, steps: int = 4) -> tuple[list, dict, object]:
-    """tiny-adam, made small (batches of 8, 8 hidden units), trained `steps` steps: each step's
-    loss bits, the final parameters and state, and the training graphs."""
-    from sexpgpu.lang.forms import load_experiment
-    from sexpgpu.run.loop import Trainer
-    from sexpgpu.run.setup import build_run
-
-    examples = ROOT / "examples"
-    text = (examples / "tiny-adam.sexp").read_text().replace('"data/', f'"{examples}/data/')
-    path = folder / "tiny.sexp"
-    path.write_text(text.replace(":hidden 64", ":hidden 8").replace(":batch 64", ":batch 8"))
-    built = build_run(load_experiment(str(path)), "cpu")
-    built.backend = built.feeder.backend = backend
-    state = built.initial_state()
-    trainer = Trainer(built.experiment.run, built.program, backend, built.feeder)
-    losses = [trainer.step(state)["loss_bits"] for _ in range(steps)]
-    final = {name: backend.to_host(value) for name, value in {**state.params, **state.optimizer}.items()}
-    return losses, final, built.program.training
-
-
 def test_the_run_loop_reads_the_updated_parameters_where_they_lie_with_the_copied_bits(tmp_path, monkeypatch):
     # the final parameters are compared bit for bit: the digest's kernels are slow interpreted
     monkeypatch.setattr("sexpgpu.run.loop.parameters_digest", lambda backend, params: "")
     backend = _capturing(CudaBackend(device="cpu"))
-    losses, final, training = _trained(backend, tmp_path)
+    losses, final, training = trained(backend, tmp_path)
     plain = CudaBackend(device="cpu")
     plain.capture = False
-    want_losses, want_final, _ = _trained(plain, tmp_path)
+    want_losses, want_final, _ = trained(plain, tmp_path)
     assert losses == want_losses
-    _assert_same_bits(final, want_final)
+    assert_same_bits(final, want_final)
     micro = _runner(backend, training.micro)
     assert micro.binding.names == {name for name in training.micro.inputs if name.startswith("param/")}
     assert micro.captures == 2  # at its second call, and again once the update lends the parameters

@@ -10,9 +10,13 @@ back lent as the inputs of their own names are where they must be and are not co
 (`InPlace`); any other tensor lying in those slots is cloned first, as the copies in would write
 over it. Inputs that come back as the outputs of the last replay, lent, at the same places of
 another arena buffer (an update not made in place) come in with one copy of that whole buffer
-(`Returned`), not one copy each. Scalars such as the step and the learning rate are inputs like
-any other, read by the kernels from device memory, so a replay sees this call's values (a draw
-folds its salts into its key there). Replaying launches the same kernels with the same
+(`Returned`), not one copy each. An input that another captured graph of the backend lent
+(`LentBuffers`: the update's parameters, read by the next microbatch) is read where it lies
+(`Binding`): the static environment holds that very tensor, so a call given it copies nothing,
+and its lender's replays keep it current; the lender's memory is never copied into, so another
+tensor for such a name makes the graph capture again, that name copied from then on. Scalars
+such as the step and the learning rate are inputs like any other, read by the kernels from
+device memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the same
 configurations on the same addresses, so it gives the eager run's bits.
 
 An exact graph is captured too: its sums on the device read nothing back (exact/queued.py).
