@@ -16,8 +16,9 @@ another arena buffer (an update not made in place) come in with one copy of that
 and its lender's replays keep it current; the lender's memory is never copied into, so another
 tensor for such a name makes the graph capture again, that name copied from then on. Scalars
 such as the step and the learning rate are inputs like any other, read by the kernels from
-device memory, so a replay sees this call's values (a draw folds its salts into its key there). Replaying launches the same kernels with the same
-configurations on the same addresses, so it gives the eager run's bits.
+device memory, so a replay sees this call's values (a draw folds its salts into its key there).
+Replaying launches the same kernels with the same configurations on the same addresses, so it
+gives the eager run's bits.
 
 An exact graph is captured too: its sums on the device read nothing back (exact/queued.py).
 What must run on the host each call is split out (`host_split`): the id checks, which read
@@ -167,7 +168,7 @@ class Captured:
     graph whose launches wait for the device (a count read back), found in the warm-up before
     the capture, or whose capture fails, runs eagerly from then on."""
 
-    def __init__(self, executable: Executable, lent_buffers: "LentBuffers | None" = None):
+    def __init__(self, executable: Executable, lent_buffers: LentBuffers | None = None):
         self.executable = executable
         self.calls = 0
         self.graph = None
