@@ -49,13 +49,13 @@ def copying_pair_steps(update, reader, inputs: dict, count: int, change=lambda s
     return pair_steps(backend, update, reader, inputs, count, change)
 
 
-def trained(backend, folder: Path, steps: int = 4) -> tuple[list, dict, object]:
-    """tiny-adam, made small (batches of 8, 8 hidden units), trained `steps` steps: each step's
-    loss bits, the final parameters and state, and the training graphs."""
+def trained(backend, folder: Path, steps: int = 4, batch: str = ":batch 8") -> tuple[list, dict, object]:
+    """tiny-adam, made small (8 hidden units, `batch` for its :batch 64), trained `steps` steps:
+    each step's loss bits, the final parameters and state, and the training graphs."""
     examples = ROOT / "examples"
     text = (examples / "tiny-adam.sexp").read_text().replace('"data/', f'"{examples}/data/')
     path = folder / "tiny.sexp"
-    path.write_text(text.replace(":hidden 64", ":hidden 8").replace(":batch 64", ":batch 8"))
+    path.write_text(text.replace(":hidden 64", ":hidden 8").replace(":batch 64", batch))
     built = build_run(load_experiment(str(path)), "cpu")
     built.backend = built.feeder.backend = backend
     state = built.initial_state()

@@ -172,3 +172,22 @@ def test_the_run_loop_reads_the_updated_parameters_where_they_lie_with_the_copie
     micro = _runner(backend, training.micro)
     assert micro.binding.names == {name for name in training.micro.inputs if name.startswith("param/")}
     assert micro.captures == 2  # at its second call, and again once the update lends the parameters
+
+
+def test_an_exact_run_reads_bound_parameters_with_the_interpreters_bits(tmp_path, monkeypatch):
+    # an exact microbatch graph's pending sums read its buffers after the replay: those inputs
+    # are never bound (their lender may write over them first); the parameters are
+    from sexpgpu.backends.cpu import Interpreter
+
+    monkeypatch.setattr("sexpgpu.run.loop.parameters_digest", lambda backend, params: "")
+    exact = ":batch 8 :microbatches 2 :arithmetic exact"
+    backend = _capturing(CudaBackend(device="cpu"))
+    losses, final, training = trained(backend, tmp_path, steps=3, batch=exact)
+    want_losses, want_final, _ = trained(Interpreter(), tmp_path, steps=3, batch=exact)
+    assert losses == want_losses
+    assert_same_bits(final, want_final)
+    micro = _runner(backend, training.micro)
+    lowered = micro.executable.lowered
+    held = {name for name, key in lowered.inputs.items() for launch in micro.split.after if key in launch.reads}
+    assert micro.split.after and not micro.bindable & held
+    assert micro.binding.names == {name for name in training.micro.inputs if name.startswith("param/")} - held
