@@ -44,7 +44,7 @@ from sexpgpu.backends.cuda.cudnn_patterns import support
 from sexpgpu.backends.cuda.fusion import policy_from_environment
 from sexpgpu.backends.cuda.lowering import lower
 from sexpgpu.backends.cuda.probe import CudaProbe
-from sexpgpu.backends.cuda.runtime import Captured, Executable, allocation_failed
+from sexpgpu.backends.cuda.runtime import Captured, Executable, LentBuffers, allocation_failed
 from sexpgpu.backends.cuda.launches import DEVICE, torch_dtype
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.exact.implementations import device_paths
@@ -84,6 +84,8 @@ class CudaBackend(BackendDefaults):
         self._pending: dict = {}  # id(graph) -> the PendingSums its last run returned (weakly)
         self._runners: dict = {}
         self._lowerings: dict = {}
+        # the buffers its captured graphs lend: one graph reads another's where they lie
+        self.lent_buffers = LentBuffers()
 
     # --- the contract ---------------------------------------------------------------------------
     def take_choices(self, choices) -> None:
@@ -258,7 +260,7 @@ class CudaBackend(BackendDefaults):
             executable = Executable(self.lowered(graph), self.device)
             # runtime.host_split says whether the launches allow it; a read back refuses it at capture
             capture = self.capture and self.policy.fuses and self.device.type == "cuda"
-            entry = (graph, executable, Captured(executable) if capture else executable)
+            entry = (graph, executable, Captured(executable, self.lent_buffers) if capture else executable)
             self._runners[id(graph)] = entry
         return entry
 

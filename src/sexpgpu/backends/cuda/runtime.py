@@ -10,10 +10,15 @@ back lent as the inputs of their own names are where they must be and are not co
 (`InPlace`); any other tensor lying in those slots is cloned first, as the copies in would write
 over it. Inputs that come back as the outputs of the last replay, lent, at the same places of
 another arena buffer (an update not made in place) come in with one copy of that whole buffer
-(`Returned`), not one copy each. Scalars such as the step and the learning rate are inputs like
-any other, read by the kernels from device memory, so a replay sees this call's values (a draw
-folds its salts into its key there). Replaying launches the same kernels with the same
-configurations on the same addresses, so it gives the eager run's bits.
+(`Returned`), not one copy each. An input that another captured graph of the backend lent
+(`LentBuffers`: the update's parameters, read by the next microbatch) is read where it lies
+(`Binding`): the static environment holds that very tensor, so a call given it copies nothing,
+and its lender's replays keep it current; the lender's memory is never copied into, so another
+tensor for such a name makes the graph capture again, that name copied from then on. Scalars
+such as the step and the learning rate are inputs like any other, read by the kernels from
+device memory, so a replay sees this call's values (a draw folds its salts into its key there).
+Replaying launches the same kernels with the same configurations on the same addresses, so it
+gives the eager run's bits.
 
 An exact graph is captured too: its sums on the device read nothing back (exact/queued.py).
 What must run on the host each call is split out (`host_split`): the id checks, which read
@@ -26,9 +31,11 @@ the capture, and such a graph runs eagerly.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from math import prod
 
+from sexpgpu.backends.cuda.codegen.space import contiguous_strides
 from sexpgpu.backends.cuda.placement import placements
 from sexpgpu.backends.cuda.launches import DEVICE, same_memory, strided, torch_dtype
 from sexpgpu.backends.spans import byte_span, spans_meet
@@ -82,15 +89,24 @@ class Executable:
             outputs[key] = allocate(buffer.shape, buffer.dtype, self.device, f"output {name}")
         return outputs
 
-    def static_environment(self, inputs: dict) -> dict:
+    def static_environment(self, inputs: dict, bound: dict | None = None) -> dict:
         """The buffers for replays: a copy of each input, an output buffer for each output,
-        those that placement.py allows inside the arena."""
+        those that placement.py allows inside the arena. `bound`: inputs by name taken as they
+        are, not copied (another captured graph's lent buffers, `Binding`)."""
+        import torch
+
+        bound = bound or {}
         env = dict(self.fixed)
         placed = placements(self.lowered)
         env.update({key: strided(env, target, view) for key, (target, view) in placed.items()})
         env.update(self.output_buffers(skip=placed))
         for name, key in self.lowered.inputs.items():
-            env[key] = env[key].copy_(inputs[name]) if key in env else inputs[name].clone()
+            if name in bound:
+                env[key] = bound[name]
+            elif key in env:
+                env[key] = env[key].copy_(inputs[name])
+            else:  # a slot is read as a contiguous buffer, whatever the strides of the first input
+                env[key] = inputs[name].clone(memory_format=torch.contiguous_format)
         env[DEVICE] = self.device
         return env
 
@@ -152,7 +168,7 @@ class Captured:
     graph whose launches wait for the device (a count read back), found in the warm-up before
     the capture, or whose capture fails, runs eagerly from then on."""
 
-    def __init__(self, executable: Executable):
+    def __init__(self, executable: Executable, lent_buffers: LentBuffers | None = None):
         self.executable = executable
         self.calls = 0
         self.graph = None
@@ -162,6 +178,10 @@ class Captured:
         self.updated = InPlace(frozenset(), ())
         self.split = host_split(executable.lowered)
         self.eager = self.split is None
+        # the buffers this graph and the others of its backend lend, and which of them it reads as they lie
+        self.lent_buffers = lent_buffers if lent_buffers is not None else LentBuffers()
+        self.bindable = frozenset() if self.eager else _bindable(executable.lowered, self.split)
+        self.binding = Binding({}, frozenset(), frozenset())
 
     def __call__(self, inputs: dict, lent: bool = False) -> dict:
         """The outputs. `lent`: the caller takes the lendable outputs as the graph's own
@@ -171,13 +191,15 @@ class Captured:
         self.calls += 1
         if self.calls == 1 or self.eager:
             return self.executable(inputs)
+        if self.graph is not None:
+            self._rebind(inputs)
         if self.graph is None and not self._capture(inputs):
             self.eager = True
             return self.executable(inputs)
         lowered = self.executable.lowered
         settled = self.updated.settled(inputs, self.env, lowered.outputs)
         inputs = self.updated.detached(inputs, settled)
-        kept = settled | self._copy_returned(inputs)
+        kept = settled | self._copy_returned(inputs) | self.binding.names
         _copy_all([self.env[key] for name, key in lowered.inputs.items() if name not in kept],
                   [inputs[name] for name in lowered.inputs if name not in kept])
         _run_launches(self.split.before, self.env)
@@ -193,23 +215,49 @@ class Captured:
     def replay(self) -> None:
         self.graph.replay()
 
+    def _rebind(self, inputs: dict) -> None:
+        """Drop the CUDA graph, to be captured again from this call's inputs, where a bound input
+        comes as another tensor (never copied into: the memory is its lender's, which the caller
+        may still hold; that name is never bound again) or one that may be bound comes lent."""
+        moved = self.binding.moved(inputs)
+        if moved or self.binding.newly_lent(inputs, self.lent_buffers, self):
+            self.binding = self.binding.barring(moved)
+            self.graph = None
+
     def _capture(self, inputs: dict) -> bool:
         """Capture the device launches; False (nothing kept) where they wait for the device."""
-        env = self.executable.static_environment(inputs)
+        verdicts = {name: self._verdict(name, inputs[name]) for name in self.bindable - self.binding.barred}
+        binding = Binding.of(inputs, verdicts, self.binding.barred)
+        env = self.executable.static_environment(inputs, binding.bound)
         graph = self._recorded(env)
         if graph is None:
             return False
         self.graph = graph
+        self.binding = binding
         self.adopt(env)
         return True
 
+    def _verdict(self, name: str, tensor) -> str:
+        """Binding's word for `tensor` given for the input `name`: "bound" where another graph
+        lends it in the slot's layout; "open" where no graph lends it (it may come lent later);
+        "barred" where this graph lends it (an update in place takes its own, `InPlace`) or it
+        comes in another layout."""
+        lender = self.lent_buffers.lender(tensor)
+        if lender is None:
+            return "open"
+        lowered = self.executable.lowered
+        fits = _fits(tensor, lowered.buffers[lowered.inputs[name]], self.executable.arena.device)
+        return "bound" if lender is not self and fits else "barred"
+
     def adopt(self, env: dict) -> None:
-        """`env` as the replays' static environment, and what its buffers' places allow."""
+        """`env` as the replays' static environment, and what its buffers' places allow; the
+        lendable outputs are told to the backend's other graphs, which may read them as they lie."""
         lowered = self.executable.lowered
         self.env = env
         self.lendable = _lendable(lowered, env)
         self.returned = _returned(lowered, placements(lowered))
         self.updated = InPlace.of(lowered, env)
+        self.lent_buffers.lend(self, [env[lowered.outputs[name]] for name in self.lendable])
 
     def _recorded(self, env: dict):
         """The device launches over `env` as a CUDA graph, or None if one waits for the device."""
@@ -241,6 +289,90 @@ class Captured:
                 self.env[returned.target].copy_(self.env[returned.source])
                 whole.update(returned.names)
         return frozenset(whole)
+
+
+class LentBuffers:
+    """The tensors the captured graphs of one backend lend, each with the graph lending it: the
+    same objects at every call, which its replays keep current. Held weakly, so that a graph
+    let go (CudaBackend.release) and its buffers are freed; known by identity, so that a
+    lookup per input is all a call pays."""
+
+    def __init__(self):
+        self._lent: dict[int, _Lent] = {}
+
+    def lend(self, lender, tensors) -> None:
+        """`tensors` lent by `lender` from now on, in place of what it lent before."""
+        self._lent = {key: lent for key, lent in self._lent.items()
+                      if lent.tensor() is not None and lent.lender() not in (None, lender)}
+        self._lent.update({id(tensor): _Lent(weakref.ref(tensor), weakref.ref(lender)) for tensor in tensors})
+
+    def lender(self, tensor):
+        """The graph lending `tensor`, or None."""
+        lent = self._lent.get(id(tensor))
+        return lent.lender() if lent is not None and lent.tensor() is tensor else None
+
+
+@dataclass(frozen=True)
+class _Lent:
+    tensor: weakref.ref
+    lender: weakref.ref
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A captured graph's inputs read where another captured graph lent them. `bound`: by name,
+    the lent tensor, which the static environment holds as the input's buffer (nothing copied at
+    capture nor at a call given that very tensor); `open`: names that a later capture may bind,
+    given no lent tensor so far; `barred`: names never bound (given another tensor once bound, or
+    lent in a layout the slot has not)."""
+
+    bound: dict
+    open: frozenset
+    barred: frozenset
+
+    @classmethod
+    def of(cls, inputs: dict, verdicts: dict, barred: frozenset) -> "Binding":
+        """The binding of a capture from `inputs`, given each name's verdict ("bound", "open" or
+        "barred") and the names barred before."""
+        def named(verdict: str) -> frozenset:
+            return frozenset(name for name, said in verdicts.items() if said == verdict)
+
+        return cls({name: inputs[name] for name in named("bound")}, named("open"), barred | named("barred"))
+
+    @property
+    def names(self) -> frozenset:
+        return frozenset(self.bound)
+
+    def moved(self, inputs: dict) -> frozenset:
+        """The bound names given another tensor than the one bound."""
+        return frozenset(name for name, tensor in self.bound.items() if inputs[name] is not tensor)
+
+    def newly_lent(self, inputs: dict, lent_buffers: LentBuffers, reader) -> bool:
+        """Whether an open name comes lent by another graph (the parameters the update lends
+        from its capture on): a capture from these inputs binds it."""
+        return any(lent_buffers.lender(inputs[name]) not in (None, reader) for name in self.open)
+
+    def barring(self, names: frozenset) -> "Binding":
+        return Binding(self.bound, self.open, self.barred | names)
+
+
+def _bindable(lowered, split: HostSplit) -> frozenset:
+    """The inputs a captured graph may read where another graph lent them: none placed in its
+    arena (a placed input needs memory of its own), written by a launch, returned as an output,
+    or read by a host launch after the replay (a pending sum reads it when its digits are formed,
+    by which time its lender may have written over it)."""
+    written = {key for launch in lowered.launches for key in launch.writes}
+    held = {key for launch in split.after for key in launch.reads}
+    excluded = set(placements(lowered)) | written | held | set(lowered.outputs.values())
+    return frozenset(name for name, key in lowered.inputs.items() if key not in excluded)
+
+
+def _fits(tensor, buffer, device) -> bool:
+    """Whether the kernels may read `tensor` as `buffer`'s slot: its shape and dtype, laid out
+    contiguously (a slot is read through views of its contiguous layout, launches.strided), on
+    the graph's device."""
+    return (tuple(tensor.shape) == tuple(buffer.shape) and tensor.dtype == torch_dtype(buffer.dtype)
+            and tensor.stride() == contiguous_strides(buffer.shape) and tensor.device == device)
 
 
 def _run_launches(launches, env: dict) -> None:
