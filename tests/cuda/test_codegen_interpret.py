@@ -266,3 +266,32 @@ def test_column_sum_over_leading_axes_of_a_broadcast_operand():
     out = torch.empty(6, dtype=torch.bfloat16)
     ColumnKernel(spec)(g, out)
     close(out.float(), g.double().sum((0, 1)).to(torch.bfloat16).double().numpy(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_a_sum_over_fewer_rows_than_a_tile_takes_only_the_lanes_it_fills(rows, monkeypatch):
+    """A sum over a batch of 8 takes 8 lanes, not a whole tile's: the same bits as the full
+    tile's tree, whose extra lanes add +0, with columns of -0, of cancelling values, of
+    infinities and NaN among them."""
+    from sexpgpu.backends.cuda.codegen import columns
+
+    a = tensor((rows, 40), scale=3.0)
+    a[:, 0] = -0.0
+    a[:, 1] = float("inf")
+    a[0, 2] = float("nan")
+    if rows > 1:
+        a[1, 3] = -a[0, 3]
+    x = E.load(0, contiguous(a.shape))
+    spec = ColumnSpec((rows,), (40,), ("f32",), (Reduction("sum", x), Reduction("max", x)),
+                      ((contiguous((40,)), "f32"), (contiguous((40,)), "f32")), ((0, E.row(0)), (1, E.row(1))))
+    kernel = ColumnKernel(spec)
+    assert kernel.first.source.count(f"tl.arange(0, {max(2, 1 << (rows - 1).bit_length())})") == 1
+    filled = (torch.empty(40), torch.empty(40))
+    kernel(a, *filled)
+    whole_tile = columns.tile_for
+    monkeypatch.setattr(columns, "tile_for", lambda kept, reduced: whole_tile(kept, 1 << 20))
+    full = (torch.empty(40), torch.empty(40))
+    ColumnKernel(spec)(a, *full)
+    for got, want in zip(filled, full):
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    close(filled[0][4:], a.double().sum(0).numpy()[4:], rtol=1e-5)

@@ -88,20 +88,28 @@ def roots_of(spec: ColumnSpec) -> list:
             + [value for _, value in spec.tile_stores])
 
 
-def tile_for(kept_count: int) -> tuple[int, int]:
+def tile_for(kept_count: int, reduced_count: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_K). Fewer reduced positions than a tile's rows (a sum over a batch of
+    8) take only the lanes they fill, rounded up to a power of two, so that the pairwise tree
+    does not combine empty lanes. The bits are the same: every lane's sum starts at +0, so
+    an empty lane holds +0 and a full one is never -0 (rounding to nearest gives -0 only for
+    -0 + -0), and adding +0 to any other value returns it."""
     tile = column_tile(kept_count)
     block_k = 1
     while block_k < kept_count and block_k < tile.block_k:
         block_k *= 2
     block_r = min(tile.elements // block_k, 128)
-    return block_r, block_k
+    filled = 2
+    while filled < min(reduced_count, block_r):
+        filled *= 2
+    return min(block_r, filled), block_k
 
 
 class _ColumnSource:
     def __init__(self, spec: ColumnSpec, parts: int):
         self.spec = spec
         self.parts = parts
-        self.block_r, self.block_k = tile_for(numel(spec.kept))
+        self.block_r, self.block_k = tile_for(numel(spec.kept), numel(spec.reduced))
         self.chunk = self.block_r * column_tile(numel(spec.kept)).chunk_tiles if parts > 1 else numel(spec.reduced)
         self.rank = len(spec.reduced)
         output_count = len(spec.reductions) if parts > 1 else len(spec.outputs)
@@ -198,7 +206,7 @@ class _ColumnSource:
 
 
 def parts_for(spec: ColumnSpec) -> int:
-    block_r, _ = tile_for(numel(spec.kept))
+    block_r, _ = tile_for(numel(spec.kept), numel(spec.reduced))
     chunk = block_r * column_tile(numel(spec.kept)).chunk_tiles
     return max(1, -(-numel(spec.reduced) // chunk))
 
@@ -209,7 +217,7 @@ class ColumnKernel:
     def __init__(self, spec: ColumnSpec):
         self.spec = spec
         self.parts = parts_for(spec)
-        block_k = tile_for(numel(spec.kept))[1]
+        block_k = tile_for(numel(spec.kept), numel(spec.reduced))[1]
         grid = (-(-numel(spec.kept) // block_k), self.parts)
         source = _ColumnSource(spec, self.parts)
         self.first = GeneratedKernel(source.source(), grid, NUM_WARPS, "columns")
