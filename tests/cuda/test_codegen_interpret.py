@@ -295,3 +295,23 @@ def test_a_sum_over_fewer_rows_than_a_tile_takes_only_the_lanes_it_fills(rows, m
     for got, want in zip(filled, full):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     close(filled[0][4:], a.double().sum(0).numpy()[4:], rtol=1e-5)
+
+
+# --- scatter -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [3, 200, 1500])  # one program a row of 16, 256 and twice 1024 columns
+def test_scatter_add_folds_each_table_row_in_the_interpreters_order(width):
+    """An embedding's gradient: each table row is the fold from +0, in increasing position,
+    of the rows whose id names it, which is np.add.at's order; rows no id names are +0."""
+    from sexpgpu.backends.cuda.codegen.scatter import scatter_add
+
+    rng = np.random.default_rng(width)
+    ids = torch.from_numpy(rng.integers(0, 7, size=(3, 5)).astype(np.int32))
+    values = torch.from_numpy((rng.standard_normal((15, width)) * 10.0 ** rng.integers(-3, 4, (15, 1)))
+                              .astype(np.float32))
+    out = torch.empty((9, width))
+    scatter_add(ids, values, out)
+    want = np.zeros((9, width), np.float32)
+    np.add.at(want, ids.numpy().reshape(-1), values.numpy())
+    assert np.array_equal(out.numpy().view(np.uint32), want.view(np.uint32))

@@ -192,6 +192,44 @@ def test_a_value_only_its_column_kernel_reads_is_not_stored():
     assert any(str(decision).endswith("a store no kernel reads is dropped") for decision in lowered.decisions)
 
 
+def test_adamw_updates_parameters_and_moments_in_one_kernel():
+    """char-lm's AdamW: the parameter update reads the new moments and the step's bias
+    corrections, which a small kernel computes between the moments' kernel and it. That
+    kernel runs first, and the update joins the moments' kernel, recomputing the new moments
+    rather than reading them back (two of nine passes over the flat float32 state a step)."""
+    from sexpgpu.backends.cuda.fusion import PAST_RULE
+    from sexpgpu.lang.forms import load_experiment
+    from sexpgpu.run.setup import build_run
+
+    experiment = load_experiment(str(Path(__file__).resolve().parents[2] / "examples" / "char-lm.sexp"))
+    graph = build_run(experiment, "cpu").program.training.update
+    rng = np.random.default_rng(9)
+    values = {name: random_array(rng, node.dtype, node.shape, "normal") for name, node in graph.inputs.items()}
+    values.update({name: np.abs(value) for name, value in values.items() if name.startswith("state/v/")})
+    values.update(step=np.int32(3), lr=np.float32(0.01))
+    assert_same_bits(graph, values)
+    lowered = FUSED.lowered(graph)
+    assert any(str(decision).endswith(PAST_RULE) for decision in lowered.decisions)
+    flat = max(buffer.shape for buffer in lowered.buffers.values() if len(buffer.shape) == 1)
+    flat_writes = [sum(lowered.buffers[key].shape == flat for key in step.writes) for step in lowered.launches
+                   if step.kind == "elementwise"]
+    assert max(flat_writes) == 3 and flat_writes.count(2) == 0, flat_writes  # parameters, m and v together
+
+
+def test_a_store_joins_past_no_kernel_that_reads_what_the_kernel_before_writes():
+    """y = 2x is written; s = sum(y) reads it; z = y + s cannot join y's kernel past s."""
+    e = Emitter()
+    x = e.input("x", "f32", (64,))
+    y = e("mul", x, e.const(2.0))
+    total = e("sum", y, axes=None)
+    z = e("add", y, e("broadcast", total, shape=(64,)))
+    graph = e.graph({"x": x}, {"y": y, "z": z})
+    assert_same_bits(graph, {"x": np.random.default_rng(8).normal(size=(64,)).astype(np.float32)})
+    from sexpgpu.backends.cuda.fusion import PAST_RULE
+
+    assert not any(str(decision).endswith(PAST_RULE) for decision in FUSED.lowered(graph).decisions)
+
+
 # --- the recompute rule ---------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 """Fusion: which values a kernel recomputes instead of reading (asked in stage a), and which
-launches share a kernel (stage b); docs/cuda.md, "The fusion planner and its budget", says why each rule.
+launches share a kernel (stage b); docs/fusion.md, "The fusion planner and its budget", says why each rule.
 Every decision is a `Decision` naming its rule, kept in the Schedule.
 
 Values (STORE_RULES, asked by the lowering as it builds each value's expression, as
@@ -318,11 +318,28 @@ JOINS = {
 }
 
 
+PAST_RULE = "a store joins the elementwise kernel of its space before an independent one, which runs first"
+
+
+def join_past(before, between, launch) -> list | None:
+    """[between, before joined by the store `launch`], where `between` is an elementwise
+    kernel that neither reads what `before` writes nor writes what it reads or writes, so
+    that it may run first; else None. AdamW's parameter update so joins the kernel of its
+    moments past the kernel of the step's bias corrections it reads, and recomputes the new
+    moments instead of reading them back."""
+    if not (_store(launch) and isinstance(before, FlatLaunch) and isinstance(between, FlatLaunch)):
+        return None
+    if set(between.writes) & set(before.reads + before.writes) or set(between.reads) & set(before.writes):
+        return None
+    joined = add_output(before, *_store(launch))
+    return None if joined is None else [between, joined]
+
+
 def fuse(launches: list, buffers: dict, policy: FusionPolicy) -> tuple[list, list]:
     """Stage (b)'s joins: (the kernels, the Decisions). Each launch in order joins the
-    kernel before it by the first rule of JOINS that takes it, else starts a kernel of its
-    own (the decision names the rules that applied and refused); then the stores no kernel
-    reads are dropped (`without_dead_stores`)."""
+    kernel before it by the first rule of JOINS that takes it, or the one before that
+    (`join_past`), else starts a kernel of its own (the decision names the rules that
+    applied and refused); then the stores no kernel reads are dropped (`without_dead_stores`)."""
     kernels, decisions = [], []
     for index, launch in enumerate(launches):
         last = kernels[-1] if policy.fuses and kernels else None
@@ -337,6 +354,11 @@ def fuse(launches: list, buffers: dict, policy: FusionPolicy) -> tuple[list, lis
             if joined is None:
                 refused.append(rule)
         else:
+            past = join_past(kernels[-2], last, launch) if last is not None and len(kernels) > 1 else None
+            if past:
+                kernels[-2:] = past
+                decisions.append(Decision(subject, PAST_RULE, True))
+                continue
             kernels.append(launch)
             why = f"refused by: {'; '.join(refused)}" if refused else "no rule joins kernels of these kinds"
             why = why if policy.fuses else "fusion is off"

@@ -11,7 +11,17 @@ import triton.language as tl
 
 from sexpgpu.backends.cuda.codegen.bits import load_bf16, store_bf16
 
-BLOCK = 128
+# Columns of a table row one program folds: a row of up to MAX_BLOCK columns is one program,
+# so a vocabulary of 50304 rows, most of which no id names and which only store +0, is 50304
+# programs rather than 50304 per 128 columns. Each element's fold is the same at any width.
+MAX_BLOCK = 1024
+
+
+def block_for(width: int) -> int:
+    block = 16
+    while block < min(width, MAX_BLOCK):
+        block *= 2
+    return block
 
 
 @triton.jit
@@ -45,6 +55,7 @@ def scatter_add(ids, values, out) -> None:
     flat = ids.reshape(-1).to(torch.int64)
     ordered, order = torch.sort(flat, stable=True)
     starts = torch.searchsorted(ordered, torch.arange(rows + 1, device=ids.device, dtype=torch.int64))
-    grid = (rows, max(1, -(-width // BLOCK)))
-    scatter_rows[grid](order, starts, values.reshape(-1), out, width, BLOCK,
+    block = block_for(width)
+    grid = (rows, max(1, -(-width // block)))
+    scatter_rows[grid](order, starts, values.reshape(-1), out, width, block,
                        values.dtype == torch.bfloat16, out.dtype == torch.bfloat16, enable_fp_fusion=False)
