@@ -1,5 +1,5 @@
 """The legality of joining row kernels (fusion.JOINS): row reductions over the same rows, and
-the values that read them, in one row kernel; docs/cuda.md, "Row kernels merge", says how.
+the values that read them, in one row kernel; docs/fusion.md, "Row kernels merge", says how.
 
 A reduction over the same space (lead and reduced shape, axis order) joins the row kernel
 before it (`merged`): into its phases of the same number when it reads nothing the kernel
