@@ -258,15 +258,19 @@ def add_tile_output(launch: ColumnLaunch, store: FlatLaunch) -> ColumnLaunch | N
     tile, where the value is of the kernel's space and reads what the kernel reads (so its
     operands are read once for both), and reads nothing the kernel writes; else None."""
     (key, view, dtype, value), = store.outputs
-    value = recomputing(value, {key: (view, expression) for key, view, expression in launch.recomputed})
+    value = recomputing(value, {name: (seen, expression) for name, seen, expression in launch.recomputed})
     spec = launch.spec
     loads = set(loads_of([value]))
     if (tuple(store.shape) != spec.space or not view.over(spec.space) or len(spec.tile_outputs) >= MAX_FLAT_OUTPUTS
             or not loads & set(launch.reads) or loads & set(launch.writes) or value.depth > MAX_FUSED_DEPTH):
         return None
-    number = len(spec.tile_outputs)
+    return with_tile_store(launch, spec, key, view, dtype, value)
+
+
+def with_tile_store(launch: ColumnLaunch, spec, key: str, view, dtype: str, value) -> ColumnLaunch:
+    """`launch` with the expressions of `spec` and `value` stored tile by tile as `key`."""
     joined = replace(spec, tile_outputs=spec.tile_outputs + ((view, dtype),),
-                     tile_stores=spec.tile_stores + ((number, value),))
+                     tile_stores=spec.tile_stores + ((len(spec.tile_outputs), value),))
     return replace(launch, spec=joined, writes=launch.writes + (key,))
 
 
@@ -286,10 +290,8 @@ def take_producer(last: FlatLaunch, launch: ColumnLaunch) -> ColumnLaunch | None
     changed = [recomputing(root, {key: (view, value)}) for root in roots]
     if key in loads_of(changed) or max(root.depth for root in changed) > MAX_FUSED_DEPTH:
         return None
-    spec = with_roots(spec, changed, spec.inputs)
-    joined = replace(spec, tile_outputs=spec.tile_outputs + ((view, dtype),),
-                     tile_stores=spec.tile_stores + ((len(spec.tile_outputs), value),))
-    return replace(launch, spec=joined, writes=launch.writes + (key,), recomputed=launch.recomputed + ((key, view, value),))
+    joined = with_tile_store(launch, with_roots(spec, changed, spec.inputs), key, view, dtype, value)
+    return replace(joined, recomputed=launch.recomputed + ((key, view, value),))
 
 
 class Join(NamedTuple):
