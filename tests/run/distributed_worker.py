@@ -65,6 +65,26 @@ def run_rank(launch: Launch, rank: int, world: int, out_dir: str) -> None:
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
+def train_rank(launch: Launch, rank: int, world: int, out_dir: str) -> None:
+    """The job of a world that trains through the Python API, `sexpgpu.train(FILE,
+    device="cpu", run_dir=RUN_DIR)` with launch.argv = (FILE, RUN_DIR): records the RunResult."""
+    import sexpgpu
+
+    os.environ.update(launch.environment(rank, out_dir))
+    torch.set_num_threads(1)
+    from sexpgpu.backends.cpu import parallel
+
+    parallel._pool = None
+    sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+    try:
+        result = sexpgpu.train(launch.argv[0], device="cpu", run_dir=launch.argv[1])
+    finally:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    torch.save({"run_dir": str(result.run_dir), "step": result.step, "metrics": list(result.metrics),
+                "checkpoints": sorted(result.checkpoints), "determinism": result.determinism},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
 def _corrupting(step):
     """Trainer._step with this process's memory flipping one bit of a parameter after a step."""
 

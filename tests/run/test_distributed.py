@@ -31,7 +31,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exact"))
 from test_exact_distributed import run_world  # noqa: E402
 
-from distributed_worker import CORRUPTED_AFTER, Launch, run_rank  # noqa: E402
+from distributed_worker import CORRUPTED_AFTER, Launch, run_rank, train_rank  # noqa: E402
 from sockets import in_loopback_namespace  # noqa: E402
 from sexpgpu.cli.main import main  # noqa: E402
 from sexpgpu.errors import SexpgpuError  # noqa: E402
@@ -207,6 +207,28 @@ def test_the_documented_torchrun_command_trains_with_process_0_writing(torchrun_
     # one process sums ((g0 + g1) + g2) + g3; the first step's loss is the same either way
     ours, theirs = steps_of(run_dir), steps_of(alone["dir"])
     assert ours[0]["loss_bits"] == theirs[0]["loss_bits"] and ours[0]["digest"] != theirs[0]["digest"]
+
+
+def test_the_python_api_under_a_world_trains_as_the_command_and_every_process_gets_the_result(folder):
+    """sexpgpu.train on 2 processes of one node: the run directory process 0 writes holds the
+    command's bits for the same world, and every process returns the RunResult read from it
+    once the run has ended (docs/api.md)."""
+    file = tiny(folder / "api")
+    command = world(folder / "api/command-world", "run", file, "--device", "cpu", "--run-dir", folder / "api/command",
+                    per_node=2)
+    all_ok(command)
+    out_dir = folder / "api/world"
+    out_dir.mkdir()
+    spec = Launch((str(file), str(folder / "api/run")), per_node=2)
+    results = run_world(spec.size, out_dir, 240.0, partial(train_rank, spec))
+    assert steps_of(folder / "api/run") == steps_of(folder / "api/command")
+    want = [line for line in steps_of(folder / "api/command") if "loss_bits" in line]  # the training records
+    for result in results:
+        assert result["run_dir"] == str(folder / "api/run") and result["step"] == STEPS
+        assert [(step["loss_bits"], step["digest"]) for step in result["metrics"]] == \
+            [(step["loss_bits"], step["digest"]) for step in want]
+        assert result["checkpoints"] == [EVERY, STEPS]
+        assert "its 2 processes add their gradients in rank order" in result["determinism"]
 
 
 # --- two nodes, float32 between them --------------------------------------------------------
