@@ -18,7 +18,8 @@ from sexpgpu.backends.cuda.codegen.expr import Expr, load, operand_views, shift_
 from sexpgpu.backends.cuda.codegen.flat import indexed_load, iota_source, lane_offset, load_source, store_source
 from sexpgpu.backends.cuda.codegen.render import Renderer
 from sexpgpu.backends.cuda.codegen.rows import COMBINE, INITIAL, Reduction, combine_lanes
-from sexpgpu.backends.cuda.codegen.space import View, contiguous, needs_wide_index, numel, offset_expression
+from sexpgpu.backends.cuda.codegen.space import (View, contiguous, needs_wide_index, numel, offset_expression,
+                                                 power_of_two_block)
 
 NUM_WARPS = 8
 
@@ -95,14 +96,9 @@ def tile_for(kept_count: int, reduced_count: int) -> tuple[int, int]:
     an empty lane holds +0 and a full one is never -0 (rounding to nearest gives -0 only for
     -0 + -0), and adding +0 to any other value returns it."""
     tile = column_tile(kept_count)
-    block_k = 1
-    while block_k < kept_count and block_k < tile.block_k:
-        block_k *= 2
+    block_k = power_of_two_block(kept_count, 1, tile.block_k)
     block_r = min(tile.elements // block_k, 128)
-    filled = 2
-    while filled < min(reduced_count, block_r):
-        filled *= 2
-    return min(block_r, filled), block_k
+    return power_of_two_block(reduced_count, 2, block_r), block_k
 
 
 class _ColumnSource:

@@ -23,7 +23,8 @@ from sexpgpu.backends.cuda.codegen.compile import GeneratedKernel, module_source
 from sexpgpu.backends.cuda.codegen.expr import Expr, load, nodes_in_order, operand_views, shift_operands
 from sexpgpu.backends.cuda.codegen.flat import iota_source, lane_offset, load_source, store_source
 from sexpgpu.backends.cuda.codegen.render import Renderer
-from sexpgpu.backends.cuda.codegen.space import View, contiguous, needs_wide_index, numel, offset_expression
+from sexpgpu.backends.cuda.codegen.space import (View, contiguous, needs_wide_index, numel, offset_expression,
+                                                 power_of_two_block)
 
 COMBINE = {"sum": "add", "max": "max_nan", "min": "min_nan"}
 INITIAL = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
@@ -113,9 +114,7 @@ def with_roots(spec: RowSpec, roots, inputs) -> RowSpec:
 
 def block_for(length: int) -> tuple[int, int]:
     """(BLOCK, warps) for rows of `length`: the fixed launch that fixes the tree."""
-    block = 16
-    while block < length and block < MAX_BLOCK:
-        block *= 2
+    block = power_of_two_block(length, 16, MAX_BLOCK)
     warps = 1 if block <= 128 else 2 if block <= 512 else 4 if block <= 1024 else 8
     return block, warps
 

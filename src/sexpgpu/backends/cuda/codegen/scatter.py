@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from sexpgpu.backends.cuda.codegen.bits import load_bf16, store_bf16
+from sexpgpu.backends.cuda.codegen.space import power_of_two_block
 
 # Columns of a table row one program folds: a row of up to MAX_BLOCK columns is one program,
 # so a vocabulary of 50304 rows, most of which no id names and which only store +0, is 50304
@@ -18,10 +19,7 @@ MAX_BLOCK = 1024
 
 
 def block_for(width: int) -> int:
-    block = 16
-    while block < min(width, MAX_BLOCK):
-        block *= 2
-    return block
+    return power_of_two_block(width, 16, MAX_BLOCK)
 
 
 @triton.jit

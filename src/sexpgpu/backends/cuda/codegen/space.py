@@ -54,6 +54,15 @@ def unit_view(shape, axis: int) -> View:
     return View(tuple(shape), tuple(1 if index == axis else 0 for index in range(len(shape))))
 
 
+def power_of_two_block(count: int, least: int, most: int) -> int:
+    """The smallest power of two from `least` that holds `count` items, but at most `most`
+    (`least` and `most` powers of two): a kernel's block along an axis of `count`."""
+    block = least
+    while block < count and block < most:
+        block *= 2
+    return block
+
+
 def numel(shape) -> int:
     total = 1
     for size in shape:
